@@ -1,0 +1,214 @@
+"""ARC accumulators and scatter_add against a float64 numpy reference, on the CPU.
+
+With ``enable_cpu_blocks`` on and ``block_dim=256`` the CPU emulates 32-lane warps,
+so these tests run the real reduce-scatter, match-any grouping and threshold logic.
+Float32 tolerance: each sum has at most a few hundred float32 terms of magnitude ~1,
+so the reordering error is far below 1e-4 absolute.
+"""
+
+import contextlib
+
+import numpy as np
+import pytest
+import warp as wp
+
+import arc_warp
+from arc_warp._src.intrinsics import active_mask, ballot, lane_id, match_any, reduce_scatter, shfl_int
+
+wp.config.log_level = wp.LOG_WARNING
+DEVICE = "cpu"
+ATOL = 1e-4
+Vec9 = wp.types.vector(9, wp.float32)
+DTYPES = [(wp.float32, 1), (wp.vec2, 2), (wp.vec3, 3), (wp.vec4, 4), (Vec9, 9)]
+
+
+@contextlib.contextmanager
+def cpu_blocks(enabled: bool):
+    saved = wp.config.enable_cpu_blocks
+    wp.config.enable_cpu_blocks = enabled
+    try:
+        yield
+    finally:
+        wp.config.enable_cpu_blocks = saved
+
+
+def index_pattern(name: str, n: int, m: int, rng) -> np.ndarray:
+    if name == "all_same":
+        return np.full(n, m // 2)
+    if name == "all_distinct":
+        return np.arange(n) % m
+    if name == "mixed_groups":  # a few targets per warp, in random lane positions
+        return rng.integers(0, 3, n) * 5 + (np.arange(n) // 32) % 4
+    if name == "runs":  # sorted runs of different lengths, as in a tile list
+        return np.repeat(np.arange(m), rng.integers(1, 40, m))[:n]
+    raise ValueError(name)
+
+
+def run_scatter(dtype, k, idx, vals, m, mode, threshold):
+    dest = wp.zeros(m, dtype=dtype, device=DEVICE)
+    values = wp.array(vals if k > 1 else vals[:, 0], dtype=dtype, device=DEVICE)
+    arc_warp.scatter_add(dest, wp.array(idx.astype(np.int32), device=DEVICE), values, mode=mode, threshold=threshold)
+    return dest.numpy().reshape(m, k)
+
+
+PATTERNS = ["all_same", "all_distinct", "mixed_groups", "runs"]
+# (mode, threshold): arc at T=1 (always reduce), 6 (mixed), 33 (never reduce).
+MODE_CASES = [("atomic", 1), ("warp", 1), ("serial", 1), ("arc", 1), ("arc", 6), ("arc", 33)]
+
+
+@pytest.mark.parametrize("blocks", [False, True], ids=["lane_per_warp", "emulated_warps"])
+@pytest.mark.parametrize("dtype,k", DTYPES, ids=[f"k{k}" for _, k in DTYPES])
+def test_modes_match_numpy(blocks, dtype, k):
+    rng = np.random.default_rng(k)
+    m = 40
+    with cpu_blocks(blocks):
+        for pattern in PATTERNS:
+            # 300 = one full block and a partial one (partially active warps).
+            for n in (300, 77):
+                idx = index_pattern(pattern, n, m, rng)
+                n = len(idx)
+                vals = rng.standard_normal((n, k)).astype(np.float32)
+                ref = np.zeros((m, k))
+                np.add.at(ref, idx, vals.astype(np.float64))
+                for mode, t in MODE_CASES:
+                    out = run_scatter(dtype, k, idx, vals, m, mode, t)
+                    np.testing.assert_allclose(out, ref, atol=ATOL, err_msg=f"{pattern} n={n} {mode} T={t}")
+
+
+def test_floor_adds_nothing():
+    dest = wp.zeros(4, dtype=wp.vec3, device=DEVICE)
+    vals = wp.array(np.ones((10, 3), np.float32), dtype=wp.vec3, device=DEVICE)
+    arc_warp.scatter_add(dest, wp.zeros(10, dtype=wp.int32, device=DEVICE), vals, mode="floor")
+    assert not dest.numpy().any()
+
+
+def test_inactive_lanes_contribute_nothing():
+    # Half the lanes of every warp are invalid: their values must not leak into the sum.
+    add = arc_warp.accumulator(wp.vec2, "arc")
+
+    @wp.kernel(enable_backward=False)
+    def half_valid(dest: wp.array(dtype=wp.vec2), threshold: int):
+        i = wp.tid()
+        add(dest, 0, wp.vec2(1.0, 1000.0), i % 2 == 0, threshold)
+
+    for blocks in (False, True):
+        with cpu_blocks(blocks):
+            for t in (1, 16, 17):
+                dest = wp.zeros(1, dtype=wp.vec2, device=DEVICE)
+                wp.launch(half_valid, dim=256, inputs=[dest, t], device=DEVICE, block_dim=256)
+                np.testing.assert_allclose(dest.numpy()[0], [128.0, 128000.0])
+
+
+@wp.kernel(enable_backward=False)
+def _intrinsics_probe(keys: wp.array(dtype=int), out: wp.array2d(dtype=int)):
+    i = wp.tid()
+    mask = active_mask()
+    out[i, 0] = lane_id()
+    out[i, 1] = ballot(mask, keys[i] % 3 == 0)
+    out[i, 2] = match_any(mask, keys[i])
+    out[i, 3] = shfl_int(mask, keys[i], 31 - lane_id())
+
+
+def test_emulated_intrinsics_follow_cuda_semantics():
+    rng = np.random.default_rng(1)
+    keys = rng.integers(0, 4, 64)
+    out = wp.zeros((64, 4), dtype=int, device=DEVICE)
+    with cpu_blocks(True):
+        wp.launch(_intrinsics_probe, dim=64, inputs=[wp.array(keys, dtype=int, device=DEVICE), out], device=DEVICE, block_dim=64)
+    got = out.numpy().astype(np.int64) & 0xFFFFFFFF
+    for w in range(2):
+        lanes = keys[w * 32 : (w + 1) * 32]
+        ballot_ref = sum(1 << j for j in range(32) if lanes[j] % 3 == 0)
+        for j in range(32):
+            row = got[w * 32 + j]
+            assert row[0] == j
+            assert row[1] == ballot_ref
+            assert row[2] == sum(1 << q for q in range(32) if lanes[q] == lanes[j])
+            assert row[3] == lanes[31 - j]
+
+
+@pytest.mark.parametrize("k", [1, 3, 9, 12, 16, 32])
+def test_reduce_scatter_layout(k):
+    # Lane l must end with the warp total of component l >> (5 - log2 p).
+    vec = wp.types.vector(k, wp.float32)
+    rs = reduce_scatter(k)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def run(x: wp.array(dtype=vec), out: wp.array(dtype=float)):
+        i = wp.tid()
+        out[i] = rs(active_mask(), x[i])
+
+    rng = np.random.default_rng(k)
+    x = rng.standard_normal((64, k)).astype(np.float32)
+    out = wp.zeros(64, dtype=float, device=DEVICE)
+    with cpu_blocks(True):
+        wp.launch(run, dim=64, inputs=[wp.array(x, dtype=vec, device=DEVICE), out], device=DEVICE, block_dim=64)
+    p = 1 << (k - 1).bit_length()
+    shift = 5 - (p.bit_length() - 1)
+    got = out.numpy()
+    for w in range(2):
+        totals = x[w * 32 : (w + 1) * 32].astype(np.float64).sum(0)
+        for lane in range(32):
+            comp = lane >> shift
+            expect = totals[comp] if comp < k else 0.0
+            assert abs(got[w * 32 + lane] - expect) < ATOL
+
+
+def test_validation_errors():
+    dest = wp.zeros(8, dtype=wp.vec3, device=DEVICE)
+    idx = wp.zeros(4, dtype=wp.int32, device=DEVICE)
+    vals = wp.zeros(4, dtype=wp.vec3, device=DEVICE)
+    with pytest.raises(ValueError, match="same length"):
+        arc_warp.scatter_add(dest, wp.zeros(5, dtype=wp.int32, device=DEVICE), vals)
+    with pytest.raises(TypeError, match="int32"):
+        arc_warp.scatter_add(dest, wp.zeros(4, dtype=wp.int64, device=DEVICE), vals)
+    with pytest.raises(TypeError, match="vec3"):
+        arc_warp.scatter_add(dest, idx, wp.zeros(4, dtype=wp.vec2, device=DEVICE))
+    with pytest.raises(TypeError, match="float32 vector"):
+        arc_warp.scatter_add(wp.zeros(8, dtype=wp.int32, device=DEVICE), idx, wp.zeros(4, dtype=wp.int32, device=DEVICE))
+    with pytest.raises(ValueError, match="reduce mode"):
+        arc_warp.scatter_add(dest, idx, vals, mode="fast")
+    with pytest.raises(ValueError, match="threshold"):
+        arc_warp.scatter_add(dest, idx, vals, threshold=0)
+    with pytest.raises(TypeError, match="wp.array"):
+        arc_warp.scatter_add(np.zeros(8), idx, vals)
+
+
+def test_out_of_range_indices_raise_and_write_nothing():
+    dest = wp.zeros(8, dtype=float, device=DEVICE)
+    vals = wp.array(np.ones(4, np.float32), device=DEVICE)
+    for bad in ([0, 1, 8, 2], [0, -1, 3, 2]):
+        with pytest.raises(IndexError, match=r"outside \[0, 8\)"):
+            arc_warp.scatter_add(dest, wp.array(np.array(bad, np.int32), device=DEVICE), vals)
+        assert not dest.numpy().any()
+    # Unchecked: the bad entry is skipped in the kernel, the good ones land.
+    arc_warp.scatter_add(dest, wp.array(np.array([0, 1, 8, 2], np.int32), device=DEVICE), vals, check_bounds=False)
+    np.testing.assert_array_equal(dest.numpy(), [1, 1, 1, 0, 0, 0, 0, 0])
+
+
+def test_threshold_resolution(monkeypatch):
+    from arc_warp._src.calibrate import FALLBACK_THRESHOLD, choose_threshold
+
+    assert arc_warp.resolve_threshold("cpu") == FALLBACK_THRESHOLD
+    assert arc_warp.resolve_threshold("cpu", 5) == 5
+    monkeypatch.setenv("ARC_WARP_THRESHOLD", "12")
+    assert arc_warp.resolve_threshold("cpu") == 12
+    monkeypatch.setenv("ARC_WARP_THRESHOLD", "many")
+    with pytest.raises(ValueError, match="ARC_WARP_THRESHOLD"):
+        arc_warp.resolve_threshold("cpu")
+    with pytest.raises(ValueError, match="CUDA"):
+        arc_warp.calibrate("cpu")
+    # Crossing rule: smallest lane count from which the reduction never loses.
+    assert choose_threshold((1, 2, 4, 8), (1.0, 2.0, 4.0, 8.0), (3.0, 2.5, 3.0, 3.0)) == 4
+    assert choose_threshold((1, 2), (1.0, 1.0), (2.0, 2.0)) == 33
+    assert choose_threshold((1, 2), (2.0, 2.0), (1.0, 1.0)) == 1
+
+
+def test_calibration_cache_roundtrip(monkeypatch, tmp_path):
+    from arc_warp._src import calibrate as cal
+
+    monkeypatch.setenv("ARC_WARP_CACHE_DIR", str(tmp_path))
+    entry = cal.Calibration("Fake GPU", 7, (1, 2), (1.0, 2.0), (1.5, 1.0), wp.config.version, "2026-01-01")
+    cal._store(entry)
+    assert cal._load("Fake GPU") == entry
+    assert cal._load("Other GPU") is None
