@@ -21,7 +21,7 @@ import numpy as np
 import warp as wp
 
 import arc_warp
-from arc_warp._src.probe import VecK, launch_probe
+from arc_warp._src.probe import VecK, launch_probe, make_params
 from arc_warp._src.timing import median_time_ms
 
 MODES = ("atomic", "warp", "serial", "arc", "floor")
@@ -65,7 +65,7 @@ def parity(device) -> list[dict]:
         outs = {}
         for mode in ("atomic", "warp", "serial", "arc"):
             dest = wp.zeros(1000, dtype=VecK, device=device)
-            launch_probe(mode, dest, 512, 32, p_active=p, seed=3, threshold=arc_warp.resolve_threshold(device))
+            launch_probe(mode, make_params(1000, device), dest, 512, 32, p_active=p, seed=3, threshold=arc_warp.resolve_threshold(device))
             outs[mode] = dest.numpy().astype(np.float64)
         scale = np.abs(outs["atomic"]).max()
         for mode, out in outs.items():
@@ -84,12 +84,13 @@ def timings(device, n_blocks: int, targets_per_block: int, reps: int, threshold:
     rows = []
     for n_targets in (100_000, 1_000_000):
         dest = wp.zeros(n_targets, dtype=VecK, device=device)
+        params = make_params(n_targets, device)
         for p in (1.0, 0.6, 0.25, 0.08, 1 / 32):
             row = {"targets": n_targets, "p": p}
             for mode in MODES:
                 row[mode] = median_time_ms(
                     lambda mode=mode: launch_probe(
-                        mode, dest, n_blocks, targets_per_block, p_active=p, seed=1, threshold=threshold
+                        mode, params, dest, n_blocks, targets_per_block, p_active=p, seed=1, threshold=threshold
                     ),
                     device,
                     warmup=3,

@@ -212,3 +212,19 @@ def test_calibration_cache_roundtrip(monkeypatch, tmp_path):
     cal._store(entry)
     assert cal._load("Fake GPU") == entry
     assert cal._load("Other GPU") is None
+
+
+def test_probe_kernel_modes_agree_on_emulated_warps():
+    # The calibration / benchmark workload itself: every mode must give atomic's sums.
+    from arc_warp._src.probe import VecK, launch_probe, make_params
+
+    params = make_params(24, DEVICE, seed=2)
+    outs = {}
+    with cpu_blocks(True):
+        for mode in ("atomic", "warp", "serial", "arc"):
+            dest = wp.zeros(24, dtype=VecK, device=DEVICE)
+            launch_probe(mode, params, dest, n_blocks=3, targets_per_block=8, p_active=0.5, seed=5, threshold=9)
+            outs[mode] = dest.numpy()
+    assert np.abs(outs["atomic"]).max() > 0.1
+    for mode in ("warp", "serial", "arc"):
+        np.testing.assert_allclose(outs[mode], outs["atomic"], atol=ATOL, err_msg=mode)

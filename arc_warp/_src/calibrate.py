@@ -18,7 +18,7 @@ import sys
 
 import warp as wp
 
-from .probe import VecK, launch_probe
+from .probe import VecK, launch_probe, make_params
 from .timing import median_time_ms
 
 MIN_THRESHOLD = 1
@@ -88,11 +88,12 @@ def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targe
     if not device.is_cuda:
         raise ValueError(f"calibration measures a CUDA device; got {device}. On the CPU T is {FALLBACK_THRESHOLD}.")
     dest = wp.zeros(n_targets, dtype=VecK, device=device)
+    params = make_params(n_targets, device)
     times = {}
     for mode in ("atomic", "warp"):
         times[mode] = tuple(
             median_time_ms(
-                lambda mode=mode, n=n: launch_probe(mode, dest, n_blocks, targets_per_block, active_lanes=n),
+                lambda mode=mode, n=n: launch_probe(mode, params, dest, n_blocks, targets_per_block, active_lanes=n),
                 device,
                 warmup=2,
                 reps=7,

@@ -1,15 +1,17 @@
 """A synthetic gradient-accumulation kernel: the workload of calibration and of arc_micro.
 
 Blocks of 256 threads each walk a list of targets. For every (lane, target) a lane
-computes K=9 gradient values the way a 3DGS backward does for one (pixel, Gaussian)
-pair (a conic falloff, its exponential, and the chain rule into mean, conic,
-opacity and colour), then adds them into ``dest[target]`` through the accumulator
-of the chosen mode. Which lanes take part is set per warp either exactly
+reads the target's parameters (2D mean, conic, opacity, colour: ``params[target]``)
+and computes K=9 gradient values the way a 3DGS backward does for one (pixel,
+Gaussian) pair (a conic falloff, its exponential, and the chain rule into mean,
+conic, opacity and colour), then adds them into ``dest[target]`` through the
+accumulator of the chosen mode. Which lanes take part is set per warp either exactly
 (``active_lanes`` lanes of 32) or at random (fraction ``p_active``).
 """
 
 import functools
 
+import numpy as np
 import warp as wp
 
 from .reduce_funcs import accumulator
@@ -25,6 +27,7 @@ def probe_kernel(mode: str):
     add = accumulator(VecK, mode)
 
     def probe(
+        params: wp.array(dtype=VecK),
         dest: wp.array(dtype=VecK),
         n_targets: int,
         targets_per_block: int,
@@ -44,17 +47,20 @@ def probe_kernel(mode: str):
             active = u < p_active
             if active_lanes > 0:
                 active = lane < active_lanes
-            dx = 3.0 * wp.randf(rng) - 1.5
-            dy = 3.0 * u - 1.5
-            a = 0.5 + 0.01 * float(target % 37)
-            b = 0.05
-            c = 0.4 + 0.01 * float(target % 29)
+            q = params[target]  # mean2d (2), conic (3), opacity, rgb
+            px = 16.0 * wp.randf(rng)
+            py = 16.0 * u
+            dx = q[0] - px
+            dy = q[1] - py
+            a = q[2]
+            b = q[3]
+            c = q[4]
             power = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
             g = wp.exp(-power)
-            alpha = wp.min(0.99, 0.8 * g)
-            v_alpha = u - 0.5
-            v_power = -0.8 * g * v_alpha
+            alpha = wp.min(0.99, q[5] * g)
             t = 1.0 - alpha
+            v_alpha = (q[6] + q[7] + q[8]) * t - 0.5
+            v_power = -q[5] * g * v_alpha
             value = VecK(
                 v_power * (a * dx + b * dy),
                 v_power * (b * dx + c * dy),
@@ -62,17 +68,31 @@ def probe_kernel(mode: str):
                 v_power * dx * dy,
                 0.5 * v_power * dy * dy,
                 g * v_alpha,
-                alpha * t * 0.3,
-                alpha * t * 0.5,
-                alpha * t * 0.7,
+                alpha * t * q[6],
+                alpha * t * q[7],
+                alpha * t * q[8],
             )
             add(dest, target, value, active, threshold)
 
     return wp.kernel(probe, enable_backward=False, module="unique")
 
 
+def make_params(n_targets: int, device, seed: int = 0) -> wp.array:
+    """Per-target parameters for the probe: means in a 16x16 tile, valid conics."""
+    rng = np.random.default_rng(seed)
+    q = np.empty((n_targets, K), np.float32)
+    q[:, 0:2] = rng.uniform(0.0, 16.0, (n_targets, 2))
+    q[:, 2] = rng.uniform(0.05, 0.5, n_targets)
+    q[:, 3] = rng.uniform(-0.02, 0.02, n_targets)
+    q[:, 4] = rng.uniform(0.05, 0.5, n_targets)
+    q[:, 5] = rng.uniform(0.1, 0.99, n_targets)
+    q[:, 6:9] = rng.uniform(0.0, 1.0, (n_targets, 3))
+    return wp.array(q, dtype=VecK, device=device)
+
+
 def launch_probe(
     mode: str,
+    params: wp.array,
     dest: wp.array,
     n_blocks: int,
     targets_per_block: int,
@@ -81,11 +101,14 @@ def launch_probe(
     seed: int = 0,
     threshold: int = 1,
 ):
-    """Launches the probe over ``n_blocks`` blocks of 256 threads on ``dest.device``."""
+    """Launches the probe over ``n_blocks`` blocks of 256 threads on ``dest.device``.
+
+    ``params`` comes from :func:`make_params` with ``dest.shape[0]`` targets.
+    """
     wp.launch(
         probe_kernel(mode),
         dim=n_blocks * BLOCK_DIM,
-        inputs=[dest, dest.shape[0], targets_per_block, active_lanes, p_active, seed, threshold],
+        inputs=[params, dest, dest.shape[0], targets_per_block, active_lanes, p_active, seed, threshold],
         device=dest.device,
         block_dim=BLOCK_DIM,
     )

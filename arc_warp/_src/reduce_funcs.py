@@ -174,8 +174,15 @@ def accumulator(dtype, mode: str = "arc"):
                 # CPU emulation syncs the whole block: run every collective regardless
                 # of the branch taken, so all warps of a block meet the same barriers.
                 emulate = cpu_warp_emulation()
-                lane = lane_id()
                 vmask = ballot(mask, valid)
+                few = wp.static(mode == "arc") and popc(vmask) < threshold
+                if few and not emulate:
+                    # Too few lanes for any group to reach T: raw atomics, decided
+                    # with one ballot (the common case when coverage is sparse).
+                    if valid:
+                        wp.atomic_add(dest, index, value)
+                    return
+                lane = lane_id()
                 x = vec_k()
                 if valid:
                     x = to_vec(value)

@@ -1,0 +1,148 @@
+"""Pinhole camera record (OpenCV / gsplat convention) and its constructors.
+
+Camera space: +x right, +y down, +z forward. ``world_to_camera`` is gsplat's
+"viewmat": a 4x4 float64 matrix mapping homogeneous world points to camera
+space. Pixel ``(u, v)`` covers ``[u, u+1) x [v, v+1)``; its centre is at
+``(u + 0.5, v + 0.5)``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+def _as_vec3(value, name: str) -> np.ndarray:
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.shape != (3,) or not np.all(np.isfinite(arr)):
+        raise ValueError(f"{name} must be 3 finite numbers, got {value!r}")
+    return arr
+
+
+@dataclass(frozen=True, eq=False)
+class Camera:
+    """A pinhole camera.
+
+    Args:
+        fx, fy: focal lengths in pixels (> 0).
+        cx, cy: principal point in pixels.
+        width, height: image size in pixels (>= 1).
+        world_to_camera: (4, 4) float64 rigid transform, world -> camera (OpenCV axes).
+            Stored as a read-only copy.
+        near, far: depth range on camera z (world units); Gaussians whose centre lies
+            outside ``[near, far]`` are culled. ``0 < near < far``.
+    """
+
+    fx: float
+    fy: float
+    cx: float
+    cy: float
+    width: int
+    height: int
+    world_to_camera: np.ndarray = field(default_factory=lambda: np.eye(4))
+    near: float = 0.01
+    far: float = 1e10
+
+    def __post_init__(self):
+        for name in ("fx", "fy"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float, np.floating, np.integer)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"Camera.{name} must be a finite number > 0, got {value!r}")
+        for name in ("cx", "cy"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float, np.floating, np.integer)) and math.isfinite(value)):
+                raise ValueError(f"Camera.{name} must be a finite number, got {value!r}")
+        for name in ("width", "height"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"Camera.{name} must be an int >= 1, got {value!r}")
+            object.__setattr__(self, name, int(value))
+        if not (0.0 < self.near < self.far):
+            raise ValueError(f"Camera needs 0 < near < far, got near={self.near!r}, far={self.far!r}")
+        w2c = np.array(self.world_to_camera, dtype=np.float64)
+        if w2c.shape != (4, 4) or not np.all(np.isfinite(w2c)):
+            raise ValueError(f"Camera.world_to_camera must be a finite (4, 4) matrix, got shape {w2c.shape}")
+        if not np.allclose(w2c[3], (0.0, 0.0, 0.0, 1.0)):
+            raise ValueError(f"Camera.world_to_camera last row must be (0, 0, 0, 1), got {w2c[3]}")
+        w2c.setflags(write=False)
+        object.__setattr__(self, "world_to_camera", w2c)
+        for name in ("fx", "fy", "cx", "cy", "near", "far"):
+            object.__setattr__(self, name, float(getattr(self, name)))
+
+    @property
+    def K(self) -> np.ndarray:
+        """(3, 3) float64 intrinsics ``[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]``."""
+        return np.array([[self.fx, 0.0, self.cx], [0.0, self.fy, self.cy], [0.0, 0.0, 1.0]])
+
+    @property
+    def center(self) -> np.ndarray:
+        """(3,) float64 camera position in world space."""
+        return np.linalg.inv(self.world_to_camera)[:3, 3]
+
+    @classmethod
+    def from_fov(
+        cls,
+        fov_y_deg: float,
+        width: int,
+        height: int,
+        world_to_camera: np.ndarray | None = None,
+        near: float = 0.01,
+        far: float = 1e10,
+    ) -> Camera:
+        """Square-pixel camera with vertical field of view ``fov_y_deg`` (degrees, in (0, 180))
+        and the principal point at the image centre."""
+        if not (0.0 < fov_y_deg < 180.0):
+            raise ValueError(f"fov_y_deg must be in (0, 180) degrees, got {fov_y_deg!r}")
+        focal = 0.5 * height / math.tan(0.5 * math.radians(fov_y_deg))
+        return cls(
+            focal,
+            focal,
+            0.5 * width,
+            0.5 * height,
+            width,
+            height,
+            np.eye(4) if world_to_camera is None else world_to_camera,
+            near,
+            far,
+        )
+
+    @classmethod
+    def look_at(
+        cls,
+        eye,  # (3,) world position of the camera
+        target,  # (3,) world point the optical axis passes through
+        up,  # (3,) world "up"; appears towards the top of the image (camera -y)
+        fov_y_deg: float,
+        width: int,
+        height: int,
+        near: float = 0.01,
+        far: float = 1e10,
+    ) -> Camera:
+        """Camera at ``eye`` looking at ``target`` (see :meth:`from_fov` for the intrinsics)."""
+        eye = _as_vec3(eye, "eye")
+        forward = _as_vec3(target, "target") - eye
+        up = _as_vec3(up, "up")
+        if np.linalg.norm(forward) == 0.0:
+            raise ValueError("look_at needs target != eye")
+        forward /= np.linalg.norm(forward)
+        right = np.cross(forward, up)
+        if np.linalg.norm(right) < 1e-12:
+            raise ValueError(f"look_at: up {up} is parallel to the viewing direction")
+        right /= np.linalg.norm(right)
+        down = np.cross(forward, right)
+        w2c = np.eye(4)
+        w2c[:3, :3] = np.stack([right, down, forward])
+        w2c[:3, 3] = -w2c[:3, :3] @ eye
+        return cls.from_fov(fov_y_deg, width, height, w2c, near, far)
+
+    @staticmethod
+    def batch(cameras) -> tuple[Camera, ...]:
+        """A batch of cameras: a tuple of :class:`Camera`. ``render_gaussians`` given a
+        batch (or any list/tuple of cameras) renders each and returns a list of outputs."""
+        cams = tuple(cameras)
+        for i, cam in enumerate(cams):
+            if not isinstance(cam, Camera):
+                raise TypeError(f"Camera.batch expects Camera objects, item {i} is {type(cam).__name__}")
+        return cams

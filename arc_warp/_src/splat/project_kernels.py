@@ -1,0 +1,189 @@
+"""EWA projection of 3D Gaussians to screen space: forward and hand-written backward."""
+
+import functools
+
+import warp as wp
+
+from arc_warp._src.splat.math import (
+    ALPHA_MIN,
+    EXTEND_MAX,
+    G_ABS,
+    G_CONIC,
+    G_DEPTH,
+    G_OPACITY,
+    G_XY,
+    CameraParams,
+    Splat2D,
+    fov_limits,
+    grad_vector,
+    persp_jacobian,
+    persp_jacobian_vjp,
+    quat_to_rotmat,
+    quat_to_rotmat_vjp,
+    scale_columns,
+    tile_bbox,
+)
+
+# Slots of the ``bad`` flags array (slot 0 holds the intersection count).
+BAD_SLOTS = ("means", "quats", "scales", "opacities", "colors", "quats (zero norm)")
+
+
+@wp.func
+def nonfinite3(v: wp.vec3) -> bool:
+    return not (wp.isfinite(v[0]) and wp.isfinite(v[1]) and wp.isfinite(v[2]))
+
+
+@wp.kernel(enable_backward=False)
+def flag_nonfinite(values: wp.array(dtype=float), bad: wp.array(dtype=wp.int32), slot: int):
+    """Sets ``bad[slot] = 1`` if any value is NaN or Inf (flat float view of an input)."""
+    i = wp.tid()
+    if not wp.isfinite(values[i]):
+        bad[slot] = 1
+
+
+@wp.kernel(enable_backward=False)
+def project_fwd(
+    means: wp.array(dtype=wp.vec3),
+    quats: wp.array(dtype=wp.vec4),
+    scales: wp.array(dtype=wp.vec3),
+    opacities: wp.array(dtype=float),
+    cam: CameraParams,
+    eps2d: float,
+    tiles_x: int,
+    tiles_y: int,
+    means2d: wp.array(dtype=wp.vec2),
+    splats: wp.array(dtype=Splat2D),
+    radii: wp.array(dtype=wp.vec2i),
+    tiles_per_gauss: wp.array(dtype=wp.int32),
+    bad: wp.array(dtype=wp.int32),
+):
+    i = wp.tid()
+    mean = means[i]
+    quat = quats[i]
+    scale = scales[i]
+    opacity = opacities[i]
+    # non-finite inputs are reported through the same readback that sizes the sort
+    if nonfinite3(mean):
+        bad[1] = 1
+    if not (wp.isfinite(quat[0]) and wp.isfinite(quat[1]) and wp.isfinite(quat[2]) and wp.isfinite(quat[3])):
+        bad[2] = 1
+    elif wp.dot(quat, quat) == 0.0:
+        bad[6] = 1
+    if nonfinite3(scale):
+        bad[3] = 1
+    if not wp.isfinite(opacity):
+        bad[4] = 1
+
+    radii[i] = wp.vec2i(0, 0)
+    tiles_per_gauss[i] = 0
+    p = cam.rot * mean + cam.trans
+    if p[2] < cam.near or p[2] > cam.far:
+        return
+    if opacity < ALPHA_MIN:
+        return
+
+    m = scale_columns(quat_to_rotmat(quat), scale)
+    cov_c = cam.rot * (m * wp.transpose(m)) * wp.transpose(cam.rot)
+    jac = persp_jacobian(p, cam.fx, cam.fy, fov_limits(cam.fx, cam.fy, cam.cx, cam.cy, cam.width, cam.height))
+    cov2d = jac * cov_c * wp.transpose(jac)
+    a = cov2d[0, 0] + eps2d
+    b = cov2d[0, 1]
+    c = cov2d[1, 1] + eps2d
+    det = a * c - b * b
+    if det <= 0.0:
+        return
+
+    # opacity-aware extent (gsplat / arXiv 2402.00525 B.2); the box is not differentiated
+    extend = wp.min(EXTEND_MAX, wp.sqrt(2.0 * wp.log(opacity / ALPHA_MIN)))
+    rx = wp.ceil(extend * wp.sqrt(a))
+    ry = wp.ceil(extend * wp.sqrt(c))
+    if rx <= 0.0 or ry <= 0.0:
+        return
+    rz = 1.0 / p[2]
+    xy = wp.vec2(cam.fx * p[0] * rz + cam.cx, cam.fy * p[1] * rz + cam.cy)
+    if (
+        xy[0] + rx <= 0.0
+        or xy[0] - rx >= float(cam.width)
+        or xy[1] + ry <= 0.0
+        or xy[1] - ry >= float(cam.height)
+    ):
+        return
+
+    radius = wp.vec2i(int(rx), int(ry))
+    box = tile_bbox(xy, radius, tiles_x, tiles_y)
+    inv_det = 1.0 / det
+    radii[i] = radius
+    tiles_per_gauss[i] = (box[2] - box[0]) * (box[3] - box[1])
+    means2d[i] = xy
+    splats[i] = Splat2D(xy, wp.vec3(c * inv_det, -b * inv_det, a * inv_det), opacity, p[2])
+
+
+@functools.cache
+def make_project_bwd(absgrad: bool):
+    """Per-Gaussian projection backward; reads the packed rasteriser gradient."""
+    grad_t = grad_vector(absgrad)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def project_bwd(
+        means: wp.array(dtype=wp.vec3),
+        quats: wp.array(dtype=wp.vec4),
+        scales: wp.array(dtype=wp.vec3),
+        cam: CameraParams,
+        radii: wp.array(dtype=wp.vec2i),
+        splats: wp.array(dtype=Splat2D),
+        raster_grads: wp.array(dtype=grad_t),
+        v_means: wp.array(dtype=wp.vec3),
+        v_quats: wp.array(dtype=wp.vec4),
+        v_scales: wp.array(dtype=wp.vec3),
+        v_opacities: wp.array(dtype=float),
+        v_means2d: wp.array(dtype=wp.vec2),
+        v_means2d_abs: wp.array(dtype=wp.vec2),
+    ):
+        i = wp.tid()
+        if radii[i][0] <= 0:
+            return
+        g = raster_grads[i]
+        v_xy = wp.vec2(g[G_XY], g[G_XY + 1])
+        v_opacities[i] = v_opacities[i] + g[G_OPACITY]
+        if wp.static(absgrad):
+            v_means2d[i] = v_means2d[i] + v_xy
+            v_means2d_abs[i] = v_means2d_abs[i] + wp.vec2(g[G_ABS], g[G_ABS + 1])
+
+        # conic = inverse(cov2d): dL/dcov2d = -C V C with V the symmetric dL/dconic
+        conic = splats[i].conic
+        cm = wp.mat22(conic[0], conic[1], conic[1], conic[2])
+        half_b = 0.5 * g[G_CONIC + 1]
+        v_cov2d = -(cm * wp.mat22(g[G_CONIC], half_b, half_b, g[G_CONIC + 2]) * cm)
+
+        quat = quats[i]
+        scale = scales[i]
+        rot = quat_to_rotmat(quat)
+        m = scale_columns(rot, scale)
+        cov_c = cam.rot * (m * wp.transpose(m)) * wp.transpose(cam.rot)
+        p = cam.rot * means[i] + cam.trans
+        lim = fov_limits(cam.fx, cam.fy, cam.cx, cam.cy, cam.width, cam.height)
+        jac = persp_jacobian(p, cam.fx, cam.fy, lim)
+
+        v_cov_c = wp.transpose(jac) * v_cov2d * jac
+        v_jac = (v_cov2d + wp.transpose(v_cov2d)) * jac * cov_c
+        rz = 1.0 / p[2]
+        v_p = wp.vec3(
+            cam.fx * rz * v_xy[0],
+            cam.fy * rz * v_xy[1],
+            -(cam.fx * p[0] * v_xy[0] + cam.fy * p[1] * v_xy[1]) * rz * rz + g[G_DEPTH],
+        )
+        v_p += persp_jacobian_vjp(p, cam.fx, cam.fy, lim, v_jac)
+        v_means[i] = v_means[i] + wp.transpose(cam.rot) * v_p
+
+        # cov = M M^T with M = rot diag(scale)
+        v_cov = wp.transpose(cam.rot) * v_cov_c * cam.rot
+        v_m = (v_cov + wp.transpose(v_cov)) * m
+        v_scale = wp.vec3(
+            rot[0, 0] * v_m[0, 0] + rot[1, 0] * v_m[1, 0] + rot[2, 0] * v_m[2, 0],
+            rot[0, 1] * v_m[0, 1] + rot[1, 1] * v_m[1, 1] + rot[2, 1] * v_m[2, 1],
+            rot[0, 2] * v_m[0, 2] + rot[1, 2] * v_m[1, 2] + rot[2, 2] * v_m[2, 2],
+        )
+        v_scales[i] = v_scales[i] + v_scale
+        v_quats[i] = v_quats[i] + quat_to_rotmat_vjp(quat, scale_columns(v_m, scale))
+
+    return project_bwd

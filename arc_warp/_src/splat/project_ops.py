@@ -1,0 +1,72 @@
+"""Launches of the projection stage (forward and backward)."""
+
+import numpy as np
+import warp as wp
+
+from arc_warp._src.camera import Camera
+from arc_warp._src.splat.math import CameraParams, Splat2D
+from arc_warp._src.splat.project_kernels import make_project_bwd, project_fwd
+from arc_warp._src.splat.records import GaussianGrads, GaussianInputs, ProjectResult
+
+
+def camera_params(camera: Camera) -> CameraParams:
+    """float32 kernel argument of ``camera``."""
+    params = CameraParams()
+    w2c = camera.world_to_camera
+    params.rot = wp.mat33(*w2c[:3, :3].astype(np.float32).ravel())
+    params.trans = wp.vec3(*w2c[:3, 3].astype(np.float32))
+    params.center = wp.vec3(*camera.center.astype(np.float32))
+    params.fx = camera.fx
+    params.fy = camera.fy
+    params.cx = camera.cx
+    params.cy = camera.cy
+    params.width = camera.width
+    params.height = camera.height
+    params.near = camera.near
+    params.far = camera.far
+    return params
+
+
+def project(
+    inputs: GaussianInputs, cam: CameraParams, eps2d: float, tiles_x: int, tiles_y: int, bad: wp.array
+) -> ProjectResult:
+    """Screen-space splats, radii and tile counts; flags non-finite inputs in ``bad``."""
+    n = inputs.count
+    device = inputs.means.device
+    result = ProjectResult(
+        means2d=wp.zeros(n, dtype=wp.vec2, device=device),
+        splats=wp.zeros(n, dtype=Splat2D, device=device),
+        radii=wp.empty(n, dtype=wp.vec2i, device=device),
+        tiles_per_gauss=wp.empty(n, dtype=wp.int32, device=device),
+        rgb=inputs.colors if inputs.sh_coeffs == 0 else wp.empty(n, dtype=wp.vec3, device=device),
+    )
+    wp.launch(
+        project_fwd,
+        dim=n,
+        inputs=[inputs.means, inputs.quats, inputs.scales, inputs.opacities, cam, eps2d, tiles_x, tiles_y],
+        outputs=[result.means2d, result.splats, result.radii, result.tiles_per_gauss, bad],
+        device=device,
+        record_tape=False,
+    )
+    return result
+
+
+def project_backward(
+    inputs: GaussianInputs,
+    cam: CameraParams,
+    proj: ProjectResult,
+    raster_grads: wp.array,
+    absgrad: bool,
+    grads: GaussianGrads,
+    means2d_grad: wp.array | None,
+    means2d_absgrad: wp.array | None,
+):
+    """Adds the projection's share of the gradients into ``grads`` (and the 2D mean grads)."""
+    wp.launch(
+        make_project_bwd(absgrad),
+        dim=inputs.count,
+        inputs=[inputs.means, inputs.quats, inputs.scales, cam, proj.radii, proj.splats, raster_grads],
+        outputs=[grads.means, grads.quats, grads.scales, grads.opacities, means2d_grad, means2d_absgrad],
+        device=inputs.means.device,
+        record_tape=False,
+    )

@@ -1,0 +1,154 @@
+"""Typed records that travel between the splatting stages."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import warp as wp
+
+from arc_warp._src.camera import Camera
+
+REDUCE_MODES = ("atomic", "warp", "serial", "arc", "floor")
+
+
+@dataclass(frozen=True)
+class RenderSettings:
+    """Options of :func:`render_gaussians`.
+
+    Args:
+        sh_degree: SH degree 0..3 to evaluate when ``colors`` holds SH coefficients;
+            ``None`` uses the full degree the coefficient count implies. Ignored for
+            plain RGB colours.
+        background: RGB added as ``T_final * background`` to the colour image.
+        reduce: how the rasteriser backward reduces per-Gaussian gradients:
+            ``"atomic"`` (one atomic per lane), ``"warp"`` (always warp-reduce),
+            ``"serial"``, ``"arc"`` (adaptive, the default) or ``"floor"``.
+            ``"floor"`` issues no atomics at all: it exists only to time the rest of
+            the backward and produces NO rasteriser gradients (means, quats,
+            scales, opacities and colours get zero from the image loss).
+        threshold: ARC threshold (lanes on one address before a warp reduction);
+            ``None`` asks ``arc_warp`` for the calibrated value of the device.
+        eps2d: dilation added to the 2D covariance diagonal, pixels^2.
+        absgrad: also accumulate ``|dL/dmean2d|`` per Gaussian (for densification);
+            then the backward fills ``RenderOutput.means2d_grad`` / ``means2d_absgrad``.
+    """
+
+    sh_degree: int | None = None
+    background: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    reduce: str = "arc"
+    threshold: int | None = None
+    eps2d: float = 0.3
+    absgrad: bool = False
+
+    def __post_init__(self):
+        if self.sh_degree is not None and (
+            isinstance(self.sh_degree, bool) or not isinstance(self.sh_degree, int) or not 0 <= self.sh_degree <= 3
+        ):
+            raise ValueError(f"RenderSettings.sh_degree must be None or an int in 0..3, got {self.sh_degree!r}")
+        bg = tuple(float(v) for v in self.background)
+        if len(bg) != 3 or not all(math.isfinite(v) for v in bg):
+            raise ValueError(f"RenderSettings.background must be 3 finite floats, got {self.background!r}")
+        object.__setattr__(self, "background", bg)
+        if self.reduce not in REDUCE_MODES:
+            raise ValueError(f"RenderSettings.reduce must be one of {REDUCE_MODES}, got {self.reduce!r}")
+        if self.threshold is not None and (
+            isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or self.threshold < 0
+        ):
+            raise ValueError(f"RenderSettings.threshold must be None or an int >= 0, got {self.threshold!r}")
+        if not (math.isfinite(self.eps2d) and self.eps2d >= 0.0):
+            raise ValueError(f"RenderSettings.eps2d must be a finite float >= 0, got {self.eps2d!r}")
+
+
+@dataclass
+class GaussianGrads:
+    """Gradients w.r.t. the inputs of :func:`render_gaussians`, shaped like them."""
+
+    means: wp.array  # (N,) wp.vec3
+    quats: wp.array  # (N,) wp.vec4
+    scales: wp.array  # (N,) wp.vec3
+    opacities: wp.array  # (N,) float
+    colors: wp.array  # (N, K) wp.vec3 SH coefficients, or (N,) wp.vec3 RGB
+
+
+@dataclass
+class GaussianInputs:
+    """The validated inputs of one render (private)."""
+
+    means: wp.array
+    quats: wp.array
+    scales: wp.array
+    opacities: wp.array
+    colors: wp.array
+    sh_coeffs: int  # coefficients evaluated, (degree+1)^2; 0 for plain RGB
+
+    @property
+    def count(self) -> int:
+        return self.means.shape[0]
+
+    @property
+    def arrays(self) -> tuple[wp.array, ...]:
+        return (self.means, self.quats, self.scales, self.opacities, self.colors)
+
+
+@dataclass
+class ProjectResult:
+    """Per-Gaussian screen-space data of one camera (private)."""
+
+    means2d: wp.array  # (N,) vec2, pixels
+    splats: wp.array  # (N,) Splat2D: xy, conic, opacity, depth
+    radii: wp.array  # (N,) vec2i, (0, 0) = culled
+    tiles_per_gauss: wp.array  # (N,) int32
+    rgb: wp.array  # (N,) vec3, colour fed to the rasteriser
+
+
+@dataclass
+class BinResult:
+    """Depth-sorted tile intersections (private)."""
+
+    tiles_x: int
+    tiles_y: int
+    n_isects: int
+    gauss_ids: wp.array  # (>= n_isects,) int32, Gaussian of each sorted entry
+    tile_ranges: wp.array  # (n_tiles,) vec2i, [start, end) into gauss_ids
+
+
+@dataclass
+class RasterImages:
+    """(H, W) images of the rasteriser (private; see :class:`RenderOutput`)."""
+
+    color: wp.array  # wp.vec3
+    alpha: wp.array  # float
+    depth: wp.array  # float
+    expected_depth: wp.array  # float
+    final_t: wp.array  # float, transmittance after the last contributor
+    last_ids: wp.array  # int32, sorted entry of the last contributor, -1 = none
+
+
+@dataclass
+class RenderOutput:
+    """Images of one camera plus the forward state its backward needs.
+
+    Images are ``(H, W)`` wp arrays on the input device: ``color`` wp.vec3,
+    ``alpha`` = 1 - T_final, ``depth`` = sum w_i z_i (camera z, world units),
+    ``expected_depth`` = depth / alpha (0 where alpha == 0). Per Gaussian:
+    ``means2d`` (N,) wp.vec2 pixels, ``radii`` (N,) wp.vec2i ((0, 0) = culled).
+    ``means2d_grad`` / ``means2d_absgrad`` ((N,) wp.vec2) are accumulated by the
+    backward when ``settings.absgrad`` is on, else ``None``.
+    """
+
+    color: wp.array
+    alpha: wp.array
+    depth: wp.array
+    expected_depth: wp.array
+    means2d: wp.array
+    radii: wp.array
+    camera: Camera
+    settings: RenderSettings
+    means2d_grad: wp.array | None = None
+    means2d_absgrad: wp.array | None = None
+    # forward state for the backward
+    _inputs: GaussianInputs | None = field(default=None, repr=False)
+    _project: ProjectResult | None = field(default=None, repr=False)
+    _bins: BinResult | None = field(default=None, repr=False)
+    _images: RasterImages | None = field(default=None, repr=False)

@@ -1,0 +1,71 @@
+"""Input checks of the public splatting functions (shapes, dtypes, devices, flags)."""
+
+import math
+
+import numpy as np
+import warp as wp
+
+from arc_warp._src.splat.project_kernels import BAD_SLOTS
+from arc_warp._src.splat.records import GaussianGrads, GaussianInputs, RenderSettings
+
+
+def _type_name(dtype) -> str:
+    return getattr(dtype, "__name__", repr(dtype))
+
+
+def check_array(value, name: str, dtype, ndim: int, shape=None, device=None) -> wp.array:
+    """Raises TypeError/ValueError unless ``value`` is a contiguous wp.array as described."""
+    if not isinstance(value, wp.array):
+        raise TypeError(f"{name} must be a wp.array(dtype={_type_name(dtype)}), got {type(value).__name__}")
+    if value.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {_type_name(dtype)}, got {_type_name(value.dtype)}")
+    if value.ndim != ndim or (shape is not None and tuple(value.shape) != tuple(shape)):
+        want = shape if shape is not None else f"{ndim} dims"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(value.shape)}")
+    if not value.is_contiguous:
+        raise ValueError(f"{name} must be contiguous")
+    if device is not None and value.device != device:
+        raise ValueError(f"{name} is on {value.device}, expected {device} like means")
+    return value
+
+
+def check_inputs(means, quats, scales, opacities, colors, settings: RenderSettings) -> GaussianInputs:
+    """Validated :class:`GaussianInputs`; NaN/Inf are checked later on the device."""
+    means = check_array(means, "means", wp.vec3, 1)
+    n, device = means.shape[0], means.device
+    check_array(quats, "quats", wp.vec4, 1, (n,), device)
+    check_array(scales, "scales", wp.vec3, 1, (n,), device)
+    check_array(opacities, "opacities", wp.float32, 1, (n,), device)
+    if not isinstance(colors, wp.array):
+        raise TypeError(f"colors must be a wp.array of wp.vec3, got {type(colors).__name__}")
+    if colors.ndim == 1:
+        check_array(colors, "colors", wp.vec3, 1, (n,), device)
+        sh_coeffs = 0
+    else:
+        check_array(colors, "colors", wp.vec3, 2, None, device)
+        k = colors.shape[1]
+        if colors.shape[0] != n or k not in (1, 4, 9, 16):
+            raise ValueError(f"SH colors must have shape (N={n}, (d+1)^2) with d in 0..3, got {colors.shape}")
+        degree = math.isqrt(k) - 1 if settings.sh_degree is None else settings.sh_degree
+        if (degree + 1) ** 2 > k:
+            raise ValueError(f"sh_degree {degree} needs {(degree + 1) ** 2} SH coefficients, colors has {k}")
+        sh_coeffs = (degree + 1) ** 2
+    return GaussianInputs(means, quats, scales, opacities, colors, sh_coeffs)
+
+
+def raise_on_flags(flags: np.ndarray):
+    """ValueError naming each input the device checks found non-finite (or a zero quaternion)."""
+    bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if flags[slot]]
+    if bad:
+        raise ValueError(f"render_gaussians: non-finite (NaN/Inf) values in {', '.join(bad)}")
+    if flags[0] < 0:
+        raise ValueError("render_gaussians: more than 2^31 - 1 tile intersections; reduce Gaussians or image size")
+
+
+def check_grads(grads: GaussianGrads, inputs: GaussianInputs) -> GaussianGrads:
+    """``grads`` must match the inputs in dtype, shape and device."""
+    if not isinstance(grads, GaussianGrads):
+        raise TypeError(f"grads must be a GaussianGrads, got {type(grads).__name__}")
+    for name, src in zip(("means", "quats", "scales", "opacities", "colors"), inputs.arrays):
+        check_array(getattr(grads, name), f"grads.{name}", src.dtype, src.ndim, src.shape, src.device)
+    return grads

@@ -1,0 +1,7 @@
+"""3D Gaussian splatting with an ARC-reduced backward (gsplat 1.5.3 "classic" conventions)."""
+
+from ._src.camera import Camera
+from ._src.splat.records import GaussianGrads, RenderOutput, RenderSettings
+from ._src.splat.render import render_gaussians, render_gaussians_backward
+
+__all__ = ["Camera", "GaussianGrads", "RenderOutput", "RenderSettings", "render_gaussians", "render_gaussians_backward"]

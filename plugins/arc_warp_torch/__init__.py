@@ -1,0 +1,14 @@
+"""PyTorch adapter for arc_warp: differentiable Gaussian splatting on torch tensors.
+
+- `rasterization(...)`: gsplat-like functional API over batched cameras.
+- `arc_warp_torch.inria.GaussianRasterizer` / `GaussianRasterizationSettings`: drop-in for
+  graphdeco-inria's diff_gaussian_rasterization.
+
+Tensors are shared with Warp without copies, on torch's current CUDA stream; gradients
+come from arc_warp's hand-written (ARC-reduced) backward through torch.autograd.
+"""
+
+from .inria import GaussianRasterizationSettings, GaussianRasterizer
+from .rasterization import RENDER_MODES, rasterization
+
+__all__ = ["RENDER_MODES", "GaussianRasterizationSettings", "GaussianRasterizer", "rasterization"]

@@ -1,0 +1,156 @@
+"""Drop-in for graphdeco-inria's `diff_gaussian_rasterization` (the 3DGS reference code).
+
+    from arc_warp_torch.inria import GaussianRasterizationSettings, GaussianRasterizer
+
+replaces `from diff_gaussian_rasterization import ...`; the rest of a 3DGS training script
+stays as it is. Differences from the CUDA original are listed on `GaussianRasterizer`.
+"""
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import nn
+
+from arc_warp import Camera, RenderSettings
+
+from ._autograd import Means2dSink, check_tensor, render_camera
+
+# INRIA culls Gaussians whose view-space depth is <= 0.2 (in_frustum in its CUDA code).
+INRIA_NEAR = 0.2
+
+
+class GaussianRasterizationSettings(NamedTuple):
+    """INRIA's settings record, same field names and order.
+
+    image_height, image_width: ints, pixels. tanfovx, tanfovy: tan(fov/2). bg: [3] RGB
+    background tensor. scale_modifier: multiplies every scale. viewmatrix: [4, 4] TRANSPOSED
+    world-to-view matrix (INRIA's column-major `world_view_transform`), OpenCV axes.
+    projmatrix, campos, prefiltered, debug: accepted for compatibility and not used (the
+    projection comes from tanfov, the camera centre from viewmatrix). antialiasing: must be
+    False. reduce / threshold (arc_warp extras, optional): see arc_warp.RenderSettings.
+    """
+
+    image_height: int
+    image_width: int
+    tanfovx: float
+    tanfovy: float
+    bg: torch.Tensor
+    scale_modifier: float
+    viewmatrix: torch.Tensor
+    projmatrix: torch.Tensor
+    sh_degree: int
+    campos: torch.Tensor
+    prefiltered: bool
+    debug: bool = False
+    antialiasing: bool = False
+    reduce: str = "arc"
+    threshold: Optional[int] = None
+
+
+def _camera(s: GaussianRasterizationSettings) -> Camera:
+    """INRIA intrinsics: fx = W / (2 tanfovx), principal point at the image centre."""
+    w, h = s.image_width, s.image_height
+    for name, v in (("image_width", w), ("image_height", h)):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"raster_settings.{name}: expected a positive int, got {v!r}")
+    tx, ty = float(s.tanfovx), float(s.tanfovy)
+    if not (tx > 0.0 and ty > 0.0):
+        raise ValueError(f"raster_settings.tanfovx/tanfovy: expected > 0, got {tx}, {ty}")
+    vm = s.viewmatrix
+    if not isinstance(vm, torch.Tensor) or tuple(vm.shape) != (4, 4):
+        got = list(vm.shape) if isinstance(vm, torch.Tensor) else type(vm).__name__
+        raise ValueError(f"raster_settings.viewmatrix: expected a [4, 4] tensor, got {got}")
+    world_to_camera = vm.detach().to("cpu", torch.float64).numpy().T.copy()
+    return Camera(w / (2.0 * tx), h / (2.0 * ty), 0.5 * w, 0.5 * h, w, h,
+                  world_to_camera=world_to_camera, near=INRIA_NEAR)
+
+
+class GaussianRasterizer(nn.Module):
+    """INRIA-compatible rasterizer module on arc_warp (CPU or CUDA tensors).
+
+    Differences from diff_gaussian_rasterization:
+    - cov3D_precomp is not supported (NotImplementedError): pass scales and rotations.
+    - antialiasing=True is not supported (NotImplementedError).
+    - The third output is INRIA's inverse depth, computed as alpha / expected_depth
+      (= alpha^2 / sum_i w_i z_i); it equals INRIA's sum_i w_i / z_i wherever one depth
+      dominates a pixel and differs (harmonic vs arithmetic mean) across overlapping layers.
+    - Gradients never reach viewmatrix/projmatrix/campos.
+    """
+
+    def __init__(self, raster_settings: GaussianRasterizationSettings):
+        super().__init__()
+        self.raster_settings = raster_settings
+
+    def markVisible(self, positions: torch.Tensor) -> torch.Tensor:  # noqa: N802 (INRIA name)
+        """[N, 3] world positions -> [N] bool, True where the view-space depth exceeds 0.2."""
+        positions = check_tensor("positions", positions, (None, 3))
+        vm = self.raster_settings.viewmatrix.to(positions.device, torch.float32)
+        with torch.no_grad():
+            z = positions @ vm[:3, 2] + vm[3, 2]
+        return z > INRIA_NEAR
+
+    def forward(self,
+                means3D: torch.Tensor,  # [N, 3]
+                means2D: torch.Tensor,  # [N, 2 or 3] zeros; .grad gets the screen-space gradient
+                opacities: torch.Tensor,  # [N, 1] or [N] in [0, 1]
+                shs: Optional[torch.Tensor] = None,  # [N, K, 3] SH coefficients
+                colors_precomp: Optional[torch.Tensor] = None,  # [N, 3] RGB
+                scales: Optional[torch.Tensor] = None,  # [N, 3] linear
+                rotations: Optional[torch.Tensor] = None,  # [N, 4] wxyz
+                cov3D_precomp: Optional[torch.Tensor] = None):  # unsupported
+        """Render one camera. Returns (color [3, H, W], radii [N] int32, invdepth [1, H, W]).
+
+        color includes the background bg; radii is the larger screen-space extent in pixels
+        (0 = culled, so `radii > 0` is INRIA's visibility filter). In backward,
+        means2D.grad[:, :2] receives dL/d(projected mean) in INRIA's NDC-scaled units
+        (pixel gradient times W/2, H/2), so INRIA's densification thresholds carry over;
+        further columns get 0.
+        """
+        s = self.raster_settings
+        if (shs is None) == (colors_precomp is None):
+            raise ValueError("Please provide exactly one of either shs or colors_precomp")
+        if cov3D_precomp is not None:
+            raise NotImplementedError(
+                "arc_warp_torch.inria: cov3D_precomp is not supported; pass scales (linear, "
+                "[N, 3]) and rotations (wxyz quaternions, [N, 4]) instead (in the 3DGS code: "
+                "pipe.compute_cov3D_python = False)")
+        if scales is None or rotations is None:
+            raise ValueError("Please provide both scales and rotations (cov3D_precomp is not supported)")
+        if s.antialiasing:
+            raise NotImplementedError("arc_warp_torch.inria: antialiasing=True is not supported; "
+                                      "set raster_settings.antialiasing=False")
+        camera = _camera(s)
+        means3D = check_tensor("means3D", means3D, (None, 3))
+        device, n = means3D.device, means3D.shape[0]
+        if isinstance(opacities, torch.Tensor) and opacities.shape == (n, 1):
+            opacities = opacities.reshape(n)
+        opacities = check_tensor("opacities", opacities, (n,), device)
+        scales = check_tensor("scales", scales, (n, 3), device) * float(s.scale_modifier)
+        rotations = check_tensor("rotations", rotations, (n, 4), device)
+        if shs is not None:
+            colors = check_tensor("shs", shs, (n, None, 3), device)
+            needed = (s.sh_degree + 1) ** 2
+            if colors.shape[1] < needed:
+                raise ValueError(f"shs: sh_degree={s.sh_degree} needs >= {needed} coefficients, "
+                                 f"got {colors.shape[1]}")
+            colors, sh_degree = colors[:, :needed].contiguous(), s.sh_degree
+        else:
+            colors, sh_degree = check_tensor("colors_precomp", colors_precomp, (n, 3), device), None
+        bg = check_tensor("raster_settings.bg", s.bg, (3,), device)
+
+        sink = None
+        if isinstance(means2D, torch.Tensor) and means2D.requires_grad and torch.is_grad_enabled():
+            if means2D.dim() != 2 or means2D.shape[0] != n or means2D.shape[1] < 2:
+                raise ValueError(f"means2D: expected shape [N={n}, 2 or 3], got {list(means2D.shape)}")
+            if means2D.device != device:
+                raise ValueError(f"means2D: expected device {device}, got {means2D.device}")
+            sink = Means2dSink(means2D, scale=(0.5 * camera.width, 0.5 * camera.height))
+        settings = RenderSettings(sh_degree=sh_degree, background=(0.0, 0.0, 0.0),
+                                  reduce=s.reduce, threshold=s.threshold, absgrad=sink is not None)
+        r = render_camera(means3D, rotations, scales, opacities, colors, camera, settings, sink)
+
+        color = (r.color + (1.0 - r.alpha)[..., None] * bg).permute(2, 0, 1)
+        has_depth = r.depth > 0.0
+        invdepth = torch.where(has_depth, r.alpha * r.alpha / torch.where(has_depth, r.depth, 1.0),
+                               torch.zeros_like(r.depth))
+        return color, r.radii.amax(dim=1), invdepth[None]

@@ -1,0 +1,203 @@
+"""gsplat-like functional API: `rasterization(...)` over a batch of cameras."""
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from arc_warp import Camera, RenderSettings
+
+from ._autograd import Means2dSink, check_tensor, render_camera
+
+RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
+
+
+def _sh_degree_and_colors(colors, n: int, sh_degree: Optional[int], device):
+    """Validate colors; return (sh_degree or None, float32 colors with exactly the needed
+    SH coefficients). [N,K,3] with sh_degree None infers the degree from K = (d+1)^2."""
+    if not isinstance(colors, torch.Tensor):
+        raise TypeError(f"colors: expected a torch.Tensor, got {type(colors).__name__}")
+    if colors.dim() == 2:
+        if sh_degree is not None:
+            raise ValueError(f"colors: sh_degree={sh_degree} needs SH coefficients [N, K, 3], "
+                             f"got RGB shape {list(colors.shape)}")
+        return None, check_tensor("colors", colors, (n, 3), device)
+    colors = check_tensor("colors", colors, (n, None, 3), device)
+    k = colors.shape[1]
+    if sh_degree is None:
+        sh_degree = math.isqrt(k) - 1
+        if (sh_degree + 1) ** 2 != k:
+            raise ValueError(f"colors: [N, K, 3] with sh_degree=None needs K = (d+1)^2, got K={k}")
+    if not isinstance(sh_degree, int) or not 0 <= sh_degree <= 3:
+        raise ValueError(f"sh_degree: expected None or an int in 0..3, got {sh_degree!r}")
+    needed = (sh_degree + 1) ** 2
+    if k < needed:
+        raise ValueError(f"colors: sh_degree={sh_degree} needs K >= {needed} coefficients, got K={k}")
+    if k > needed:
+        colors = colors[:, :needed].contiguous()
+    return sh_degree, colors
+
+
+def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane: float):
+    """Validate [C,4,4] viewmats and [C,3,3] Ks; return a list of C `Camera`s (host copies)."""
+    if not isinstance(viewmats, torch.Tensor) or not isinstance(Ks, torch.Tensor):
+        raise TypeError(f"viewmats, Ks: expected torch.Tensors, got {type(viewmats).__name__}, "
+                        f"{type(Ks).__name__}")
+    if viewmats.dim() != 3 or tuple(viewmats.shape[1:]) != (4, 4) or not viewmats.is_floating_point():
+        raise ValueError(f"viewmats: expected a float [C, 4, 4] tensor, got {viewmats.dtype} "
+                         f"{list(viewmats.shape)}")
+    if Ks.shape != (viewmats.shape[0], 3, 3) or not Ks.is_floating_point():
+        raise ValueError(f"Ks: expected a float [C, 3, 3] tensor with C={viewmats.shape[0]} "
+                         f"(from viewmats), got {Ks.dtype} {list(Ks.shape)}")
+    if viewmats.requires_grad or Ks.requires_grad:
+        # Gradients w.r.t. cameras are not computed; say so instead of returning None silently.
+        raise ValueError("viewmats/Ks require grad, but camera gradients are not supported; "
+                         "pass detached tensors")
+    vm = viewmats.detach().to("cpu", torch.float64).numpy()
+    ks = Ks.detach().to("cpu", torch.float64).numpy()
+    return [Camera(float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2]), width, height,
+                   world_to_camera=v, near=near_plane, far=far_plane) for v, k in zip(vm, ks)]
+
+
+def rasterization(
+    means: torch.Tensor,  # [N, 3]
+    quats: torch.Tensor,  # [N, 4] wxyz
+    scales: torch.Tensor,  # [N, 3] linear
+    opacities: torch.Tensor,  # [N] in [0, 1]
+    colors: torch.Tensor,  # [N, 3] RGB or [N, K, 3] SH
+    viewmats: torch.Tensor,  # [C, 4, 4] world-to-camera
+    Ks: torch.Tensor,  # [C, 3, 3]
+    width: int,
+    height: int,
+    sh_degree: Optional[int] = None,
+    near_plane: float = 0.01,
+    far_plane: float = 1e10,
+    backgrounds: Optional[torch.Tensor] = None,  # [3] or [C, 3]
+    reduce: str = "arc",
+    threshold: Optional[int] = None,
+    absgrad: bool = False,
+    render_mode: str = "RGB",
+) -> Tuple[torch.Tensor, torch.Tensor, dict]:
+    """Differentiable 3D Gaussian splatting of N Gaussians into C cameras (gsplat-like).
+
+    Conventions follow gsplat / OpenCV: camera +x right, +y down, +z forward; `viewmats` are
+    world-to-camera; K = [[fx,0,cx],[0,fy,cy],[0,0,1]] in pixels; pixel centres at +0.5.
+
+    Args:
+        means: [N, 3] Gaussian centres, world units.
+        quats: [N, 4] rotations as wxyz quaternions; need not be normalised (the gradient
+            goes through the normalisation).
+        scales: [N, 3] per-axis standard deviations, world units, linear (apply exp to
+            log-scales first).
+        opacities: [N] opacities in [0, 1], already activated (apply sigmoid first).
+        colors: [N, 3] RGB, or [N, K, 3] SH coefficients (evaluated per camera with the view
+            direction; 0.5 is added and the result clamped at 0, as in gsplat/INRIA).
+        viewmats: [C, 4, 4] world-to-camera matrices, any device; copied to the host (one
+            small device-to-host copy per call), not differentiable (ValueError if they
+            require grad).
+        Ks: [C, 3, 3] pinhole intrinsics in pixels; same handling as viewmats.
+        width, height: image size in pixels.
+        sh_degree: SH degree 0..3 to use from [N, K, 3] colors (the first (d+1)^2
+            coefficients, so a growing active degree works); None with [N, K, 3] infers it
+            from K = (d+1)^2; must be None for [N, 3] RGB.
+        near_plane, far_plane: Gaussians with camera depth outside are culled (world units).
+        backgrounds: [3] or [C, 3] RGB composited behind the image as
+            rgb + (1 - alpha) * background (differentiable); None = black. Depth channels get
+            no background.
+        reduce: backward reduction of per-pixel gradients: "arc" (default), "atomic",
+            "warp" or "serial"; "floor" is for timing only and yields NO rasteriser
+            gradients (see arc_warp.RenderSettings).
+        threshold: ARC lane-count threshold; None = calibrated per device.
+        absgrad: also accumulate |dL/dmeans2d| per pixel into `meta["means2d"].absgrad`
+            [C, N, 2] during backward (gsplat's absgrad densification).
+        render_mode: "RGB", "D" (accumulated depth sum w_i z_i), "ED" (expected depth,
+            D / alpha, 0 where alpha is 0), "RGB+D" or "RGB+ED" (depth as a 4th channel).
+
+    Inputs may be float16/32/64 on "cpu" or "cuda" (all Gaussian tensors on one device);
+    they are cast to float32 only when needed, and gradients come back in their dtype.
+    Warp runs zero-copy on the tensors, on torch's current CUDA stream.
+
+    Returns:
+        render_colors: [C, H, W, 3] for "RGB", [C, H, W, 4] for "RGB+D"/"RGB+ED",
+            [C, H, W, 1] for "D"/"ED"; float32 on the device of `means`.
+        render_alphas: [C, H, W, 1] float32 accumulated opacity.
+        meta: dict with
+            "means2d": [C, N, 2] float32 projected centres in pixels. When gradients are
+                enabled it is a leaf tensor with requires_grad=True whose .grad receives
+                dL/dmeans2d (pixels) during backward, for densification; calling
+                .retain_grad() on it, as gsplat code does, is harmless. With absgrad=True
+                its .absgrad attribute gets the per-pixel absolute gradient sum.
+            "radii": [C, N, 2] int32 screen-space extents in pixels, (0, 0) = culled.
+            "width", "height", "n_cameras": ints.
+
+    Raises:
+        TypeError / ValueError: wrong types, dtypes, shapes, devices or options.
+
+    Gradients flow to means, quats, scales, opacities, colors and backgrounds. Double
+    backward (differentiating these gradients again) raises RuntimeError.
+
+    Example (one training step with gsplat-style densification statistics)::
+
+        colors, alphas, meta = rasterization(means, quats, log_scales.exp(),
+                                             torch.sigmoid(logit_opacities), sh, viewmats,
+                                             Ks, W, H, sh_degree=active_degree)
+        loss = (colors - target).abs().mean()
+        loss.backward()
+        grad2d = meta["means2d"].grad          # [C, N, 2], pixels
+        seen = (meta["radii"] > 0).all(-1)    # [C, N]
+    """
+    if render_mode not in RENDER_MODES:
+        raise ValueError(f"render_mode: expected one of {RENDER_MODES}, got {render_mode!r}")
+    for name, v in (("width", width), ("height", height)):
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{name}: expected a positive int, got {v!r}")
+    means = check_tensor("means", means, (None, 3))
+    device, n = means.device, means.shape[0]
+    quats = check_tensor("quats", quats, (n, 4), device)
+    scales = check_tensor("scales", scales, (n, 3), device)
+    opacities = check_tensor("opacities", opacities, (n,), device)
+    sh_degree, colors = _sh_degree_and_colors(colors, n, sh_degree, device)
+    cameras = _cameras(viewmats, Ks, width, height, near_plane, far_plane)
+    c = len(cameras)
+    if backgrounds is not None:
+        if not isinstance(backgrounds, torch.Tensor) or backgrounds.shape not in ((3,), (c, 3)):
+            got = list(backgrounds.shape) if isinstance(backgrounds, torch.Tensor) else type(backgrounds).__name__
+            raise ValueError(f"backgrounds: expected a [3] or [{c}, 3] tensor, got {got}")
+        backgrounds = check_tensor("backgrounds", backgrounds.expand(c, 3), (c, 3), device)
+
+    inputs = (means, quats, scales, opacities, colors)
+    need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    # The renderer fills means2d_grad only with absgrad on, so it is on whenever gradients are.
+    settings = RenderSettings(sh_degree=sh_degree, background=(0.0, 0.0, 0.0), reduce=reduce,
+                              threshold=threshold, absgrad=need_grad)
+    means2d = torch.zeros((c, n, 2), dtype=torch.float32, device=device, requires_grad=need_grad)
+    renders = []
+    for i, camera in enumerate(cameras):
+        sink = None
+        if need_grad:
+            sink = Means2dSink(means2d[i], absgrad_owner=means2d if absgrad else None,
+                               absgrad_index=i)
+        renders.append(render_camera(*inputs, camera, settings, sink))
+    with torch.no_grad():
+        means2d.copy_(torch.stack([r.means2d for r in renders]))
+
+    alphas = torch.stack([r.alpha for r in renders])[..., None]
+    channels = []
+    if render_mode.startswith("RGB"):
+        rgb = torch.stack([r.color for r in renders])
+        if backgrounds is not None:
+            rgb = rgb + (1.0 - alphas) * backgrounds[:, None, None, :]
+        channels.append(rgb)
+    if render_mode.endswith("ED"):
+        channels.append(torch.stack([r.expected_depth for r in renders])[..., None])
+    elif render_mode.endswith("D"):
+        channels.append(torch.stack([r.depth for r in renders])[..., None])
+    render_colors = channels[0] if len(channels) == 1 else torch.cat(channels, dim=-1)
+    meta = {
+        "means2d": means2d,
+        "radii": torch.stack([r.radii for r in renders]),
+        "width": width,
+        "height": height,
+        "n_cameras": c,
+    }
+    return render_colors, alphas, meta
