@@ -82,11 +82,12 @@ def test_floor_adds_nothing():
     assert not dest.numpy().any()
 
 
-def test_inactive_lanes_contribute_nothing():
+@pytest.mark.parametrize("uniform_index", [False, True])
+def test_inactive_lanes_contribute_nothing(uniform_index):
     # Half the lanes of every warp are invalid: their values must not leak into the sum.
-    add = arc_warp.accumulator(wp.vec2, "arc")
+    add = arc_warp.accumulator(wp.vec2, "arc", uniform_index)
 
-    @wp.kernel(enable_backward=False)
+    @wp.kernel(enable_backward=False, module="unique")
     def half_valid(dest: wp.array(dtype=wp.vec2), threshold: int):
         i = wp.tid()
         add(dest, 0, wp.vec2(1.0, 1000.0), i % 2 == 0, threshold)

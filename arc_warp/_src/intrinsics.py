@@ -338,3 +338,28 @@ def reduce_scatter(k: int):
     def reduce_scatter_vec(mask: int, x: vec_k) -> float: ...
 
     return reduce_scatter_vec
+
+
+@wp.func_native(
+    _native(
+        "    return value;",
+        """    (void)_lane; (void)_xbuf;
+    static int _mbuf[WP_TILE_BLOCK_DIM];
+    WP_TILE_SYNC();
+    _mbuf[_tid] = value;
+    const int _n = wp_cpu_get_active_count();
+    WP_TILE_SYNC();
+    int _r = value;
+    for (int _i = 0; _i < _n; ++_i) _r = _mbuf[_i] > _r ? _mbuf[_i] : _r;
+    (void)_base; (void)_w;
+    return _r;""",
+        "    return value;",
+    )
+)
+def emulation_block_max(value: int) -> int:
+    """Block-wide maximum in CPU warp emulation; ``value`` unchanged elsewhere.
+
+    Emulated collectives synchronise the whole block, so a loop that runs them must
+    have the same trip count in every warp of the block: take the block maximum.
+    """
+    ...

@@ -38,14 +38,12 @@ from .intrinsics import (
     active_mask,
     ballot,
     cpu_warp_emulation,
+    emulation_block_max,
     lane_id,
-    lanes_above,
-    lanes_below,
     lowest_lane,
     match_any,
     popc,
     reduce_scatter,
-    shfl,
     shfl_int,
     warp_width,
 )
@@ -96,64 +94,33 @@ def _component_ops(dtype):
 
 
 @functools.cache
-def accumulator(dtype, mode: str = "arc"):
+def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
     """Returns the ``@wp.func`` ``add(dest, index, value, valid, threshold)`` for ``dtype``.
 
     Args:
         dtype: ``wp.float32``, ``wp.vec2``, ``wp.vec3``, ``wp.vec4`` or any
             ``wp.types.vector(K, wp.float32)`` (for example the 9 per-splat
-            gradients of 3DGS packed in one vector).
+            gradients of 3DGS packed in one vector), ``K <= 32``.
         mode: one of :data:`MODES`.
+        uniform_index: the caller guarantees that all lanes of a warp pass the same
+            ``index`` (as in a tile rasteriser, where a block walks one primitive at a
+            time). Skips the per-call check for mixed indices; results are undefined
+            if the promise is broken.
 
     The returned function has the signature
     ``add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int)``;
-    ``threshold`` matters only for ``arc``. Cached: one function per (dtype, mode).
+    ``threshold`` matters only for ``arc``. Cached per (dtype, mode, uniform_index).
     """
     check_mode(mode)
     k = vector_length(dtype)
+    if k > 32:
+        raise ValueError(f"accumulators handle at most 32 components; got {k}")
     to_vec, component_add, vec_k = _component_ops(dtype)
-    tname = f"v{k}" if wp.types.type_is_vector(dtype) else "f32"
     reduce_scatter_k = reduce_scatter(k)
+    # After the reduce-scatter, lane l holds component l >> shift; the lanes with
+    # l % 2^shift == 0 issue one atomic each, so K lanes share the K atomics.
     shift = 5 - ((1 << (k - 1).bit_length()).bit_length() - 1)
-
-    def spread_atomics(dest: wp.array(dtype=dtype), index: int, total: vec_k, group_size: int, rank: int):
-        # Lane `rank` of the group issues components rank, rank+size, ...: K atomics from K lanes.
-        for c in range(wp.static(k)):
-            if c % group_size == rank:
-                component_add(dest, index, c, total[c])
-
-    def grouped(dest: wp.array(dtype=dtype), index: int, x: vec_k, peers: int, mask: int, lane: int, emulate: bool):
-        # Segmented shuffle tree over arbitrary lane groups (`peers` = my group, 0 = not
-        # participating): each round a lane adds the partial sum of its next live peer.
-        # Six rounds always suffice for 32 lanes; CPU emulation runs all six.
-        rank = popc(lanes_below(peers, lane))
-        size = popc(peers)
-        leader = lowest_lane(peers)
-        rest = lanes_above(peers, lane)
-        part = x
-        r = rank
-        rounds = int(0)
-        while ballot(mask, rest != 0) != 0 or (emulate and rounds < 6):
-            nxt = lowest_lane(rest)
-            src = lane
-            if nxt >= 0:
-                src = nxt
-            t = vec_k()
-            for c in range(wp.static(k)):
-                t[c] = shfl(mask, part[c], src)
-            if nxt >= 0:
-                part = part + t
-            rest = rest & ballot(mask, (r & 1) == 0)
-            r = r >> 1
-            rounds += 1
-        src = lane
-        if leader >= 0:
-            src = leader
-        total = vec_k()
-        for c in range(wp.static(k)):
-            total[c] = shfl(mask, part[c], src)
-        if size > 0:
-            spread_atomics(dest, index, total, size, rank)
+    arc = mode == "arc"
 
     def add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
         if wp.static(mode == "atomic"):
@@ -170,48 +137,65 @@ def accumulator(dtype, mode: str = "arc"):
                 # would read absent lanes, so every lane adds for itself.
                 if valid:
                     wp.atomic_add(dest, index, value)
-            else:
-                # CPU emulation syncs the whole block: run every collective regardless
-                # of the branch taken, so all warps of a block meet the same barriers.
-                emulate = cpu_warp_emulation()
-                vmask = ballot(mask, valid)
-                few = wp.static(mode == "arc") and popc(vmask) < threshold
-                if few and not emulate:
+                return
+            # CPU emulation syncs the whole block: there, every collective runs
+            # whatever the branch, so all warps of a block meet the same barriers.
+            emulate = cpu_warp_emulation()
+            vmask = ballot(mask, valid)
+            if wp.static(arc) and not emulate:
+                if popc(vmask) < threshold:
                     # Too few lanes for any group to reach T: raw atomics, decided
                     # with one ballot (the common case when coverage is sparse).
                     if valid:
                         wp.atomic_add(dest, index, value)
                     return
-                lane = lane_id()
-                x = vec_k()
-                if valid:
-                    x = to_vec(value)
-                uniform = False
-                key = index
-                if wp.static(mode != "serial"):
-                    key = shfl_int(mask, index, lowest_lane(vmask))
-                    strays = ballot(mask, valid and index != key)
-                    uniform = vmask != 0 and strays == 0
-                reduce_all = uniform and (wp.static(mode == "warp") or popc(vmask) >= threshold)
-                if reduce_all or emulate:
-                    # Lane l holds the total of component l >> shift; one lane per component adds.
-                    total = reduce_scatter_k(mask, x)
-                    comp = lane >> wp.static(shift)
-                    if reduce_all and (lane & wp.static((1 << shift) - 1)) == 0 and comp < wp.static(k):
-                        component_add(dest, key, comp, total)
-                if uniform and not reduce_all and valid:
+            lane = lane_id()
+            # Lanes still to reduce (`pending`) and the number of distinct indices among them.
+            pending = int(0)
+            rounds = int(0)
+            uniform = wp.static(uniform_index)
+            if wp.static(mode != "serial" and not uniform_index):
+                key = shfl_int(mask, index, lowest_lane(vmask))
+                strays = ballot(mask, valid and index != key)
+                uniform = strays == 0
+            if uniform:
+                if wp.static(not arc) or popc(vmask) >= threshold:
+                    pending = vmask
+                    rounds = 1
+                elif valid:
                     wp.atomic_add(dest, index, value)
-                if (vmask != 0 and not uniform) or emulate:
+            if wp.static(not uniform_index):
+                if not uniform or emulate:
                     peers = match_any(mask, index) & vmask
-                    if uniform or not valid:
-                        peers = 0
-                    if wp.static(mode == "arc"):
-                        if peers != 0 and popc(peers) < threshold:
-                            wp.atomic_add(dest, index, value)
-                            peers = 0
-                    grouped(dest, index, x, peers, mask, lane, emulate)
+                    big = valid and not uniform and (wp.static(not arc) or popc(peers) >= threshold)
+                    if valid and not uniform and not big:
+                        wp.atomic_add(dest, index, value)
+                    grouped = ballot(mask, big)
+                    n_groups = popc(ballot(mask, big and lowest_lane(peers) == lane))
+                    if not uniform:
+                        pending = grouped
+                        rounds = n_groups
+            if vmask == 0:
+                rounds = 0
+            if emulate:
+                rounds = emulation_block_max(rounds)
+            x = vec_k()
+            if valid:
+                x = to_vec(value)
+            for _r in range(rounds):
+                # One index per round: its lanes contribute, the warp reduce-scatters.
+                key = shfl_int(mask, index, lowest_lane(pending))
+                member = ((pending >> lane) & 1) != 0 and index == key
+                members = ballot(mask, member)
+                part = vec_k()
+                if member:
+                    part = x
+                total = reduce_scatter_k(mask, part)
+                comp = lane >> wp.static(shift)
+                if members != 0 and (lane & wp.static((1 << shift) - 1)) == 0 and comp < wp.static(k):
+                    component_add(dest, key, comp, total)
+                pending = pending & ~members
 
-    suffix = f"{mode}_{tname}"
-    spread_atomics = wp.func(spread_atomics, name=f"arc_spread_{suffix}", module="unique")
-    grouped = wp.func(grouped, name=f"arc_grouped_{suffix}", module="unique")
+    tname = f"v{k}" if wp.types.type_is_vector(dtype) else "f32"
+    suffix = f"{mode}_{tname}{'_u' if uniform_index else ''}"
     return wp.func(add, name=f"arc_add_{suffix}", module="unique")
