@@ -113,19 +113,31 @@ def _torch_inputs(scene, torch):
     return t, viewmat, K
 
 
-def _torch_median_ms(fn, reps, torch):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
+def _torch_median_ms(fn, reps, torch, setup=None):
+    """Median CUDA-event time of ``fn()`` after 3 warm-ups; ``setup()`` runs untimed first."""
     times = []
-    for _ in range(reps):
+    for i in range(reps + 3):
+        arg = setup() if setup else None
+        torch.cuda.synchronize()
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
-        fn()
+        fn() if arg is None else fn(arg)
         e.record()
         e.synchronize()
-        times.append(s.elapsed_time(e))
+        if i >= 3:
+            times.append(s.elapsed_time(e))
     return float(np.median(times))
+
+
+def _torch_backward_median_ms(make_loss, leaves, reps, torch):
+    """Median time of ``loss.backward()`` alone; the forward runs untimed before each."""
+
+    def setup():
+        for x in leaves:
+            x.grad = None
+        return make_loss()
+
+    return _torch_median_ms(lambda loss: loss.backward(), reps, torch, setup)
 
 
 def time_gsplat(scene, cotangent, reps) -> dict | None:
@@ -146,22 +158,11 @@ def time_gsplat(scene, cotangent, reps) -> dict | None:
             )
             return img
 
-        t_fwd = _torch_median_ms(fwd, reps, torch)
-        bwd_times = []
-        for _ in range(reps + 3):
-            img = fwd()
-            loss = (img[0] * v).sum()
-            for x in t.values():
-                x.grad = None
-            torch.cuda.synchronize()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            loss.backward()
-            e.record()
-            e.synchronize()
-            bwd_times.append(s.elapsed_time(e))
         key = "gsplat_packed" if packed else "gsplat"
-        res[key] = {"forward_ms": t_fwd, "backward_ms": float(np.median(bwd_times[3:]))}
+        res[key] = {
+            "forward_ms": _torch_median_ms(fwd, reps, torch),
+            "backward_ms": _torch_backward_median_ms(lambda: (fwd()[0] * v).sum(), t.values(), reps, torch),
+        }
     img = fwd()
     for x in t.values():
         x.grad = None
@@ -207,19 +208,12 @@ def time_gswarp(scene, cotangent, reps) -> dict | None:
         return rast(means3D=t["means"], means2D=means2d, opacities=t["opacities"][:, None], shs=t["sh"],
                     scales=t["scales"], rotations=t["quats"])[0]
 
-    t_fwd = _torch_median_ms(fwd, reps, torch)
-    bwd_times = []
-    for _ in range(reps + 3):
-        img = fwd()
-        loss = (img * v).sum()
-        torch.cuda.synchronize()
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        s.record()
-        loss.backward()
-        e.record()
-        e.synchronize()
-        bwd_times.append(s.elapsed_time(e))
-    return {"gswarp": {"forward_ms": t_fwd, "backward_ms": float(np.median(bwd_times[3:]))}}
+    return {
+        "gswarp": {
+            "forward_ms": _torch_median_ms(fwd, reps, torch),
+            "backward_ms": _torch_backward_median_ms(lambda: (fwd() * v).sum(), [*t.values(), means2d], reps, torch),
+        }
+    }
 
 
 def psnr(a, b) -> float:

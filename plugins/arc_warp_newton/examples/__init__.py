@@ -1,0 +1,1 @@
+"""Runnable examples of arc_warp_newton (``python -m arc_warp_newton.examples.<name>``)."""
