@@ -1,0 +1,111 @@
+"""Gaussian model parameters (raw, optimised values), their optimisers and rendering.
+
+Parameters live in a dict of leaf tensors (the gsplat layout):
+  means (N,3) world units; quats (N,4) wxyz, unnormalised; scales (N,3) log std-devs;
+  opacities (N,) logits; sh0 (N,1,3) DC SH coefficients; shN (N,K-1,3) higher SH.
+Each parameter has its own Adam so densification can edit rows of its moments.
+"""
+
+import math
+
+import numpy as np
+import torch
+
+from arc_warp.ply import GaussianPly
+
+SH_C0 = 0.28209479177387814  # rgb = SH_C0 * sh0 + 0.5
+PARAM_NAMES = ("means", "quats", "scales", "opacities", "sh0", "shN")
+
+
+def knn_mean_sq_dist(points: torch.Tensor, k: int = 3, chunk: int = 2048) -> torch.Tensor:
+    """(M,3) -> (M,) mean squared distance to the k nearest other points (chunked, O(M^2))."""
+    m = points.shape[0]
+    if m <= 1:
+        return torch.ones(m, dtype=points.dtype, device=points.device)
+    k = min(k, m - 1)
+    out = []
+    for start in range(0, m, chunk):
+        d2 = torch.cdist(points[start:start + chunk], points).square()
+        out.append(d2.topk(k + 1, dim=1, largest=False).values[:, 1:].mean(dim=1))
+    return torch.cat(out)
+
+
+def init_params(points, colors, sh_degree: int, init_opacity: float = 0.1,
+                init_scale: float = 1.0, device="cpu") -> dict:
+    """Gaussians at `points` (M,3) with RGB `colors` (M,3) in [0,1]: isotropic log-scales from
+    the 3-nearest-neighbour distance times `init_scale`, identity rotations, opacity
+    `init_opacity`, DC SH from the colours and zero higher SH of degree `sh_degree`."""
+    pts = torch.as_tensor(np.asarray(points, np.float32), device=device)
+    rgb = torch.as_tensor(np.asarray(colors, np.float32), device=device)
+    if pts.ndim != 2 or pts.shape[1] != 3 or rgb.shape != pts.shape or pts.shape[0] == 0:
+        raise ValueError(f"init_params: expected points and colors of one shape (M>0,3), got "
+                         f"{tuple(pts.shape)} and {tuple(rgb.shape)}")
+    n = pts.shape[0]
+    dist = torch.sqrt(knn_mean_sq_dist(pts).clamp_min(1e-7)) * init_scale
+    quats = torch.zeros(n, 4, device=device)
+    quats[:, 0] = 1.0
+    k = (sh_degree + 1) ** 2
+    raw = {
+        "means": pts.clone(),
+        "quats": quats,
+        "scales": torch.log(dist)[:, None].repeat(1, 3),
+        "opacities": torch.full((n,), math.log(init_opacity / (1.0 - init_opacity)), device=device),
+        "sh0": ((rgb - 0.5) / SH_C0)[:, None, :],
+        "shN": torch.zeros(n, k - 1, 3, device=device),
+    }
+    return {name: torch.nn.Parameter(raw[name].contiguous()) for name in PARAM_NAMES}
+
+
+def random_points(count: int, half_extent: float, generator: torch.Generator):
+    """`count` points uniform in the cube [-half_extent, half_extent]^3 with uniform random
+    colours (the NeRF-synthetic initialisation of 3DGS) -> (points, colors) numpy float32."""
+    pts = (torch.rand(count, 3, generator=generator) * 2.0 - 1.0) * half_extent
+    return pts.numpy(), torch.rand(count, 3, generator=generator).numpy()
+
+
+def make_optimizers(params: dict, lrs: dict) -> dict:
+    """One Adam per parameter (eps 1e-15 as in 3DGS) with learning rates `lrs[name]`."""
+    return {name: torch.optim.Adam([{"params": [params[name]], "lr": lrs[name], "name": name}],
+                                   eps=1e-15) for name in PARAM_NAMES}
+
+
+def render_views(params: dict, viewmats: torch.Tensor, Ks: torch.Tensor, width: int,
+                 height: int, sh_degree: int, background, reduce: str = "arc",
+                 absgrad: bool = False):
+    """Render C cameras (viewmats (C,4,4), Ks (C,3,3)) with the active SH degree ->
+    (colors (C,H,W,3), alphas (C,H,W,1), meta) from `arc_warp_torch.rasterization`."""
+    from arc_warp_torch.rasterization import rasterization
+
+    k = (sh_degree + 1) ** 2
+    sh = torch.cat([params["sh0"], params["shN"]], dim=1)[:, :k, :]
+    c = viewmats.shape[0]
+    bg = torch.as_tensor(background, dtype=torch.float32, device=viewmats.device)
+    return rasterization(
+        params["means"], params["quats"], torch.exp(params["scales"]),
+        torch.sigmoid(params["opacities"]), sh, viewmats, Ks, width, height,
+        sh_degree=sh_degree, backgrounds=bg.expand(c, 3).contiguous(), reduce=reduce,
+        absgrad=absgrad)
+
+
+def to_ply(params: dict) -> GaussianPly:
+    """Parameters -> 3DGS PLY record (raw values, so a written file round-trips exactly)."""
+    def np32(name):
+        return params[name].detach().cpu().numpy().astype(np.float32)
+
+    means = np32("means")
+    return GaussianPly(means, np.zeros_like(means), np32("sh0")[:, 0, :], np32("shN"),
+                       np32("opacities"), np32("scales"), np32("quats"))
+
+
+def from_ply(ply: GaussianPly, sh_degree: int = None, device="cpu") -> dict:
+    """3DGS PLY record -> parameters; `sh_degree` pads (zeros) or truncates the higher SH."""
+    rest = ply.sh_rest
+    if sh_degree is not None:
+        k = (sh_degree + 1) ** 2 - 1
+        rest = np.concatenate([rest, np.zeros((rest.shape[0], max(k - rest.shape[1], 0), 3),
+                                              np.float32)], axis=1)[:, :k]
+    raw = {"means": ply.means, "quats": ply.quats, "scales": ply.log_scales,
+           "opacities": ply.opacity_logits, "sh0": ply.sh_dc[:, None, :], "shN": rest}
+    return {name: torch.nn.Parameter(torch.as_tensor(np.ascontiguousarray(raw[name]),
+                                                     device=device))
+            for name in PARAM_NAMES}

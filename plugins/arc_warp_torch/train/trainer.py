@@ -1,0 +1,295 @@
+"""3D Gaussian Splatting training loop on arc_warp (Adam, L1 + D-SSIM, densification)."""
+
+import dataclasses
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from arc_warp.ply import write_ply
+
+from . import densify as dens
+from .datasets import Dataset
+from .losses import photometric_loss, psnr, ssim
+from .model import init_params, make_optimizers, random_points, render_views, to_ply
+from .outputs import ensure_dir, plot_psnr, save_png, side_by_side, write_json
+
+
+@dataclass
+class TrainConfig:
+    """Training settings (3DGS defaults; learning rates per parameter).
+
+    lr_means is multiplied by the scene scale and decays exponentially to
+    lr_means * lr_means_final_factor at `steps`. init_points is used when the dataset has
+    no point cloud: random points in a cube of half-size init_extent * scene_scale.
+    sh_degree grows by one every sh_degree_interval steps. device None picks cuda when
+    available. Evaluation every eval_every steps, checkpoint every checkpoint_every
+    steps (0 = only at the end). cpu_threads, when set and training on the CPU, is passed
+    to torch.set_num_threads (1 is fastest for tiny images on a busy machine).
+    """
+
+    steps: int = 30000
+    sh_degree: int = 3
+    sh_degree_interval: int = 1000
+    ssim_lambda: float = 0.2
+    lr_means: float = 1.6e-4
+    lr_means_final_factor: float = 0.01
+    lr_quats: float = 1e-3
+    lr_scales: float = 5e-3
+    lr_opacities: float = 5e-2
+    lr_sh0: float = 2.5e-3
+    lr_shN: float = 2.5e-3 / 20
+    init_points: int = 100_000
+    init_extent: float = 0.3
+    init_opacity: float = 0.1
+    init_scale: float = 1.0
+    densify: dens.DensifyConfig = field(default_factory=dens.DensifyConfig)
+    eval_every: int = 5000
+    checkpoint_every: int = 0
+    log_every: int = 10
+    seed: int = 0
+    device: str = None
+    reduce: str = "arc"
+    progress: bool = True
+    cpu_threads: int = None
+
+    def __post_init__(self):
+        if isinstance(self.densify, dict):
+            self.densify = dens.DensifyConfig(**self.densify)
+        for name in ("steps", "sh_degree_interval", "eval_every", "log_every"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"TrainConfig.{name} must be an int >= 1, got {value!r}")
+        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
+                or self.checkpoint_every < 0:
+            raise ValueError("TrainConfig.checkpoint_every must be an int >= 0, got "
+                             f"{self.checkpoint_every!r}")
+        if not 0 <= self.sh_degree <= 3:
+            raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree!r}")
+
+
+@dataclass
+class TrainResult:
+    """Final held-out metrics (PSNR dB, SSIM), Gaussian count, wall seconds, the
+    evaluation history and the files written."""
+
+    psnr: float
+    ssim: float
+    num_gaussians: int
+    wall_s: float
+    history: list
+    files: dict
+
+
+class Trainer:
+    """Optimises Gaussians on `dataset`; writes outputs under `out_dir`."""
+
+    def __init__(self, dataset: Dataset, cfg: TrainConfig, out_dir):
+        if not dataset.train:
+            raise ValueError("Trainer: the dataset has no training views")
+        self.data, self.cfg, self.out_dir = dataset, cfg, os.fspath(out_dir)
+        self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.scene_scale = dataset.scene_scale
+        if cfg.cpu_threads and self.device.type == "cpu":
+            torch.set_num_threads(cfg.cpu_threads)
+        self.view_gen = torch.Generator().manual_seed(cfg.seed)
+        self.densify_gen = torch.Generator().manual_seed(cfg.seed + 1)
+        if dataset.points is not None and len(dataset.points):
+            points, colors = dataset.points, dataset.point_colors
+        else:
+            points, colors = random_points(cfg.init_points, cfg.init_extent * self.scene_scale,
+                                           torch.Generator().manual_seed(cfg.seed + 2))
+        self.params = init_params(points, colors, cfg.sh_degree, cfg.init_opacity,
+                                  cfg.init_scale, self.device)
+        self.optimizers = make_optimizers(self.params, self._lrs(0))
+        self.stats = dens.DensifyStats(len(points), self.device)
+        self.step, self.history, self.train_log = 0, [], []
+        self._perm = torch.empty(0, dtype=torch.long)
+        self._train = [self._tensors(v) for v in dataset.train]
+        self._test = [self._tensors(v) for v in dataset.test]
+
+    def _tensors(self, view):
+        dev = self.device
+        return (torch.as_tensor(view.image, device=dev)[None],
+                torch.as_tensor(view.world_to_camera, dtype=torch.float32, device=dev)[None],
+                torch.as_tensor(view.K, dtype=torch.float32, device=dev)[None])
+
+    def _lrs(self, step: int) -> dict:
+        c = self.cfg
+        decay = c.lr_means_final_factor ** min(step / c.steps, 1.0)
+        return {"means": c.lr_means * self.scene_scale * decay, "quats": c.lr_quats,
+                "scales": c.lr_scales, "opacities": c.lr_opacities, "sh0": c.lr_sh0,
+                "shN": c.lr_shN}
+
+    def sh_degree_at(self, step: int) -> int:
+        return min(step // self.cfg.sh_degree_interval, self.cfg.sh_degree)
+
+    def render(self, view_tensors, sh_degree: int, absgrad: bool = False):
+        image, viewmat, K = view_tensors
+        return render_views(self.params, viewmat, K, image.shape[2], image.shape[1],
+                            sh_degree, self.data.background, self.cfg.reduce, absgrad)
+
+    def _next_view(self) -> int:
+        n = len(self._train)
+        pos = self.step % n
+        if pos == 0 or self._perm.numel() != n:
+            self._perm = torch.randperm(n, generator=self.view_gen)
+        return int(self._perm[pos])
+
+    def train_step(self) -> tuple:
+        """One optimisation step on the next training view -> (loss, PSNR)."""
+        cfg = self.cfg
+        view = self._train[self._next_view()]
+        for name, lr in self._lrs(self.step).items():
+            self.optimizers[name].param_groups[0]["lr"] = lr
+        absgrad = cfg.densify.absgrad
+        colors, _, meta = self.render(view, self.sh_degree_at(self.step), absgrad)
+        means2d = meta["means2d"]
+        if means2d.requires_grad:
+            means2d.retain_grad()
+        loss, _, _ = photometric_loss(colors, view[0], cfg.ssim_lambda)
+        loss.backward()
+        if self.step < cfg.densify.refine_stop:
+            key = "means2d_absgrad" if absgrad else "means2d_grad"
+            grad2d = meta.get(key)
+            if grad2d is None:
+                grad2d = means2d.absgrad if absgrad else means2d.grad
+            self.stats.accumulate(grad2d, meta["radii"], colors.shape[2], colors.shape[1])
+        for opt in self.optimizers.values():
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        dens.step_post_backward(self.params, self.optimizers, self.stats, cfg.densify,
+                                self.step, self.scene_scale, self.densify_gen)
+        self.step += 1
+        return loss.item(), psnr(colors, view[0])
+
+    @torch.no_grad()
+    def evaluate(self, views=None) -> dict:
+        """Mean PSNR / SSIM over held-out views (training views if there are none), with
+        the full active SH degree; also returns the renders as (H,W,3) numpy arrays."""
+        views = views if views is not None else (self._test or self._train)
+        sh = self.sh_degree_at(self.step)
+        ps, ss, renders = [], [], []
+        for view in views:
+            colors, _, _ = self.render(view, sh)
+            colors = colors.clamp(0.0, 1.0)
+            ps.append(psnr(colors, view[0]))
+            ss.append(float(ssim(colors, view[0])))
+            renders.append(colors[0].cpu().numpy())
+        return {"psnr": float(np.mean(ps)), "ssim": float(np.mean(ss)), "renders": renders}
+
+    def _record_eval(self):
+        ev = self.evaluate()
+        entry = {"step": self.step, "psnr": ev["psnr"], "ssim": ev["ssim"],
+                 "num_gaussians": int(self.params["means"].shape[0])}
+        if self.history and self.history[-1]["step"] == self.step:
+            self.history[-1] = entry
+        else:
+            self.history.append(entry)
+        return ev
+
+    def train(self, stop_at: int = None) -> None:
+        """Run steps until `stop_at` (default cfg.steps), evaluating every eval_every steps and
+        checkpointing every checkpoint_every steps into out_dir/checkpoint.pt."""
+        from tqdm.auto import tqdm
+
+        cfg = self.cfg
+        end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress,
+                   dynamic_ncols=True, desc="train")
+        window = []
+        while self.step < end:
+            loss, p = self.train_step()
+            window.append((loss, p))
+            bar.update(1)
+            if self.step % cfg.log_every == 0 or self.step == end:
+                mean_loss = float(np.mean([w[0] for w in window]))
+                mean_psnr = float(np.mean([w[1] for w in window]))
+                self.train_log.append({"step": self.step, "loss": mean_loss, "psnr": mean_psnr})
+                bar.set_postfix(loss=f"{mean_loss:.4f}", psnr=f"{mean_psnr:.2f}",
+                                n=int(self.params["means"].shape[0]))
+                window = []
+            if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+                ev = self._record_eval()
+                bar.write(f"step {self.step}: held-out PSNR {ev['psnr']:.2f} dB, "
+                          f"SSIM {ev['ssim']:.4f}, {self.history[-1]['num_gaussians']} Gaussians")
+            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+                self.save_checkpoint(os.path.join(ensure_dir(self.out_dir), "checkpoint.pt"))
+        bar.close()
+
+    def state_dict(self) -> dict:
+        return {
+            "step": self.step,
+            "params": {k: v.detach().clone() for k, v in self.params.items()},
+            "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
+            "stats": self.stats.state_dict(),
+            "view_gen": self.view_gen.get_state(),
+            "densify_gen": self.densify_gen.get_state(),
+            "perm": self._perm.clone(),
+            "history": list(self.history),
+            "train_log": list(self.train_log),
+            "config": dataclasses.asdict(self.cfg),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = int(state["step"])
+        self.params = {k: torch.nn.Parameter(v.to(self.device).contiguous())
+                       for k, v in state["params"].items()}
+        self.optimizers = make_optimizers(self.params, self._lrs(self.step))
+        for k, opt in self.optimizers.items():
+            opt.load_state_dict(state["optimizers"][k])
+        self.stats.load_state_dict({k: v.to(self.device) for k, v in state["stats"].items()})
+        self.view_gen.set_state(state["view_gen"])
+        self.densify_gen.set_state(state["densify_gen"])
+        self._perm = state["perm"].clone()
+        self.history, self.train_log = list(state["history"]), list(state["train_log"])
+
+    def save_checkpoint(self, path) -> None:
+        """Everything needed to resume bit-for-bit: parameters, Adam moments, densification
+        statistics, RNG states, step and logs."""
+        tmp = f"{path}.tmp"
+        torch.save(self.state_dict(), tmp)
+        os.replace(tmp, path)
+
+    def load_checkpoint(self, path) -> None:
+        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+
+    def export(self) -> dict:
+        """Write point_cloud.ply, test_views/<i>.png (ground truth | render), psnr.png and
+        metrics.json into out_dir; returns {kind: path} and the final metrics."""
+        out = ensure_dir(self.out_dir)
+        ev = self._record_eval()
+        files = {"ply": os.path.join(out, "point_cloud.ply"),
+                 "plot": os.path.join(out, "psnr.png"),
+                 "metrics": os.path.join(out, "metrics.json"),
+                 "images": os.path.join(out, "test_views")}
+        write_ply(files["ply"], to_ply(self.params))
+        ensure_dir(files["images"])
+        views = self._test or self._train
+        for i, (view, render) in enumerate(zip(views, ev["renders"])):
+            gt = view[0][0].cpu().numpy()
+            save_png(os.path.join(files["images"], f"view_{i:03d}.png"), side_by_side(gt, render))
+        plot_psnr(files["plot"], {
+            "training view (mean of last steps)": [(e["step"], e["psnr"]) for e in self.train_log],
+            "held-out views": [(e["step"], e["psnr"]) for e in self.history]})
+        write_json(files["metrics"], {"step": self.step, "psnr": ev["psnr"], "ssim": ev["ssim"],
+                                      "num_gaussians": int(self.params["means"].shape[0]),
+                                      "history": self.history, "source": self.data.source})
+        return files, ev
+
+
+def train(dataset: Dataset, cfg: TrainConfig, out_dir, resume=None) -> TrainResult:
+    """Train on `dataset` with `cfg`, optionally resuming from checkpoint `resume`, write the
+    outputs (see Trainer.export) and a final checkpoint into `out_dir`."""
+    start = time.perf_counter()
+    trainer = Trainer(dataset, cfg, out_dir)
+    if resume is not None:
+        trainer.load_checkpoint(resume)
+    trainer.train()
+    files, ev = trainer.export()
+    files["checkpoint"] = os.path.join(trainer.out_dir, "checkpoint.pt")
+    trainer.save_checkpoint(files["checkpoint"])
+    return TrainResult(ev["psnr"], ev["ssim"], int(trainer.params["means"].shape[0]),
+                       time.perf_counter() - start, list(trainer.history), files)
