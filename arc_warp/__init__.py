@@ -2,10 +2,25 @@
 
 __version__ = "0.1.0"
 
+from .ply import GaussianPly, PlyFormatError, read_ply, write_ply
 from .reduce import MODES, Calibration, accumulator, calibrate, resolve_threshold, scatter_add
-
-__all__ = ["MODES", "Calibration", "accumulator", "calibrate", "resolve_threshold", "scatter_add"]
-
 from .splat import Camera, GaussianGrads, RenderOutput, RenderSettings, render_gaussians, render_gaussians_backward
 
-__all__ += ["Camera", "GaussianGrads", "RenderOutput", "RenderSettings", "render_gaussians", "render_gaussians_backward"]
+__all__ = [
+    "MODES",
+    "Calibration",
+    "Camera",
+    "GaussianGrads",
+    "GaussianPly",
+    "PlyFormatError",
+    "RenderOutput",
+    "RenderSettings",
+    "accumulator",
+    "calibrate",
+    "read_ply",
+    "render_gaussians",
+    "render_gaussians_backward",
+    "resolve_threshold",
+    "scatter_add",
+    "write_ply",
+]

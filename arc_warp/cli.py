@@ -128,27 +128,64 @@ def cmd_render(args) -> int:
 def cmd_train(args) -> int:
     if not _require_torch("train"):
         return 2
+    if args.gpus == 1:
+        return _train_rank(args)  # one process, or one rank of torchrun's
+    import torch
+
+    from arc_warp_torch.train.distributed import env_world_size, launch
+
+    if env_world_size() > 1:
+        raise ValueError("--gpus spawns its own processes; under torchrun leave it at 1 "
+                         "(torchrun's --nproc_per_node sets the process count)")
+    on_cpu = args.device == "cpu" or (args.device is None and not torch.cuda.is_available())
+    if not on_cpu and torch.cuda.device_count() < args.gpus:
+        raise ValueError(f"--gpus {args.gpus} but {torch.cuda.device_count()} CUDA devices are "
+                         "visible")
+    try:
+        launch(_train_rank, args.gpus, (args,))
+    except (torch.multiprocessing.ProcessRaisedException,
+            torch.multiprocessing.ProcessExitedException) as exc:
+        print(f"arc-warp train: a training process failed:\n{exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _train_rank(args) -> int:
+    """`arc-warp train` in this process: alone, or as one rank of a process group described
+    by torchrun's environment variables (rank 0 prints)."""
     _quiet_warp()
     from arc_warp_torch.train import DensifyConfig, TrainConfig, load_dataset, train
+    from arc_warp_torch.train.distributed import init_distributed
 
-    kw = {"downscale": args.downscale}
-    if args.format != "colmap" and os.path.isfile(os.path.join(args.data, "transforms_train.json")):
-        kw["background"] = (1.0, 1.0, 1.0) if args.white_background else (0.0, 0.0, 0.0)
-    dataset = load_dataset(args.data, args.format, **kw)
-    dens = DensifyConfig(refine_stop=min(15000, args.steps // 2), absgrad=args.absgrad,
-                         max_gaussians=args.max_gaussians)
-    cfg = TrainConfig(steps=args.steps, sh_degree=args.sh_degree, densify=dens,
-                      eval_every=args.eval_every, checkpoint_every=args.checkpoint_every,
-                      seed=args.seed, device=args.device, reduce=args.reduce,
-                      init_points=args.init_points, cpu_threads=args.threads,
-                      progress=not args.no_progress)
-    print(f"{dataset.source}: {len(dataset.train)} train / {len(dataset.test)} test views, "
-          f"scene scale {dataset.scene_scale:.3g}")
-    result = train(dataset, cfg, args.output, resume=args.resume)
-    print(f"final test-view PSNR {result.psnr:.2f} dB, SSIM {result.ssim:.4f}, "
-          f"{result.num_gaussians} Gaussians, {result.wall_s:.0f} s")
-    for kind, path in result.files.items():
-        print(f"  {kind}: {path}")
+    dist = init_distributed(args.device)
+    try:
+        kw = {"downscale": args.downscale}
+        if args.format != "colmap" and os.path.isfile(os.path.join(args.data,
+                                                                   "transforms_train.json")):
+            kw["background"] = (1.0, 1.0, 1.0) if args.white_background else (0.0, 0.0, 0.0)
+        dataset = load_dataset(args.data, args.format, **kw)
+        dens = DensifyConfig(refine_stop=min(15000, args.steps // 2), absgrad=args.absgrad,
+                             max_gaussians=args.max_gaussians)
+        cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size or dist.world_size,
+                          sh_degree=args.sh_degree, densify=dens, eval_every=args.eval_every,
+                          checkpoint_every=args.checkpoint_every, seed=args.seed,
+                          device=args.device, reduce=args.reduce, init_points=args.init_points,
+                          cpu_threads=args.threads, progress=not args.no_progress,
+                          check_sync=args.check_sync)
+        if dist.is_main:
+            ranks = f", {dist.world_size} data-parallel ranks ({dist.backend})" \
+                if dist.enabled else ""
+            print(f"{dataset.source}: {len(dataset.train)} train / {len(dataset.test)} test "
+                  f"views, scene scale {dataset.scene_scale:.3g}, {cfg.batch_size} views per "
+                  f"step{ranks}")
+        result = train(dataset, cfg, args.output, resume=args.resume, dist=dist)
+        if dist.is_main:
+            print(f"final test-view PSNR {result.psnr:.2f} dB, SSIM {result.ssim:.4f}, "
+                  f"{result.num_gaussians} Gaussians, {result.wall_s:.0f} s")
+            for kind, path in result.files.items():
+                print(f"  {kind}: {path}")
+    finally:
+        dist.close()
     return 0
 
 
@@ -244,7 +281,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train 3DGS on a dataset (needs torch)",
                        description="Train 3D Gaussians on a NeRF-synthetic (transforms.json) "
                        "or COLMAP text dataset; writes PLY, test-view PNGs, PSNR plot, "
-                       f"checkpoint. Needs PyTorch ({TORCH_HINT}).")
+                       f"checkpoint. Needs PyTorch ({TORCH_HINT}). Multi-GPU: --gpus N, or "
+                       "torchrun --nproc_per_node N -m arc_warp.cli train ...")
     p.add_argument("data", help="dataset folder")
     p.add_argument("-o", "--output", default="arc_warp_train_out", help="output folder")
     p.add_argument("--format", choices=("auto", "nerf", "colmap"), default="auto")
@@ -265,6 +303,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="torch device (default cuda if available)")
     p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--gpus", type=_positive_int, default=1,
+                   help="data-parallel processes to spawn, one GPU each (NCCL); with --device "
+                   "cpu, CPU processes (gloo). Under torchrun leave at 1")
+    p.add_argument("--batch-size", type=_positive_int, default=None,
+                   help="training views per step over all processes, split evenly among them "
+                   "(default: one per process)")
+    p.add_argument("--check-sync", action="store_true",
+                   help="check at each evaluation and checkpoint that all processes hold "
+                   "bitwise-equal parameters and optimizer state")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("bench", help="time forward/backward per reduction mode (core only)",

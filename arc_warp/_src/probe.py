@@ -22,8 +22,12 @@ BLOCK_DIM = 256
 
 
 @functools.cache
-def probe_kernel(mode: str):
-    """The probe kernel for one reduction mode (cached)."""
+def probe_kernel(mode: str, full_occupancy: bool = False):
+    """The probe kernel for one reduction mode (cached).
+
+    ``full_occupancy`` caps registers at 32 (``launch_bounds=(256, 8)``), so 64 warps
+    fit on an SM whatever the reduction path needs.
+    """
     add = accumulator(VecK, mode)
 
     def probe(
@@ -74,7 +78,8 @@ def probe_kernel(mode: str):
             )
             add(dest, target, value, active, threshold)
 
-    return wp.kernel(probe, enable_backward=False, module="unique")
+    bounds = (BLOCK_DIM, 8) if full_occupancy else None
+    return wp.kernel(probe, enable_backward=False, module="unique", launch_bounds=bounds)
 
 
 def make_params(n_targets: int, device, seed: int = 0) -> wp.array:
@@ -100,13 +105,14 @@ def launch_probe(
     p_active: float = 1.0,
     seed: int = 0,
     threshold: int = 1,
+    full_occupancy: bool = False,
 ):
     """Launches the probe over ``n_blocks`` blocks of 256 threads on ``dest.device``.
 
     ``params`` comes from :func:`make_params` with ``dest.shape[0]`` targets.
     """
     wp.launch(
-        probe_kernel(mode),
+        probe_kernel(mode, full_occupancy),
         dim=n_blocks * BLOCK_DIM,
         inputs=[params, dest, dest.shape[0], targets_per_block, active_lanes, p_active, seed, threshold],
         device=dest.device,

@@ -26,10 +26,10 @@ def write_keys(
     count = tiles_per_gauss[i]
     if count == 0:
         return
-    s = splats[i]
-    box = tile_bbox(s.xy, radii[i], tiles_x, tiles_y)
+    geom = splats[i].geom
+    box = tile_bbox(wp.vec2(geom[0], geom[1]), radii[i], tiles_x, tiles_y)
     # depth > near > 0, so its float bits sort like the depth (gsplat's key)
-    depth_key = wp.int64(float_bits(s.depth))
+    depth_key = wp.int64(float_bits(geom[3]))
     k = cum_tiles[i] - count
     for ty in range(box[1], box[3]):
         for tx in range(box[0], box[2]):

@@ -34,12 +34,10 @@ def grad_vector(absgrad: bool):
 
 @wp.struct
 class Splat2D:
-    """What the rasteriser reads per Gaussian."""
+    """What the rasteriser reads per Gaussian: two 16-byte quads, each loaded whole."""
 
-    xy: wp.vec2  # pixel position of the centre
-    conic: wp.vec3  # inverse 2D covariance (a, b, c) = [[a, b], [b, c]]
-    opacity: float
-    depth: float  # camera z
+    geom: wp.vec4  # x, y (pixel position of the centre), opacity, depth (camera z)
+    conic: wp.vec4  # inverse 2D covariance (a, b, c) = [[a, b], [b, c]], and 0
 
 
 @wp.struct
@@ -185,11 +183,12 @@ def tile_bbox(xy: wp.vec2, radius: wp.vec2i, tiles_x: int, tiles_y: int) -> wp.v
 
 
 @wp.func
-def gaussian_power(s: Splat2D, px: float, py: float) -> wp.vec3:
-    """(power, dx, dy) of splat ``s`` at pixel point (px, py); d = centre - point."""
-    dx = s.xy[0] - px
-    dy = s.xy[1] - py
-    power = 0.5 * (s.conic[0] * dx * dx + s.conic[2] * dy * dy) + s.conic[1] * dx * dy
+def gaussian_power(geom: wp.vec4, conic: wp.vec4, px: float, py: float) -> wp.vec3:
+    """(power, dx, dy) at pixel point (px, py) of the splat with ``Splat2D`` quads
+    ``geom`` and ``conic``; d = centre - point."""
+    dx = geom[0] - px
+    dy = geom[1] - py
+    power = 0.5 * (conic[0] * dx * dx + conic[2] * dy * dy) + conic[1] * dx * dy
     return wp.vec3(power, dx, dy)
 
 

@@ -1,4 +1,5 @@
-"""EWA projection of 3D Gaussians to screen space: forward and hand-written backward."""
+"""EWA projection of 3D Gaussians to screen space: forward, and the hand-written backward
+of projection and colour together."""
 
 import functools
 
@@ -11,6 +12,7 @@ from arc_warp._src.splat.math import (
     G_CONIC,
     G_DEPTH,
     G_OPACITY,
+    G_RGB,
     G_XY,
     CameraParams,
     Splat2D,
@@ -23,6 +25,7 @@ from arc_warp._src.splat.math import (
     scale_columns,
     tile_bbox,
 )
+from arc_warp._src.splat.sh_kernels import make_color_vjp
 
 # Slots of the ``bad`` flags array (slot 0 holds the intersection count).
 BAD_SLOTS = ("means", "quats", "scales", "opacities", "colors", "quats (zero norm)")
@@ -115,19 +118,29 @@ def project_fwd(
     radii[i] = radius
     tiles_per_gauss[i] = (box[2] - box[0]) * (box[3] - box[1])
     means2d[i] = xy
-    splats[i] = Splat2D(xy, wp.vec3(c * inv_det, -b * inv_det, a * inv_det), opacity, p[2])
+    splats[i] = Splat2D(
+        wp.vec4(xy[0], xy[1], opacity, p[2]), wp.vec4(c * inv_det, -b * inv_det, a * inv_det, 0.0)
+    )
 
 
 @functools.cache
-def make_project_bwd(absgrad: bool):
-    """Per-Gaussian projection backward; reads the packed rasteriser gradient."""
-    grad_t = grad_vector(absgrad)
+def make_project_bwd(n_coeffs: int, absgrad: bool):
+    """Per-Gaussian backward of the colour and projection stages in one pass.
 
-    @wp.kernel(enable_backward=False, module="unique")
+    Reads the packed rasteriser gradient once; the colour part is ``make_color_vjp``
+    (``n_coeffs`` = 0: plain RGB ``colors`` (N,), else (N, K) SH coefficients).
+    """
+    grad_t = grad_vector(absgrad)
+    color_t = wp.array(dtype=wp.vec3) if n_coeffs == 0 else wp.array2d(dtype=wp.vec3)
+    color_vjp = make_color_vjp(n_coeffs)
+
+    # 3 blocks of 256 per SM caps registers at 80 (unbounded 90: 2 blocks), no spills
+    @wp.kernel(enable_backward=False, module="unique", launch_bounds=(256, 3))
     def project_bwd(
         means: wp.array(dtype=wp.vec3),
         quats: wp.array(dtype=wp.vec4),
         scales: wp.array(dtype=wp.vec3),
+        colors: color_t,
         cam: CameraParams,
         radii: wp.array(dtype=wp.vec2i),
         splats: wp.array(dtype=Splat2D),
@@ -136,6 +149,7 @@ def make_project_bwd(absgrad: bool):
         v_quats: wp.array(dtype=wp.vec4),
         v_scales: wp.array(dtype=wp.vec3),
         v_opacities: wp.array(dtype=float),
+        v_colors: color_t,
         v_means2d: wp.array(dtype=wp.vec2),
         v_means2d_abs: wp.array(dtype=wp.vec2),
     ):
@@ -143,6 +157,7 @@ def make_project_bwd(absgrad: bool):
         if radii[i][0] <= 0:
             return
         g = raster_grads[i]
+        mean = means[i]
         v_xy = wp.vec2(g[G_XY], g[G_XY + 1])
         v_opacities[i] = v_opacities[i] + g[G_OPACITY]
         if wp.static(absgrad):
@@ -160,7 +175,7 @@ def make_project_bwd(absgrad: bool):
         rot = quat_to_rotmat(quat)
         m = scale_columns(rot, scale)
         cov_c = cam.rot * (m * wp.transpose(m)) * wp.transpose(cam.rot)
-        p = cam.rot * means[i] + cam.trans
+        p = cam.rot * mean + cam.trans
         lim = fov_limits(cam.fx, cam.fy, cam.cx, cam.cy, cam.width, cam.height)
         jac = persp_jacobian(p, cam.fx, cam.fy, lim)
 
@@ -173,7 +188,6 @@ def make_project_bwd(absgrad: bool):
             -(cam.fx * p[0] * v_xy[0] + cam.fy * p[1] * v_xy[1]) * rz * rz + g[G_DEPTH],
         )
         v_p += persp_jacobian_vjp(p, cam.fx, cam.fy, lim, v_jac)
-        v_means[i] = v_means[i] + wp.transpose(cam.rot) * v_p
 
         # cov = M M^T with M = rot diag(scale)
         v_cov = wp.transpose(cam.rot) * v_cov_c * cam.rot
@@ -185,5 +199,13 @@ def make_project_bwd(absgrad: bool):
         )
         v_scales[i] = v_scales[i] + v_scale
         v_quats[i] = v_quats[i] + quat_to_rotmat_vjp(quat, scale_columns(v_m, scale))
+
+        # the colour stage last (fewer live registers); its view-direction share of
+        # dL/dmean is added before the projection's, in the order of two separate passes
+        v_dir = color_vjp(i, mean, colors, cam.center, wp.vec3(g[G_RGB], g[G_RGB + 1], g[G_RGB + 2]), v_colors)
+        v_mean = v_means[i]
+        if wp.static(n_coeffs > 1):
+            v_mean = v_mean + v_dir
+        v_means[i] = v_mean + wp.transpose(cam.rot) * v_p
 
     return project_bwd

@@ -35,7 +35,7 @@ def project(
     device = inputs.means.device
     result = ProjectResult(
         means2d=wp.zeros(n, dtype=wp.vec2, device=device),
-        splats=wp.zeros(n, dtype=Splat2D, device=device),
+        splats=wp.empty(n, dtype=Splat2D, device=device),  # culled entries are never read
         radii=wp.empty(n, dtype=wp.vec2i, device=device),
         tiles_per_gauss=wp.empty(n, dtype=wp.int32, device=device),
         rgb=inputs.colors if inputs.sh_coeffs == 0 else wp.empty(n, dtype=wp.vec3, device=device),
@@ -61,12 +61,30 @@ def project_backward(
     means2d_grad: wp.array | None,
     means2d_absgrad: wp.array | None,
 ):
-    """Adds the projection's share of the gradients into ``grads`` (and the 2D mean grads)."""
+    """Adds the projection's and the colour stage's shares of the gradients into ``grads``
+    (and the 2D mean grads), in one pass over the Gaussians."""
     wp.launch(
-        make_project_bwd(absgrad),
+        make_project_bwd(inputs.sh_coeffs, absgrad),
         dim=inputs.count,
-        inputs=[inputs.means, inputs.quats, inputs.scales, cam, proj.radii, proj.splats, raster_grads],
-        outputs=[grads.means, grads.quats, grads.scales, grads.opacities, means2d_grad, means2d_absgrad],
+        inputs=[
+            inputs.means,
+            inputs.quats,
+            inputs.scales,
+            inputs.colors,
+            cam,
+            proj.radii,
+            proj.splats,
+            raster_grads,
+        ],
+        outputs=[
+            grads.means,
+            grads.quats,
+            grads.scales,
+            grads.opacities,
+            grads.colors,
+            means2d_grad,
+            means2d_absgrad,
+        ],
         device=inputs.means.device,
         record_tape=False,
     )

@@ -11,7 +11,7 @@ from arc_warp._src.splat.project_kernels import BAD_SLOTS, flag_nonfinite
 from arc_warp._src.splat.project_ops import camera_params, project, project_backward
 from arc_warp._src.splat.raster_ops import raster_backward, rasterize
 from arc_warp._src.splat.records import BinResult, GaussianGrads, GaussianInputs, RenderOutput, RenderSettings
-from arc_warp._src.splat.sh_ops import colors_backward, compute_colors
+from arc_warp._src.splat.sh_ops import compute_colors
 from arc_warp._src.splat.validate import check_array, check_grads, check_inputs, raise_on_flags
 
 
@@ -94,17 +94,21 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings) -
     flags = wp.zeros(1 + len(BAD_SLOTS), dtype=wp.int32, device=device)
     proj = project(inputs, cam, settings.eps2d, tiles_x, tiles_y, flags)
     if inputs.count > 0:
-        flat_colors = inputs.colors.view(wp.float32).flatten()
-        wp.launch(
-            flag_nonfinite,
-            dim=flat_colors.shape[0],
-            inputs=[flat_colors, flags, 1 + BAD_SLOTS.index("colors")],
-            device=device,
-            record_tape=False,
-        )
+        colors_slot = 1 + BAD_SLOTS.index("colors")
+        if inputs.sh_coeffs == 0:
+            flat_colors = inputs.colors.view(wp.float32).flatten()
+            wp.launch(
+                flag_nonfinite,
+                dim=flat_colors.shape[0],
+                inputs=[flat_colors, flags, colors_slot],
+                device=device,
+                record_tape=False,
+            )
+        else:
+            # SH evaluation checks the coefficients it reads, before the readback
+            compute_colors(inputs, cam, proj, flags, colors_slot)
         cum_tiles, host_flags = count_intersections(proj, flags)
         raise_on_flags(host_flags)
-        compute_colors(inputs, cam, proj)
         bins = sort_intersections(proj, cum_tiles, int(host_flags[0]), tiles_x, tiles_y)
     else:
         bins = BinResult(tiles_x, tiles_y, 0, wp.empty(0, dtype=wp.int32, device=device),
@@ -159,10 +163,10 @@ def render_gaussians_backward(
     ``grad_*`` are cotangents shaped like the outputs, on the same device; ``None``
     means zero. The rasteriser backward runs one 256-thread block per tile and reduces
     the per-Gaussian gradients with the accumulator of ``out.settings.reduce``
-    (``"floor"`` yields no rasteriser gradients: benchmarking only). Then per-Gaussian
-    kernels take them through the projection (means, quats via the normalisation,
-    scales, opacities) and the SH evaluation (coefficients, and means via the view
-    direction). With ``settings.absgrad`` the 2D mean gradients and their per-pixel
+    (``"floor"`` yields no rasteriser gradients: benchmarking only). Then one
+    per-Gaussian kernel takes them through the projection (means, quats via the
+    normalisation, scales, opacities) and the SH evaluation (coefficients, and means via
+    the view direction). With ``settings.absgrad`` the 2D mean gradients and their per-pixel
     absolute sums are added into ``out.means2d_grad`` / ``out.means2d_absgrad``.
 
     Returns:
@@ -175,10 +179,17 @@ def render_gaussians_backward(
     device = inputs.means.device
     shape = out.alpha.shape
 
+    zero_image = None  # one read-only zero image serves every missing float cotangent
+
     def cotangent(value, name, dtype):
-        if value is None:
+        nonlocal zero_image
+        if value is not None:
+            return check_array(value, name, dtype, 2, shape, device)
+        if dtype is not wp.float32:
             return wp.zeros(shape, dtype=dtype, device=device)
-        return check_array(value, name, dtype, 2, shape, device)
+        if zero_image is None:
+            zero_image = wp.zeros(shape, dtype=dtype, device=device)
+        return zero_image
 
     v_color = cotangent(grad_color, "grad_color", wp.vec3)
     v_alpha = cotangent(grad_alpha, "grad_alpha", wp.float32)
@@ -208,7 +219,6 @@ def render_gaussians_backward(
         threshold,
     )
     cam = camera_params(out.camera)
-    colors_backward(inputs, cam, out._project, raster_grads, settings.absgrad, grads)
     project_backward(
         inputs, cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad, out.means2d_absgrad
     )

@@ -2,14 +2,12 @@
 
 colour = max(sum_k basis_k(d) * coeff_k + 0.5, 0) with d the normalised direction from
 the camera centre to the Gaussian mean. Gradients reach the coefficients and, through
-d, the means.
+d, the means; the backward is a ``@wp.func`` run inside the projection backward kernel.
 """
 
 import functools
 
 import warp as wp
-
-from arc_warp._src.splat.math import G_RGB, grad_vector
 
 vec16 = wp.types.vector(16, wp.float32)
 
@@ -99,9 +97,18 @@ def sh_basis_vjp(d: wp.vec3, w: vec16) -> wp.vec3:
     return wp.vec3(gx, gy, gz)
 
 
+@wp.func
+def finite3(v: wp.vec3) -> bool:
+    return wp.isfinite(v[0]) and wp.isfinite(v[1]) and wp.isfinite(v[2])
+
+
 @functools.cache
 def make_sh_fwd(n_coeffs: int):
-    """Colour from the first ``n_coeffs`` = (degree+1)^2 coefficients."""
+    """Colour from the first ``n_coeffs`` = (degree+1)^2 coefficients.
+
+    Also sets ``bad[slot] = 1`` if any coefficient of the row (all ``K`` of them, culled
+    Gaussians included) is NaN or Inf, so the colours are read once for both.
+    """
 
     @wp.kernel(enable_backward=False, module="unique")
     def sh_fwd(
@@ -109,78 +116,82 @@ def make_sh_fwd(n_coeffs: int):
         coeffs: wp.array2d(dtype=wp.vec3),
         radii: wp.array(dtype=wp.vec2i),
         cam_center: wp.vec3,
+        slot: int,
         rgb: wp.array(dtype=wp.vec3),
+        bad: wp.array(dtype=wp.int32),
     ):
         i = wp.tid()
-        if radii[i][0] <= 0:
-            rgb[i] = wp.vec3(0.0)
-            return
         basis = sh_basis(wp.normalize(means[i] - cam_center))
         value = wp.vec3(0.5)
+        finite = True
         for k in range(wp.static(n_coeffs)):
-            value += basis[k] * coeffs[i, k]
-        rgb[i] = wp.max(value, wp.vec3(0.0))
+            c = coeffs[i, k]
+            finite = finite and finite3(c)
+            value += basis[k] * c
+        for k in range(wp.static(n_coeffs), coeffs.shape[1]):
+            finite = finite and finite3(coeffs[i, k])
+        if not finite:
+            bad[slot] = 1
+        if radii[i][0] <= 0:
+            rgb[i] = wp.vec3(0.0)
+        else:
+            rgb[i] = wp.max(value, wp.vec3(0.0))
 
     return sh_fwd
 
 
 @functools.cache
-def make_sh_bwd(n_coeffs: int, absgrad: bool):
-    """dL/dcoeffs and the view-direction part of dL/dmeans from the packed colour gradient."""
-    grad_t = grad_vector(absgrad)
+def make_color_vjp(n_coeffs: int):
+    """``@wp.func`` ``color_vjp(i, mean, colors, cam_center, v_rgb, v_colors) -> wp.vec3``.
 
-    @wp.kernel(enable_backward=False, module="unique")
-    def sh_bwd(
-        means: wp.array(dtype=wp.vec3),
-        coeffs: wp.array2d(dtype=wp.vec3),
-        radii: wp.array(dtype=wp.vec2i),
-        cam_center: wp.vec3,
-        raster_grads: wp.array(dtype=grad_t),
-        v_coeffs: wp.array2d(dtype=wp.vec3),
-        v_means: wp.array(dtype=wp.vec3),
-    ):
-        i = wp.tid()
-        if radii[i][0] <= 0:
-            return
-        g = raster_grads[i]
-        v_rgb = wp.vec3(g[G_RGB], g[G_RGB + 1], g[G_RGB + 2])
-        offset = means[i] - cam_center
-        inv_len = 1.0 / wp.length(offset)
-        d = offset * inv_len
-        basis = sh_basis(d)
-        value = wp.vec3(0.5)
-        for k in range(wp.static(n_coeffs)):
-            value += basis[k] * coeffs[i, k]
-        # clamp_min(., 0) passes the gradient where value >= 0, like torch
-        for c in range(3):
-            if value[c] < 0.0:
-                v_rgb[c] = 0.0
-        w = vec16(0.0)
-        for k in range(wp.static(n_coeffs)):
-            v_coeffs[i, k] = v_coeffs[i, k] + basis[k] * v_rgb
-            w[k] = wp.dot(coeffs[i, k], v_rgb)
-        if wp.static(n_coeffs > 1):
-            v_d = sh_basis_vjp(d, w)
-            v_means[i] = v_means[i] + (v_d - wp.dot(v_d, d) * d) * inv_len
+    Adds dL/dcolors of Gaussian ``i`` into ``v_colors`` given ``v_rgb`` = dL/drgb, and
+    returns the view-direction part of dL/dmean (zero below SH degree 1).
+    ``n_coeffs`` = 0 means plain RGB colours ((N,) ``colors`` used as-is); else ``colors``
+    are (N, K) SH coefficients of which the first ``n_coeffs`` are evaluated.
+    """
+    if n_coeffs == 0:
 
-    return sh_bwd
+        def color_vjp(
+            i: int,
+            mean: wp.vec3,
+            colors: wp.array(dtype=wp.vec3),
+            cam_center: wp.vec3,
+            v_rgb: wp.vec3,
+            v_colors: wp.array(dtype=wp.vec3),
+        ) -> wp.vec3:
+            v_colors[i] = v_colors[i] + v_rgb
+            return wp.vec3(0.0)
 
+    else:
 
-@functools.cache
-def make_rgb_bwd(absgrad: bool):
-    """dL/dcolour for plain RGB colours (used as-is by the rasteriser)."""
-    grad_t = grad_vector(absgrad)
+        def color_vjp(
+            i: int,
+            mean: wp.vec3,
+            colors: wp.array2d(dtype=wp.vec3),
+            cam_center: wp.vec3,
+            v_rgb: wp.vec3,
+            v_colors: wp.array2d(dtype=wp.vec3),
+        ) -> wp.vec3:
+            offset = mean - cam_center
+            inv_len = 1.0 / wp.length(offset)
+            d = offset * inv_len
+            basis = sh_basis(d)
+            value = wp.vec3(0.5)
+            for k in range(wp.static(n_coeffs)):
+                value += basis[k] * colors[i, k]
+            # clamp_min(., 0) passes the gradient where value >= 0, like torch
+            g = v_rgb
+            for c in range(3):
+                if value[c] < 0.0:
+                    g[c] = 0.0
+            w = vec16(0.0)
+            for k in range(wp.static(n_coeffs)):
+                v_colors[i, k] = v_colors[i, k] + basis[k] * g
+                w[k] = wp.dot(colors[i, k], g)
+            v_mean = wp.vec3(0.0)
+            if wp.static(n_coeffs > 1):
+                v_d = sh_basis_vjp(d, w)
+                v_mean = (v_d - wp.dot(v_d, d) * d) * inv_len
+            return v_mean
 
-    @wp.kernel(enable_backward=False, module="unique")
-    def rgb_bwd(
-        radii: wp.array(dtype=wp.vec2i),
-        raster_grads: wp.array(dtype=grad_t),
-        v_colors: wp.array(dtype=wp.vec3),
-    ):
-        i = wp.tid()
-        if radii[i][0] <= 0:
-            return
-        g = raster_grads[i]
-        v_colors[i] = v_colors[i] + wp.vec3(g[G_RGB], g[G_RGB + 1], g[G_RGB + 2])
-
-    return rgb_bwd
+    return wp.func(color_vjp, name=f"color_vjp_{n_coeffs}", module="unique")
