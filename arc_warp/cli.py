@@ -137,6 +137,9 @@ def cmd_train(args) -> int:
     if env_world_size() > 1:
         raise ValueError("--gpus spawns its own processes; under torchrun leave it at 1 "
                          "(torchrun's --nproc_per_node sets the process count)")
+    if args.batch_size is not None and args.batch_size % args.gpus:
+        raise ValueError(f"--batch-size {args.batch_size} must be a multiple of --gpus "
+                         f"{args.gpus} (each process renders an equal share)")
     on_cpu = args.device == "cpu" or (args.device is None and not torch.cuda.is_available())
     if not on_cpu and torch.cuda.device_count() < args.gpus:
         raise ValueError(f"--gpus {args.gpus} but {torch.cuda.device_count()} CUDA devices are "

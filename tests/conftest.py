@@ -80,10 +80,15 @@ def random_scene(rng, n=64, width=37, height=29, sh_degree=None, opacity_range=(
                        fx, fy, cx, cy, width, height, view)
 
 
-@pytest.fixture
-def device():
-    """Tests run on the CPU (no GPU on the development machines)."""
-    return "cpu"
+@pytest.fixture(params=[
+    "cpu",
+    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not wp.is_cuda_available(), reason="needs a CUDA device")]),
+])
+def device(request):
+    """Every device-parametrised test runs on the CPU, and on CUDA where there is a GPU
+    (select those with ``pytest -m gpu`` on the accelerator)."""
+    return request.param
 
 
 @pytest.fixture

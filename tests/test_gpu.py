@@ -1,7 +1,8 @@
-"""GPU checks: CUDA results against the CPU (skipped without a CUDA device).
+"""GPU checks (skipped without a CUDA device): ``pytest -q -m gpu`` on the accelerator.
 
-Run on a machine with a GPU: ``pytest -q -m gpu``. The CPU side is the reference the
-rest of the suite validates against the dense float64 implementation.
+The float64 reference comparisons of test_splat_reference.py also run on CUDA through
+the ``device`` fixture; the checks here need no CPU Warp (the accelerator's Warp build
+has no CPU backend).
 """
 
 import numpy as np
@@ -31,43 +32,39 @@ def test_scatter_add_modes_match_numpy_on_gpu(threshold):
             dest = wp.zeros(m, dtype=wp.vec3, device="cuda")
             arc_warp.scatter_add(dest, wp.array(idx.astype(np.int32), device="cuda"),
                                  wp.array(vals, dtype=wp.vec3, device="cuda"), mode=mode, threshold=threshold)
-            # float32 sums of up to 2e5 unit terms in any order: well inside 1e-5 of the largest sum.
-            np.testing.assert_allclose(dest.numpy(), ref, atol=1e-5 * np.abs(ref).max(), err_msg=mode)
+            # float32 accumulation of up to 2e5 unit terms into one address (atomic mode,
+            # sequentially): round-off reaches ~1e-5 of the sum, so allow 1e-4.
+            np.testing.assert_allclose(dest.numpy(), ref, atol=1e-4 * np.abs(ref).max(), err_msg=mode)
 
 
-def _scene(device, n=400, seed=0):
-    rng = np.random.default_rng(seed)
-    z = rng.uniform(2.0, 6.0, n)
-    means = np.stack([rng.uniform(-1, 1, n) * z * 0.5, rng.uniform(-1, 1, n) * z * 0.4, z], 1)
+def test_render_modes_agree_on_gpu():
+    # The CUDA renderer against the dense float64 reference is covered by the
+    # device-parametrised tests in test_splat_reference.py; here every reduce mode must
+    # give atomic's gradients on a 1080p-like tile load.
+    rng = np.random.default_rng(0)
+    n = 20_000
+    z = rng.uniform(2.0, 8.0, n)
+    means = np.stack([rng.uniform(-1, 1, n) * z * 0.6, rng.uniform(-1, 1, n) * z * 0.35, z], 1)
     q = rng.standard_normal((n, 4))
     arrays = dict(
-        means=wp.array(means, dtype=wp.vec3, device=device),
-        quats=wp.array(q / np.linalg.norm(q, axis=1, keepdims=True), dtype=wp.vec4, device=device),
-        scales=wp.array(rng.uniform(0.02, 0.12, (n, 3)), dtype=wp.vec3, device=device),
-        opacities=wp.array(rng.uniform(0.1, 0.95, n), dtype=float, device=device),
-        colors=wp.array(rng.normal(0, 0.4, (n, 16, 3)), dtype=wp.vec3, device=device),
+        means=wp.array(means, dtype=wp.vec3, device="cuda"),
+        quats=wp.array(q, dtype=wp.vec4, device="cuda"),
+        scales=wp.array(rng.uniform(0.005, 0.05, (n, 3)), dtype=wp.vec3, device="cuda"),
+        opacities=wp.array(rng.uniform(0.1, 0.95, n), dtype=float, device="cuda"),
+        colors=wp.array(rng.normal(0, 0.4, (n, 16, 3)), dtype=wp.vec3, device="cuda"),
     )
-    return arrays
-
-
-def test_render_and_gradients_match_cpu_for_every_mode():
-    cam = arc_warp.Camera.from_fov(60.0, 83, 61)
-    cot = np.random.default_rng(5).standard_normal((61, 83, 3)).astype(np.float32)
-    results = {}
-    for device in ("cpu", "cuda"):
-        arrays = _scene(device)
-        for mode in MODES:
-            out = arc_warp.render_gaussians(**arrays, camera=cam, settings=arc_warp.RenderSettings(reduce=mode))
-            grads = arc_warp.render_gaussians_backward(out, wp.array(cot, dtype=wp.vec3, device=device))
-            results[device, mode] = (out.color.numpy(), {k: getattr(grads, k).numpy() for k in arrays})
-    ref_img, ref_grads = results["cpu", "atomic"]
+    cam = arc_warp.Camera.from_fov(60.0, 640, 360)
+    cot = wp.array(rng.standard_normal((360, 640, 3)), dtype=wp.vec3, device="cuda")
+    grads = {}
     for mode in MODES:
-        img, grads = results["cuda", mode]
-        # float32 on both sides; exp/rcp differ slightly between the CPU and fast-math CUDA.
-        np.testing.assert_allclose(img, ref_img, atol=1e-4)
-        for k, g in grads.items():
-            scale = np.abs(ref_grads[k]).max()
-            np.testing.assert_allclose(g, ref_grads[k], atol=2e-3 * scale, err_msg=f"{mode} {k}")
+        out = arc_warp.render_gaussians(**arrays, camera=cam, settings=arc_warp.RenderSettings(reduce=mode))
+        g = arc_warp.render_gaussians_backward(out, cot)
+        grads[mode] = {k: getattr(g, k).numpy() for k in arrays}
+    for mode in MODES:
+        for k, g in grads[mode].items():
+            ref = grads["atomic"][k]
+            # Same float32 terms summed in another order: round-off relative to the largest.
+            np.testing.assert_allclose(g, ref, atol=1e-4 * np.abs(ref).max(), err_msg=f"{mode} {k}")
 
 
 def test_calibration_on_gpu(tmp_path, monkeypatch):

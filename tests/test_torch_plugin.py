@@ -395,22 +395,23 @@ def test_bad_inputs_raise(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_cuda_matches_cpu_on_side_stream(rng):
-    """CUDA tensors, zero-copy, launched on a non-default torch stream, agree with the CPU."""
+def test_cuda_side_stream_matches_default_stream(rng):
+    """CUDA tensors, zero-copy, launched on a non-default torch stream, agree with the same
+    render on the default stream (the CPU path is covered by every other test here)."""
     scene = random_scene(rng, n=64, width=48, height=32, sh_degree=2)
-    cpu = params_of(scene)
-    colors, _, meta = render(cpu, scene)
-    colors.square().sum().backward()
-
-    gpu = params_of(scene, device="cuda")
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        colors_g, _, meta_g = render(gpu, scene)
-        colors_g.square().sum().backward()
-    torch.cuda.synchronize()
-    # Different devices sum atomics in a different order: float32 reassociation only.
-    np.testing.assert_allclose(colors_g.detach().cpu().numpy(), colors.detach().numpy(), atol=1e-5)
-    np.testing.assert_array_equal(meta_g["radii"].cpu().numpy(), meta["radii"].numpy())
+    results = []
+    for use_side_stream in (False, True):
+        gpu = params_of(scene, device="cuda")
+        stream = torch.cuda.Stream() if use_side_stream else torch.cuda.current_stream()
+        with torch.cuda.stream(stream):
+            colors_g, _, meta_g = render(gpu, scene)
+            colors_g.square().sum().backward()
+        torch.cuda.synchronize()
+        results.append((colors_g.detach().cpu().numpy(), meta_g["radii"].cpu().numpy(),
+                        {k: gpu[k].grad.cpu().numpy() for k in PARAMS}))
+    (c0, r0, g0), (c1, r1, g1) = results
+    np.testing.assert_array_equal(c1, c0)
+    np.testing.assert_array_equal(r1, r0)
     for k in PARAMS:
-        np.testing.assert_allclose(gpu[k].grad.cpu().numpy(), cpu[k].grad.numpy(),
-                                   rtol=1e-3, atol=1e-4, err_msg=k)
+        # Atomics land in another order: float32 reassociation only.
+        np.testing.assert_allclose(g1[k], g0[k], rtol=1e-4, atol=1e-6, err_msg=k)

@@ -150,51 +150,47 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
                         wp.atomic_add(dest, index, value)
                     return
             lane = lane_id()
-            # Lanes still to reduce (`pending`) and the number of distinct indices among them.
-            pending = int(0)
-            rounds = int(0)
+            x = vec_k()
+            if valid:
+                x = to_vec(value)
             uniform = wp.static(uniform_index)
+            key = index
             if wp.static(mode != "serial" and not uniform_index):
                 key = shfl_int(mask, index, lowest_lane(vmask))
                 strays = ballot(mask, valid and index != key)
                 uniform = strays == 0
-            if uniform:
-                if wp.static(not arc) or popc(vmask) >= threshold:
-                    pending = vmask
-                    rounds = 1
-                elif valid:
-                    wp.atomic_add(dest, index, value)
+            # One index for the whole warp (the rasteriser's case): reduce-scatter x as is.
+            direct = uniform and vmask != 0 and (wp.static(not arc) or popc(vmask) >= threshold)
+            if direct or emulate:
+                total = reduce_scatter_k(mask, x)
+                comp = lane >> wp.static(shift)
+                if direct and (lane & wp.static((1 << shift) - 1)) == 0 and comp < wp.static(k):
+                    component_add(dest, key, comp, total)
+            if uniform and not direct and valid:
+                wp.atomic_add(dest, index, value)
+            # Mixed indices: reduce each index shared by enough lanes in its own round.
             if wp.static(not uniform_index):
                 if not uniform or emulate:
                     peers = match_any(mask, index) & vmask
                     big = valid and not uniform and (wp.static(not arc) or popc(peers) >= threshold)
                     if valid and not uniform and not big:
                         wp.atomic_add(dest, index, value)
-                    grouped = ballot(mask, big)
-                    n_groups = popc(ballot(mask, big and lowest_lane(peers) == lane))
-                    if not uniform:
-                        pending = grouped
-                        rounds = n_groups
-            if vmask == 0:
-                rounds = 0
-            if emulate:
-                rounds = emulation_block_max(rounds)
-            x = vec_k()
-            if valid:
-                x = to_vec(value)
-            for _r in range(rounds):
-                # One index per round: its lanes contribute, the warp reduce-scatters.
-                key = shfl_int(mask, index, lowest_lane(pending))
-                member = ((pending >> lane) & 1) != 0 and index == key
-                members = ballot(mask, member)
-                part = vec_k()
-                if member:
-                    part = x
-                total = reduce_scatter_k(mask, part)
-                comp = lane >> wp.static(shift)
-                if members != 0 and (lane & wp.static((1 << shift) - 1)) == 0 and comp < wp.static(k):
-                    component_add(dest, key, comp, total)
-                pending = pending & ~members
+                    pending = ballot(mask, big)
+                    rounds = popc(ballot(mask, big and lowest_lane(peers) == lane))
+                    if emulate:
+                        rounds = emulation_block_max(rounds)
+                    for _r in range(rounds):
+                        key = shfl_int(mask, index, lowest_lane(pending))
+                        member = ((pending >> lane) & 1) != 0 and index == key
+                        members = ballot(mask, member)
+                        part = vec_k()
+                        if member:
+                            part = x
+                        total = reduce_scatter_k(mask, part)
+                        comp = lane >> wp.static(shift)
+                        if members != 0 and (lane & wp.static((1 << shift) - 1)) == 0 and comp < wp.static(k):
+                            component_add(dest, key, comp, total)
+                        pending = pending & ~members
 
     tname = f"v{k}" if wp.types.type_is_vector(dtype) else "f32"
     suffix = f"{mode}_{tname}{'_u' if uniform_index else ''}"
