@@ -23,7 +23,6 @@ def main():
     dest = wp.zeros(100_000, dtype=VecK, device="cuda")
     params = make_params(100_000, "cuda")
     for mode in args.modes:
-        wp.load_module(launch_probe.__module__, device="cuda")
         launch_probe(mode, params, dest, 8192, 64, p_active=args.p, threshold=args.threshold)
     wp.synchronize()
 

@@ -5,7 +5,9 @@
 
 from .datasets import Dataset, View, load_colmap, load_dataset, load_nerf_synthetic
 from .densify import DensifyConfig
+from .distributed import DistContext, init_distributed, launch
 from .trainer import TrainConfig, Trainer, TrainResult, train
 
-__all__ = ["Dataset", "DensifyConfig", "TrainConfig", "TrainResult", "Trainer", "View",
-           "load_colmap", "load_dataset", "load_nerf_synthetic", "train"]
+__all__ = ["Dataset", "DensifyConfig", "DistContext", "TrainConfig", "TrainResult", "Trainer",
+           "View", "init_distributed", "launch", "load_colmap", "load_dataset",
+           "load_nerf_synthetic", "train"]

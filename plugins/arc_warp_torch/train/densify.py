@@ -183,6 +183,11 @@ def refine(params: dict, optimizers: dict, stats: DensifyStats, cfg: DensifyConf
     return {"cloned": n_clone, "split": n_split, "pruned": n_prune}
 
 
+def refines_at(cfg: DensifyConfig, step: int) -> bool:
+    """Whether `step_post_backward` refines (reads `stats`) after step `step`."""
+    return cfg.refine_start < step < cfg.refine_stop and step % cfg.refine_every == 0
+
+
 def step_post_backward(params: dict, optimizers: dict, stats: DensifyStats, cfg: DensifyConfig,
                        step: int, scene_scale: float, generator: torch.Generator):
     """After the backward of step `step` (0-based, already accumulated into `stats`):
@@ -190,7 +195,7 @@ def step_post_backward(params: dict, optimizers: dict, stats: DensifyStats, cfg:
     if step >= cfg.refine_stop:
         return None
     counts = None
-    if step > cfg.refine_start and step % cfg.refine_every == 0:
+    if refines_at(cfg, step):
         counts = refine(params, optimizers, stats, cfg, step, scene_scale, generator)
     if cfg.reset_every and step > 0 and step % cfg.reset_every == 0:
         reset_opacity(params, optimizers, cfg)

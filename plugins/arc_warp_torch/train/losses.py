@@ -57,5 +57,9 @@ def photometric_loss(render: torch.Tensor, target: torch.Tensor, ssim_lambda: fl
 
 def psnr(a: torch.Tensor, b: torch.Tensor) -> float:
     """PSNR in dB of images in [0,1] (`a` clamped to [0,1] first), over all elements."""
-    mse = float(((a.detach().clamp(0.0, 1.0) - b.detach()) ** 2).mean())
+    return mse_to_psnr(float(((a.detach().clamp(0.0, 1.0) - b.detach()) ** 2).mean()))
+
+
+def mse_to_psnr(mse: float) -> float:
+    """PSNR in dB of a mean squared error of images in [0,1]."""
     return float("inf") if mse == 0.0 else -10.0 * math.log10(mse)

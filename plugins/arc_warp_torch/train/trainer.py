@@ -12,7 +12,8 @@ from arc_warp.ply import write_ply
 
 from . import densify as dens
 from .datasets import Dataset
-from .losses import photometric_loss, psnr, ssim
+from .distributed import DistContext
+from .losses import mse_to_psnr, photometric_loss, psnr, ssim
 from .model import init_params, make_optimizers, random_points, render_views, to_ply
 from .outputs import ensure_dir, plot_psnr, save_png, side_by_side, write_json
 
@@ -24,13 +25,19 @@ class TrainConfig:
     lr_means is multiplied by the scene scale and decays exponentially to
     lr_means * lr_means_final_factor at `steps`. init_points is used when the dataset has
     no point cloud: random points in a cube of half-size init_extent * scene_scale.
+    batch_size: training views per step, the global batch: the loss is the mean over these
+    views (all training images must then share one size); with data-parallel ranks each
+    renders batch_size / world_size of them (which must divide evenly).
     sh_degree grows by one every sh_degree_interval steps. device None picks cuda when
     available. Evaluation every eval_every steps, checkpoint every checkpoint_every
     steps (0 = only at the end). cpu_threads, when set and training on the CPU, is passed
-    to torch.set_num_threads (1 is fastest for tiny images on a busy machine).
+    to torch.set_num_threads (1 is fastest for tiny images on a busy machine). check_sync:
+    with several ranks, verify at every evaluation and checkpoint that parameters, Adam
+    state and RNG states are bitwise equal on all ranks (RuntimeError if not).
     """
 
     steps: int = 30000
+    batch_size: int = 1
     sh_degree: int = 3
     sh_degree_interval: int = 1000
     ssim_lambda: float = 0.2
@@ -54,11 +61,12 @@ class TrainConfig:
     reduce: str = "arc"
     progress: bool = True
     cpu_threads: int = None
+    check_sync: bool = False
 
     def __post_init__(self):
         if isinstance(self.densify, dict):
             self.densify = dens.DensifyConfig(**self.densify)
-        for name in ("steps", "sh_degree_interval", "eval_every", "log_every"):
+        for name in ("steps", "batch_size", "sh_degree_interval", "eval_every", "log_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"TrainConfig.{name} must be an int >= 1, got {value!r}")
@@ -84,13 +92,34 @@ class TrainResult:
 
 
 class Trainer:
-    """Optimises Gaussians on `dataset`; writes outputs under `out_dir`."""
+    """Optimises Gaussians on `dataset`; writes outputs under `out_dir`.
 
-    def __init__(self, dataset: Dataset, cfg: TrainConfig, out_dir):
+    Data-parallel when `dist` (default: `DistContext.current()`, i.e. the initialised
+    default process group, if any) has several ranks: every rank builds the same model,
+    renders its share of each step's batch and applies the rank-averaged gradients, and
+    the densification statistics are summed over ranks before each refinement. `train`,
+    `save_checkpoint`, `state_dict` and `check_consistency` are then collective (call them
+    on every rank); `export` and the evaluation history belong to rank 0.
+    """
+
+    def __init__(self, dataset: Dataset, cfg: TrainConfig, out_dir, dist: DistContext = None):
         if not dataset.train:
             raise ValueError("Trainer: the dataset has no training views")
         self.data, self.cfg, self.out_dir = dataset, cfg, os.fspath(out_dir)
+        self.dist = DistContext.current() if dist is None else dist
+        if cfg.batch_size % self.dist.world_size:
+            raise ValueError(f"TrainConfig.batch_size ({cfg.batch_size}) must be a multiple of "
+                             f"the number of data-parallel ranks ({self.dist.world_size})")
+        self.local_batch = cfg.batch_size // self.dist.world_size
+        sizes = {v.image.shape for v in dataset.train}
+        if cfg.batch_size > 1 and len(sizes) > 1:
+            raise ValueError(f"batch_size {cfg.batch_size} > 1 needs training images of one "
+                             f"size, got {sorted(sizes)}")
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        if self.dist.backend == "nccl" and self.device.type != "cuda":
+            raise ValueError(f"the NCCL process group needs a CUDA device, got {self.device}")
         self.scene_scale = dataset.scene_scale
         if cfg.cpu_threads and self.device.type == "cpu":
             torch.set_num_threads(cfg.cpu_threads)
@@ -103,10 +132,14 @@ class Trainer:
                                            torch.Generator().manual_seed(cfg.seed + 2))
         self.params = init_params(points, colors, cfg.sh_degree, cfg.init_opacity,
                                   cfg.init_scale, self.device)
+        # Ranks build the same model from the same seeds; the broadcast also covers a
+        # GPU kNN (scale init) whose bits could differ between processes.
+        self.dist.broadcast_(*self.params.values())
         self.optimizers = make_optimizers(self.params, self._lrs(0))
         self.stats = dens.DensifyStats(len(points), self.device)
         self.step, self.history, self.train_log = 0, [], []
         self._perm = torch.empty(0, dtype=torch.long)
+        self._cursor = 0
         self._train = [self._tensors(v) for v in dataset.train]
         self._test = [self._tensors(v) for v in dataset.test]
 
@@ -131,25 +164,34 @@ class Trainer:
         return render_views(self.params, viewmat, K, image.shape[2], image.shape[1],
                             sh_degree, self.data.background, self.cfg.reduce, absgrad)
 
-    def _next_view(self) -> int:
-        n = len(self._train)
-        pos = self.step % n
-        if pos == 0 or self._perm.numel() != n:
-            self._perm = torch.randperm(n, generator=self.view_gen)
-        return int(self._perm[pos])
+    def _next_views(self, count: int) -> list:
+        """The next `count` training-view indices: an endless sequence of random
+        permutations of all views (identical on every rank: same seed, same calls)."""
+        n, out = len(self._train), []
+        while len(out) < count:
+            if self._cursor >= self._perm.numel():
+                self._perm = torch.randperm(n, generator=self.view_gen)
+                self._cursor = 0
+            out.append(int(self._perm[self._cursor]))
+            self._cursor += 1
+        return out
 
     def train_step(self) -> tuple:
-        """One optimisation step on the next training view -> (loss, PSNR)."""
+        """One optimisation step on the next batch_size training views (this rank renders
+        its contiguous share) -> (loss, PSNR) over the whole batch."""
         cfg = self.cfg
-        view = self._train[self._next_view()]
+        views = self._next_views(cfg.batch_size)
+        start = self.dist.rank * self.local_batch
+        image, viewmat, K = (torch.cat(t) for t in zip(
+            *(self._train[i] for i in views[start:start + self.local_batch])))
         for name, lr in self._lrs(self.step).items():
             self.optimizers[name].param_groups[0]["lr"] = lr
         absgrad = cfg.densify.absgrad
-        colors, _, meta = self.render(view, self.sh_degree_at(self.step), absgrad)
+        colors, _, meta = self.render((image, viewmat, K), self.sh_degree_at(self.step), absgrad)
         means2d = meta["means2d"]
         if means2d.requires_grad:
             means2d.retain_grad()
-        loss, _, _ = photometric_loss(colors, view[0], cfg.ssim_lambda)
+        loss, _, _ = photometric_loss(colors, image, cfg.ssim_lambda)
         loss.backward()
         if self.step < cfg.densify.refine_stop:
             key = "means2d_absgrad" if absgrad else "means2d_grad"
@@ -157,13 +199,19 @@ class Trainer:
             if grad2d is None:
                 grad2d = means2d.absgrad if absgrad else means2d.grad
             self.stats.accumulate(grad2d, meta["radii"], colors.shape[2], colors.shape[1])
+        mse = ((colors.detach().clamp(0.0, 1.0) - image) ** 2).mean()
+        loss_mean, mse_mean = self.dist.average_gradients(
+            self.params, torch.stack([loss.detach(), mse])).tolist()
         for opt in self.optimizers.values():
             opt.step()
             opt.zero_grad(set_to_none=True)
+        if dens.refines_at(cfg.densify, self.step):
+            # Each rank holds the statistics of its own views; decide on the sums.
+            self.dist.sum_(self.stats.grad2d, self.stats.count)
         dens.step_post_backward(self.params, self.optimizers, self.stats, cfg.densify,
                                 self.step, self.scene_scale, self.densify_gen)
         self.step += 1
-        return loss.item(), psnr(colors, view[0])
+        return loss_mean, mse_to_psnr(mse_mean)
 
     @torch.no_grad()
     def evaluate(self, views=None) -> dict:
@@ -196,8 +244,9 @@ class Trainer:
         from tqdm.auto import tqdm
 
         cfg = self.cfg
+        main = self.dist.is_main
         end = cfg.steps if stop_at is None else min(stop_at, cfg.steps)
-        bar = tqdm(total=cfg.steps, initial=self.step, disable=not cfg.progress,
+        bar = tqdm(total=cfg.steps, initial=self.step, disable=not (cfg.progress and main),
                    dynamic_ncols=True, desc="train")
         window = []
         while self.step < end:
@@ -212,22 +261,31 @@ class Trainer:
                                 n=int(self.params["means"].shape[0]))
                 window = []
             if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
-                ev = self._record_eval()
-                bar.write(f"step {self.step}: held-out PSNR {ev['psnr']:.2f} dB, "
-                          f"SSIM {ev['ssim']:.4f}, {self.history[-1]['num_gaussians']} Gaussians")
+                if cfg.check_sync:
+                    self.check_consistency()
+                if main:  # the other ranks wait at the barrier
+                    ev = self._record_eval()
+                    bar.write(f"step {self.step}: held-out PSNR {ev['psnr']:.2f} dB, SSIM "
+                              f"{ev['ssim']:.4f}, {self.history[-1]['num_gaussians']} Gaussians")
+                self.dist.barrier()
             if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
                 self.save_checkpoint(os.path.join(ensure_dir(self.out_dir), "checkpoint.pt"))
         bar.close()
 
     def state_dict(self) -> dict:
+        """Collective with several ranks: the densification statistics are stored summed
+        over ranks, so a checkpoint resumes on any number of ranks."""
+        stats = self.stats.state_dict()
+        self.dist.sum_(*stats.values())
         return {
             "step": self.step,
             "params": {k: v.detach().clone() for k, v in self.params.items()},
             "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
-            "stats": self.stats.state_dict(),
+            "stats": stats,
             "view_gen": self.view_gen.get_state(),
             "densify_gen": self.densify_gen.get_state(),
             "perm": self._perm.clone(),
+            "view_cursor": self._cursor,
             "history": list(self.history),
             "train_log": list(self.train_log),
             "config": dataclasses.asdict(self.cfg),
@@ -240,25 +298,51 @@ class Trainer:
         self.optimizers = make_optimizers(self.params, self._lrs(self.step))
         for k, opt in self.optimizers.items():
             opt.load_state_dict(state["optimizers"][k])
-        self.stats.load_state_dict({k: v.to(self.device) for k, v in state["stats"].items()})
+        stats = {k: v.to(self.device) for k, v in state["stats"].items()}
+        if not self.dist.is_main:  # rank 0 carries the saved sums; the others restart at 0
+            stats = {k: torch.zeros_like(v) for k, v in stats.items()}
+        self.stats.load_state_dict(stats)
         self.view_gen.set_state(state["view_gen"])
         self.densify_gen.set_state(state["densify_gen"])
         self._perm = state["perm"].clone()
+        # Checkpoints from before batched steps drew one view per step from `perm`.
+        n = len(self._train)
+        self._cursor = int(state.get("view_cursor", self.step % n or n))
         self.history, self.train_log = list(state["history"]), list(state["train_log"])
 
     def save_checkpoint(self, path) -> None:
         """Everything needed to resume bit-for-bit: parameters, Adam moments, densification
-        statistics, RNG states, step and logs."""
-        tmp = f"{path}.tmp"
-        torch.save(self.state_dict(), tmp)
-        os.replace(tmp, path)
+        statistics, RNG states, step and logs. Collective with several ranks (rank 0
+        writes; with cfg.check_sync the ranks are first checked for equality)."""
+        state = self.state_dict()
+        if self.cfg.check_sync:
+            self.check_consistency()
+        if self.dist.is_main:
+            tmp = f"{path}.tmp"
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        self.dist.barrier()
+
+    def check_consistency(self) -> None:
+        """Collective: RuntimeError unless parameters, Adam state, RNG states and the view
+        order are bitwise equal on all ranks (a checksum per tensor is compared; no-op for
+        a single process)."""
+        tensors = {f"params.{k}": v for k, v in self.params.items()}
+        for name, opt in self.optimizers.items():
+            for key, value in opt.state.get(self.params[name], {}).items():
+                tensors[f"adam.{name}.{key}"] = torch.as_tensor(value)
+        tensors["view_gen"] = self.view_gen.get_state()
+        tensors["densify_gen"] = self.densify_gen.get_state()
+        tensors["view_order"] = torch.cat([self._perm, torch.tensor([self._cursor, self.step])])
+        self.dist.check_consistent(tensors)
 
     def load_checkpoint(self, path) -> None:
         self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
 
     def export(self) -> dict:
         """Write point_cloud.ply, test_views/<i>.png (ground truth | render), psnr.png and
-        metrics.json into out_dir; returns {kind: path} and the final metrics."""
+        metrics.json into out_dir; returns {kind: path} and the final metrics. Not
+        collective: with several ranks call it on rank 0 only."""
         out = ensure_dir(self.out_dir)
         ev = self._record_eval()
         files = {"ply": os.path.join(out, "point_cloud.ply"),
@@ -280,16 +364,23 @@ class Trainer:
         return files, ev
 
 
-def train(dataset: Dataset, cfg: TrainConfig, out_dir, resume=None) -> TrainResult:
+def train(dataset: Dataset, cfg: TrainConfig, out_dir, resume=None,
+          dist: DistContext = None) -> TrainResult:
     """Train on `dataset` with `cfg`, optionally resuming from checkpoint `resume`, write the
-    outputs (see Trainer.export) and a final checkpoint into `out_dir`."""
+    outputs (see Trainer.export) and a final checkpoint into `out_dir`. With several ranks
+    (`dist`, default the current process group) call it on every rank: rank 0 evaluates
+    and writes, and every rank returns rank 0's result."""
     start = time.perf_counter()
-    trainer = Trainer(dataset, cfg, out_dir)
+    trainer = Trainer(dataset, cfg, out_dir, dist)
     if resume is not None:
         trainer.load_checkpoint(resume)
     trainer.train()
-    files, ev = trainer.export()
+    files, metrics = {}, None
+    if trainer.dist.is_main:
+        files, ev = trainer.export()
+        metrics = (ev["psnr"], ev["ssim"])
     files["checkpoint"] = os.path.join(trainer.out_dir, "checkpoint.pt")
     trainer.save_checkpoint(files["checkpoint"])
-    return TrainResult(ev["psnr"], ev["ssim"], int(trainer.params["means"].shape[0]),
-                       time.perf_counter() - start, list(trainer.history), files)
+    metrics, history, files = trainer.dist.broadcast_object((metrics, trainer.history, files))
+    return TrainResult(metrics[0], metrics[1], int(trainer.params["means"].shape[0]),
+                       time.perf_counter() - start, list(history), files)
