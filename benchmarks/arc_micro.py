@@ -6,9 +6,7 @@
 3. Timing: the synthetic gradient-accumulation kernel (blocks of 256 threads walking
    a list of targets, K=9 values per (lane, target)) for every mode and the floor
    (no atomics), over active-lane fractions p and target counts, CUDA events,
-   median of repetitions after warm-up. ``arc_r32`` / ``atomic_r32`` are the same
-   kernels capped at 32 registers (full occupancy), to separate ARC's instruction
-   cost from its register cost.
+   median of repetitions after warm-up.
 
 Usage::
 
@@ -89,11 +87,10 @@ def timings(device, n_blocks: int, targets_per_block: int, reps: int, threshold:
         params = make_params(n_targets, device)
         for p in (1.0, 0.6, 0.25, 0.08, 1 / 32):
             row = {"targets": n_targets, "p": p}
-            for mode, capped in [(m, False) for m in MODES] + [("arc", True), ("atomic", True)]:
-                row[mode + ("_r32" if capped else "")] = median_time_ms(
-                    lambda mode=mode, capped=capped: launch_probe(
-                        mode, params, dest, n_blocks, targets_per_block, p_active=p, seed=1, threshold=threshold,
-                        full_occupancy=capped,
+            for mode in MODES:
+                row[mode] = median_time_ms(
+                    lambda mode=mode: launch_probe(
+                        mode, params, dest, n_blocks, targets_per_block, p_active=p, seed=1, threshold=threshold
                     ),
                     device,
                     warmup=3,
@@ -137,7 +134,7 @@ def main(argv=None) -> int:
     print(
         f"{'targets':>9} {'p':>6} "
         + " ".join(f"{m:>8}" for m in MODES)
-        + "  arc/atomic arc/best(atomic,warp) arc/floor | arc_r32 atomic_r32"
+        + "  arc/atomic arc/best(atomic,warp) arc/floor"
     )
     for r in rows:
         best = min(r["atomic"], r["warp"])
@@ -145,7 +142,6 @@ def main(argv=None) -> int:
             f"{r['targets']:>9} {r['p']:>6.3f} "
             + " ".join(f"{r[m]:8.4f}" for m in MODES)
             + f"  {r['atomic'] / r['arc']:9.2f}x {best / r['arc']:20.3f}x {r['arc'] / r['floor']:9.3f}"
-            + f" | {r['arc_r32']:7.4f} {r['atomic_r32']:10.4f}"
         )
     if args.json:
         with open(args.json, "w") as f:

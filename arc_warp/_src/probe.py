@@ -1,7 +1,7 @@
 """A synthetic gradient-accumulation kernel: the workload of calibration and of arc_micro.
 
-Blocks of 256 threads each walk a list of targets. For every (lane, target) a lane
-reads the target's parameters (2D mean, conic, opacity, colour: ``params[target]``)
+Blocks of 256 threads each walk a list of targets. For every (lane, target) an active
+lane reads the target's parameters (2D mean, conic, opacity, colour: ``params[target]``)
 and computes K=9 gradient values the way a 3DGS backward does for one (pixel,
 Gaussian) pair (a conic falloff, its exponential, and the chain rule into mean,
 conic, opacity and colour), then adds them into ``dest[target]`` through the
@@ -22,12 +22,8 @@ BLOCK_DIM = 256
 
 
 @functools.cache
-def probe_kernel(mode: str, full_occupancy: bool = False):
-    """The probe kernel for one reduction mode (cached).
-
-    ``full_occupancy`` caps registers at 32 (``launch_bounds=(256, 8)``), so 64 warps
-    fit on an SM whatever the reduction path needs.
-    """
+def probe_kernel(mode: str):
+    """The probe kernel for one reduction mode (cached)."""
     add = accumulator(VecK, mode)
 
     def probe(
@@ -51,35 +47,37 @@ def probe_kernel(mode: str, full_occupancy: bool = False):
             active = u < p_active
             if active_lanes > 0:
                 active = lane < active_lanes
-            q = params[target]  # mean2d (2), conic (3), opacity, rgb
-            px = 16.0 * wp.randf(rng)
-            py = 16.0 * u
-            dx = q[0] - px
-            dy = q[1] - py
-            a = q[2]
-            b = q[3]
-            c = q[4]
-            power = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
-            g = wp.exp(-power)
-            alpha = wp.min(0.99, q[5] * g)
-            t = 1.0 - alpha
-            v_alpha = (q[6] + q[7] + q[8]) * t - 0.5
-            v_power = -q[5] * g * v_alpha
-            value = VecK(
-                v_power * (a * dx + b * dy),
-                v_power * (b * dx + c * dy),
-                0.5 * v_power * dx * dx,
-                v_power * dx * dy,
-                0.5 * v_power * dy * dy,
-                g * v_alpha,
-                alpha * t * q[6],
-                alpha * t * q[7],
-                alpha * t * q[8],
-            )
+            # Like a rasteriser backward, only lanes that touch the target compute.
+            value = VecK()
+            if active:
+                q = params[target]  # mean2d (2), conic (3), opacity, rgb
+                px = 16.0 * wp.randf(rng)
+                py = 16.0 * u
+                dx = q[0] - px
+                dy = q[1] - py
+                a = q[2]
+                b = q[3]
+                c = q[4]
+                power = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
+                g = wp.exp(-power)
+                alpha = wp.min(0.99, q[5] * g)
+                t = 1.0 - alpha
+                v_alpha = (q[6] + q[7] + q[8]) * t - 0.5
+                v_power = -q[5] * g * v_alpha
+                value = VecK(
+                    v_power * (a * dx + b * dy),
+                    v_power * (b * dx + c * dy),
+                    0.5 * v_power * dx * dx,
+                    v_power * dx * dy,
+                    0.5 * v_power * dy * dy,
+                    g * v_alpha,
+                    alpha * t * q[6],
+                    alpha * t * q[7],
+                    alpha * t * q[8],
+                )
             add(dest, target, value, active, threshold)
 
-    bounds = (BLOCK_DIM, 8) if full_occupancy else None
-    return wp.kernel(probe, enable_backward=False, module="unique", launch_bounds=bounds)
+    return wp.kernel(probe, enable_backward=False, module="unique")
 
 
 def make_params(n_targets: int, device, seed: int = 0) -> wp.array:
@@ -105,14 +103,13 @@ def launch_probe(
     p_active: float = 1.0,
     seed: int = 0,
     threshold: int = 1,
-    full_occupancy: bool = False,
 ):
     """Launches the probe over ``n_blocks`` blocks of 256 threads on ``dest.device``.
 
     ``params`` comes from :func:`make_params` with ``dest.shape[0]`` targets.
     """
     wp.launch(
-        probe_kernel(mode, full_occupancy),
+        probe_kernel(mode),
         dim=n_blocks * BLOCK_DIM,
         inputs=[params, dest, dest.shape[0], targets_per_block, active_lanes, p_active, seed, threshold],
         device=dest.device,
