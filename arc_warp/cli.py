@@ -140,10 +140,12 @@ def cmd_train(args) -> int:
     if args.batch_size is not None and args.batch_size % args.gpus:
         raise ValueError(f"--batch-size {args.batch_size} must be a multiple of --gpus "
                          f"{args.gpus} (each process renders an equal share)")
-    on_cpu = args.device == "cpu" or (args.device is None and not torch.cuda.is_available())
-    if not on_cpu and torch.cuda.device_count() < args.gpus:
+    if args.device not in (None, "cuda", "cpu"):
+        raise ValueError(f"with --gpus pass --device cuda or cpu (process r uses cuda:r), "
+                         f"got {args.device!r}")
+    if args.device != "cpu" and torch.cuda.device_count() < args.gpus:
         raise ValueError(f"--gpus {args.gpus} but {torch.cuda.device_count()} CUDA devices are "
-                         "visible")
+                         "visible (add --device cpu for CPU processes)")
     try:
         launch(_train_rank, args.gpus, (args,))
     except (torch.multiprocessing.ProcessRaisedException,

@@ -76,6 +76,7 @@ def _rank_worker(data_dir, out_dir):
             caught = None
         except RuntimeError as exc:
             caught = str(exc)
+        os.makedirs(out_dir, exist_ok=True)
         torch.save({"state": state, "caught": caught, "train_log": trainer.train_log,
                     "grads": grads},
                    os.path.join(out_dir, f"rank{dist.rank}.pt"))
