@@ -132,23 +132,23 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
                 dest[index] = value
         else:
             mask = active_mask()
-            vmask = ballot(mask, valid)
-            # CPU emulation syncs the whole block: there, every collective runs
-            # whatever the branch, so all warps of a block meet the same barriers.
-            emulate = cpu_warp_emulation()
-            if wp.static(arc) and not emulate:
-                if popc(vmask) < threshold:
-                    # Too few lanes for any group to reach T: raw atomics, decided with
-                    # one ballot (valid under any mask), the common case at sparse coverage.
-                    if valid:
-                        wp.atomic_add(dest, index, value)
-                    return
             if mask != -1 or warp_width() != 32:
                 # Not a converged 32-lane warp (or a CPU warp of one lane): shuffles
                 # would read absent lanes, so every lane adds for itself.
                 if valid:
                     wp.atomic_add(dest, index, value)
                 return
+            # CPU emulation syncs the whole block: there, every collective runs
+            # whatever the branch, so all warps of a block meet the same barriers.
+            emulate = cpu_warp_emulation()
+            vmask = ballot(mask, valid)
+            if wp.static(arc) and not emulate:
+                if popc(vmask) < threshold:
+                    # Too few lanes for any group to reach T: raw atomics, decided
+                    # with one ballot (the common case when coverage is sparse).
+                    if valid:
+                        wp.atomic_add(dest, index, value)
+                    return
             lane = lane_id()
             x = vec_k()
             if valid:
