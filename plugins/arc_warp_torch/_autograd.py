@@ -17,14 +17,33 @@ from arc_warp import (Camera, GaussianGrads, RenderSettings, render_gaussians,
                       render_gaussians_backward)
 
 
+# CUDA devices whose Warp memory pool this module has configured (once per device).
+_pool_configured: set = set()
+
+POOL_RELEASE_FRACTION = 0.5
+"""Share of device memory Warp's stream-ordered pool keeps after a synchronize.
+
+CUDA's default (0) hands every freed block back at each sync, and each training step
+syncs once (to size the tile sort), so every step would re-allocate its buffers from the
+driver. Torch's caching allocator keeps memory the same way. Applied on first CUDA use,
+only if the pool is still at CUDA's default; set your own with
+``wp.set_mempool_release_threshold`` beforehand to override."""
+
+
 def warp_stream(device: torch.device):
     """Context that makes Warp launch on torch's current stream of `device` (no-op on CPU).
 
-    Also initialises Warp (idempotent), which wp.from_torch needs."""
+    Also initialises Warp (idempotent), which wp.from_torch needs, and on first use of a
+    CUDA device sets its pool release threshold (see POOL_RELEASE_FRACTION)."""
     wp.init()
-    if device.type == "cuda":
-        return wp.ScopedStream(wp.stream_from_torch(device))
-    return contextlib.nullcontext()
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    wdev = wp.device_from_torch(device)
+    if wdev.alias not in _pool_configured:
+        _pool_configured.add(wdev.alias)
+        if wdev.is_mempool_supported and wp.get_mempool_release_threshold(wdev) == 0:
+            wp.set_mempool_release_threshold(wdev, POOL_RELEASE_FRACTION)
+    return wp.ScopedStream(wp.stream_from_torch(device))
 
 
 def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -171,9 +190,6 @@ def _warp_backward(out, inputs, sink, output_grads):
         render_gaussians_backward(out, *wg, grads=into)
     if sink is None:
         return torch_grads, None
-    if out.means2d_grad is None:
-        raise RuntimeError("arc_warp_torch: the renderer returned no means2d_grad although "
-                           "RenderSettings.absgrad was set; cannot fill the means2d gradient")
     scale = torch.tensor(sink.scale, dtype=torch.float32, device=device)
     m2d = wp.to_torch(out.means2d_grad, requires_grad=False) * scale
     target = sink.tensor
@@ -198,8 +214,8 @@ def render_camera(means: torch.Tensor,  # [N, 3] float32
                   settings: RenderSettings,
                   sink: Optional[Means2dSink] = None) -> CameraRender:
     """Differentiable render of one camera; inputs must be float32, contiguous, on one
-    cpu/cuda device (use `check_tensor`). `settings.absgrad` must be True when `sink` is
-    given, since the renderer only fills means2d_grad then."""
+    cpu/cuda device (use `check_tensor`). `settings.absgrad` must be True when the sink
+    has an `absgrad_owner`."""
     sink_tensor = None if sink is None else sink.tensor
     color, alpha, depth, expected_depth, means2d, radii = _RenderGaussians.apply(
         camera, settings, sink, sink_tensor, means, quats, scales, opacities, colors)

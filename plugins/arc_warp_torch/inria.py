@@ -146,7 +146,7 @@ class GaussianRasterizer(nn.Module):
                 raise ValueError(f"means2D: expected device {device}, got {means2D.device}")
             sink = Means2dSink(means2D, scale=(0.5 * camera.width, 0.5 * camera.height))
         settings = RenderSettings(sh_degree=sh_degree, background=(0.0, 0.0, 0.0),
-                                  reduce=s.reduce, threshold=s.threshold, absgrad=sink is not None)
+                                  reduce=s.reduce, threshold=s.threshold)
         r = render_camera(means3D, rotations, scales, opacities, colors, camera, settings, sink)
 
         color = (r.color + (1.0 - r.alpha)[..., None] * bg).permute(2, 0, 1)

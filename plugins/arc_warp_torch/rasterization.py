@@ -167,9 +167,8 @@ def rasterization(
 
     inputs = (means, quats, scales, opacities, colors)
     need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-    # The renderer fills means2d_grad only with absgrad on, so it is on whenever gradients are.
     settings = RenderSettings(sh_degree=sh_degree, background=(0.0, 0.0, 0.0), reduce=reduce,
-                              threshold=threshold, absgrad=need_grad)
+                              threshold=threshold, absgrad=absgrad and need_grad)
     means2d = torch.zeros((c, n, 2), dtype=torch.float32, device=device, requires_grad=need_grad)
     renders = []
     for i, camera in enumerate(cameras):

@@ -160,8 +160,8 @@ def make_project_bwd(n_coeffs: int, absgrad: bool):
         mean = means[i]
         v_xy = wp.vec2(g[G_XY], g[G_XY + 1])
         v_opacities[i] = v_opacities[i] + g[G_OPACITY]
+        v_means2d[i] = v_means2d[i] + v_xy
         if wp.static(absgrad):
-            v_means2d[i] = v_means2d[i] + v_xy
             v_means2d_abs[i] = v_means2d_abs[i] + wp.vec2(g[G_ABS], g[G_ABS + 1])
 
         # conic = inverse(cov2d): dL/dcov2d = -C V C with V the symmetric dL/dconic

@@ -30,8 +30,9 @@ class RenderSettings:
         threshold: ARC threshold (lanes on one address before a warp reduction);
             ``None`` asks ``arc_warp`` for the calibrated value of the device.
         eps2d: dilation added to the 2D covariance diagonal, pixels^2.
-        absgrad: also accumulate ``|dL/dmean2d|`` per Gaussian (for densification);
-            then the backward fills ``RenderOutput.means2d_grad`` / ``means2d_absgrad``.
+        absgrad: also accumulate ``|dL/dmean2d|`` per pixel and Gaussian (gsplat's
+            absgrad densification) into ``RenderOutput.means2d_absgrad``; costs two
+            more accumulated values per Gaussian in the rasteriser backward.
     """
 
     sh_degree: int | None = None
@@ -133,8 +134,9 @@ class RenderOutput:
     ``alpha`` = 1 - T_final, ``depth`` = sum w_i z_i (camera z, world units),
     ``expected_depth`` = depth / alpha (0 where alpha == 0). Per Gaussian:
     ``means2d`` (N,) wp.vec2 pixels, ``radii`` (N,) wp.vec2i ((0, 0) = culled).
-    ``means2d_grad`` / ``means2d_absgrad`` ((N,) wp.vec2) are accumulated by the
-    backward when ``settings.absgrad`` is on, else ``None``.
+    ``means2d_grad`` ((N,) wp.vec2, pixels) accumulates dL/dmean2d in every backward;
+    ``means2d_absgrad`` (same shape) accumulates its per-pixel absolute values when
+    ``settings.absgrad`` is on, else it is ``None``.
     """
 
     color: wp.array

@@ -118,10 +118,8 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings) -
     if any(a.requires_grad for a in inputs.arrays):
         for img in (images.color, images.alpha, images.depth, images.expected_depth):
             img.requires_grad = True
-    means2d_grad = means2d_absgrad = None
-    if settings.absgrad:
-        means2d_grad = wp.zeros(inputs.count, dtype=wp.vec2, device=device)
-        means2d_absgrad = wp.zeros(inputs.count, dtype=wp.vec2, device=device)
+    means2d_grad = wp.zeros(inputs.count, dtype=wp.vec2, device=device)
+    means2d_absgrad = wp.zeros(inputs.count, dtype=wp.vec2, device=device) if settings.absgrad else None
     return RenderOutput(
         color=images.color,
         alpha=images.alpha,
@@ -166,8 +164,8 @@ def render_gaussians_backward(
     (``"floor"`` yields no rasteriser gradients: benchmarking only). Then one
     per-Gaussian kernel takes them through the projection (means, quats via the
     normalisation, scales, opacities) and the SH evaluation (coefficients, and means via
-    the view direction). With ``settings.absgrad`` the 2D mean gradients and their per-pixel
-    absolute sums are added into ``out.means2d_grad`` / ``out.means2d_absgrad``.
+    the view direction). The 2D mean gradients are added into ``out.means2d_grad`` and, with
+    ``settings.absgrad``, their per-pixel absolute sums into ``out.means2d_absgrad``.
 
     Returns:
         :class:`GaussianGrads` shaped like the inputs: newly allocated, or ``grads``
