@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 
 import warp as wp
 
+from arc_warp._src.calibrate import MAX_THRESHOLD, MIN_THRESHOLD
 from arc_warp._src.camera import Camera
+from arc_warp._src.reduce_funcs import MODES
 
-REDUCE_MODES = ("atomic", "warp", "serial", "arc", "floor")
 
 
 @dataclass(frozen=True)
@@ -51,12 +52,17 @@ class RenderSettings:
         if len(bg) != 3 or not all(math.isfinite(v) for v in bg):
             raise ValueError(f"RenderSettings.background must be 3 finite floats, got {self.background!r}")
         object.__setattr__(self, "background", bg)
-        if self.reduce not in REDUCE_MODES:
-            raise ValueError(f"RenderSettings.reduce must be one of {REDUCE_MODES}, got {self.reduce!r}")
+        if self.reduce not in MODES:
+            raise ValueError(f"RenderSettings.reduce must be one of {MODES}, got {self.reduce!r}")
         if self.threshold is not None and (
-            isinstance(self.threshold, bool) or not isinstance(self.threshold, int) or self.threshold < 0
+            isinstance(self.threshold, bool)
+            or not isinstance(self.threshold, int)
+            or not MIN_THRESHOLD <= self.threshold <= MAX_THRESHOLD
         ):
-            raise ValueError(f"RenderSettings.threshold must be None or an int >= 0, got {self.threshold!r}")
+            raise ValueError(
+                f"RenderSettings.threshold must be None or an int in [{MIN_THRESHOLD}, {MAX_THRESHOLD}], "
+                f"got {self.threshold!r}"
+            )
         if not (math.isfinite(self.eps2d) and self.eps2d >= 0.0):
             raise ValueError(f"RenderSettings.eps2d must be a finite float >= 0, got {self.eps2d!r}")
 
