@@ -274,14 +274,6 @@ def test_tape_reaches_upstream_kernel(rng, device):
     np.testing.assert_array_equal(scales.grad.numpy(), 0.0)
 
 
-@pytest.fixture(params=[False, True], ids=["threads", "cpu_blocks"])
-def cpu_blocks(request):
-    old = wp.config.enable_cpu_blocks
-    wp.config.enable_cpu_blocks = request.param
-    yield request.param
-    wp.config.enable_cpu_blocks = old
-
-
 def test_reduce_modes_agree(rng, device, cpu_blocks):
     # 32x16 = two tiles: with cpu_blocks each tile is one emulated 256-lane block of 8 warps
     arrays, cam = random_scene(rng, 40, 32, 16, device)
