@@ -11,19 +11,21 @@ Modes (compile-time specialisations of one body):
     One atomic per lane per component: what Warp's generated adjoints do.
 ``warp``
     Always reduce in the warp. When all valid lanes share one index (the common
-    case in a tiled rasterizer) a butterfly of shuffles sums the warp and K lanes
-    issue the K component atomics. Mixed indices fall back to the grouped path.
+    case in a tiled rasterizer) one recursive-halving reduce-scatter sums the K
+    values over the warp and K different lanes issue the K component atomics.
+    Mixed indices take the grouped path of ``serial``.
 ``serial``
-    Group lanes by index with match-any and reduce every group with a segmented
-    shuffle tree; each group's K atomics are spread over its lanes.
+    Group lanes by index with match-any and reduce each group in its own round
+    of the reduce-scatter (one round per distinct index).
 ``arc``
     Adaptive: reduce only the lanes whose index is shared by at least
     ``threshold`` valid lanes of the warp; the others issue raw atomics, which
     are cheaper when few lanes are active. ``threshold`` comes from
     :func:`arc_warp.resolve_threshold` (calibrated per GPU).
 ``floor``
-    Benchmark-only: computes nothing and adds nothing. It keeps ``value`` alive so
-    a kernel built with it costs what the same kernel would cost with free atomics.
+    Benchmark-only: reduces nothing and adds nothing. It keeps ``value`` alive so
+    a kernel built with it costs what the same kernel would cost with free
+    gradient accumulation.
 
 Every lane of the warp must reach the call (no early ``return`` before it). On
 the GPU a warp that is not fully converged at the call uses raw atomics, so the
