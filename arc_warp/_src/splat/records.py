@@ -10,6 +10,7 @@ import warp as wp
 from arc_warp._src.calibrate import MAX_THRESHOLD, MIN_THRESHOLD
 from arc_warp._src.camera import Camera
 from arc_warp._src.reduce_funcs import MODES
+from arc_warp._src.splat.math import CameraParams
 
 
 
@@ -157,6 +158,7 @@ class RenderOutput:
     means2d_absgrad: wp.array | None = None
     # forward state for the backward
     _inputs: GaussianInputs | None = field(default=None, repr=False)
+    _cam: CameraParams | None = field(default=None, repr=False)
     _project: ProjectResult | None = field(default=None, repr=False)
     _bins: BinResult | None = field(default=None, repr=False)
     _images: RasterImages | None = field(default=None, repr=False)

@@ -7,7 +7,7 @@ import warp as wp
 from arc_warp._src.calibrate import resolve_threshold
 from arc_warp._src.camera import Camera
 from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
-from arc_warp._src.splat.project_kernels import BAD_SLOTS, flag_nonfinite
+from arc_warp._src.splat.project_kernels import BAD_SLOTS
 from arc_warp._src.splat.project_ops import camera_params, project, project_backward
 from arc_warp._src.splat.raster_ops import raster_backward, rasterize
 from arc_warp._src.splat.records import BinResult, GaussianGrads, GaussianInputs, RenderOutput, RenderSettings
@@ -94,19 +94,7 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings) -
     flags = wp.zeros(1 + len(BAD_SLOTS), dtype=wp.int32, device=device)
     proj = project(inputs, cam, settings.eps2d, tiles_x, tiles_y, flags)
     if inputs.count > 0:
-        colors_slot = 1 + BAD_SLOTS.index("colors")
-        if inputs.sh_coeffs == 0:
-            flat_colors = inputs.colors.view(wp.float32).flatten()
-            wp.launch(
-                flag_nonfinite,
-                dim=flat_colors.shape[0],
-                inputs=[flat_colors, flags, colors_slot],
-                device=device,
-                record_tape=False,
-            )
-        else:
-            # SH evaluation checks the coefficients it reads, before the readback
-            compute_colors(inputs, cam, proj, flags, colors_slot)
+        compute_colors(inputs, cam, proj, flags)  # flags bad colours before the readback
         cum_tiles, host_flags = count_intersections(proj, flags)
         raise_on_flags(host_flags)
         bins = sort_intersections(proj, cum_tiles, int(host_flags[0]), tiles_x, tiles_y)
@@ -132,6 +120,7 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings) -
         means2d_grad=means2d_grad,
         means2d_absgrad=means2d_absgrad,
         _inputs=inputs,
+        _cam=cam,
         _project=proj,
         _bins=bins,
         _images=images,
@@ -216,7 +205,7 @@ def render_gaussians_backward(
         settings.absgrad,
         threshold,
     )
-    cam = camera_params(out.camera)
+    cam = out._cam
     project_backward(
         inputs, cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad, out.means2d_absgrad
     )

@@ -6,16 +6,27 @@ Its backward runs inside the projection backward (``project_ops.project_backward
 import warp as wp
 
 from arc_warp._src.splat.math import CameraParams
+from arc_warp._src.splat.project_kernels import BAD_SLOTS, flag_nonfinite
 from arc_warp._src.splat.records import GaussianInputs, ProjectResult
 from arc_warp._src.splat.sh_kernels import make_sh_fwd
 
 
-def compute_colors(inputs: GaussianInputs, cam: CameraParams, proj: ProjectResult, bad: wp.array, slot: int):
-    """Fills ``proj.rgb`` from SH coefficients and flags non-finite ones in ``bad[slot]``.
+def compute_colors(inputs: GaussianInputs, cam: CameraParams, proj: ProjectResult, bad: wp.array):
+    """Fills ``proj.rgb`` from SH coefficients and flags non-finite colour inputs in ``bad``.
 
-    Plain RGB colours are used as-is: nothing is launched (check them separately).
+    SH evaluation checks the coefficients it reads; plain RGB colours are used as-is
+    (``proj.rgb`` is ``inputs.colors``) and get one flat check pass.
     """
+    slot = 1 + BAD_SLOTS.index("colors")
     if inputs.sh_coeffs == 0:
+        flat_colors = inputs.colors.view(wp.float32).flatten()
+        wp.launch(
+            flag_nonfinite,
+            dim=flat_colors.shape[0],
+            inputs=[flat_colors, bad, slot],
+            device=inputs.means.device,
+            record_tape=False,
+        )
         return
     wp.launch(
         make_sh_fwd(inputs.sh_coeffs),
