@@ -6,7 +6,7 @@
 3. Timing: the synthetic gradient-accumulation kernel (blocks of 256 threads walking
    a list of targets, K=9 values per (lane, target)) for every mode and the floor
    (no atomics), over active-lane fractions p and target counts, CUDA events,
-   median of repetitions after warm-up.
+   median of repetitions after warm-up, the modes interleaved within each repetition.
 
 Usage::
 
@@ -22,7 +22,7 @@ import warp as wp
 
 import arc_warp
 from arc_warp._src.probe import VecK, launch_probe, make_params
-from arc_warp._src.timing import median_time_ms
+from arc_warp._src.timing import median_times_ms
 
 MODES = ("atomic", "warp", "serial", "arc", "floor")
 
@@ -86,16 +86,13 @@ def timings(device, n_blocks: int, targets_per_block: int, reps: int, threshold:
         dest = wp.zeros(n_targets, dtype=VecK, device=device)
         params = make_params(n_targets, device)
         for p in (1.0, 0.6, 0.25, 0.08, 1 / 32):
-            row = {"targets": n_targets, "p": p}
-            for mode in MODES:
-                row[mode] = median_time_ms(
-                    lambda mode=mode: launch_probe(
-                        mode, params, dest, n_blocks, targets_per_block, p_active=p, seed=1, threshold=threshold
-                    ),
-                    device,
-                    warmup=3,
-                    reps=reps,
+            launches = {
+                mode: lambda mode=mode, p=p: launch_probe(
+                    mode, params, dest, n_blocks, targets_per_block, p_active=p, seed=1, threshold=threshold
                 )
+                for mode in MODES
+            }
+            row = {"targets": n_targets, "p": p, **median_times_ms(launches, device, warmup=3, reps=reps)}
             rows.append(row)
     return rows
 

@@ -28,7 +28,7 @@ import warp as wp
 
 import arc_warp
 from arc_warp._src.splat.raster_ops import raster_backward
-from arc_warp._src.timing import median_time_ms
+from arc_warp._src.timing import median_times_ms
 
 WIDTH, HEIGHT = 1920, 1080
 SH_DEGREE = 3
@@ -72,29 +72,24 @@ def time_arc_warp(scene: dict, cotangent: np.ndarray, device, reps: int) -> dict
         colors=wp.array(scene["sh"], dtype=wp.vec3, device=device),
     )
     grad_color = wp.array(cotangent, dtype=wp.vec3, device=device)
-    res = {}
-    out = None
+    zeros = wp.zeros((HEIGHT, WIDTH), dtype=float, device=device)
+    launches = {}
     for mode in MODES:
         settings = arc_warp.RenderSettings(reduce=mode)
-
-        def fwd():
-            nonlocal out
-            out = arc_warp.render_gaussians(**arrays, camera=cam, settings=settings)
-
-        t_fwd = median_time_ms(fwd, device, warmup=3, reps=reps)
+        out = arc_warp.render_gaussians(**arrays, camera=cam, settings=settings)
         grads = arc_warp.render_gaussians_backward(out, grad_color)
-        t_bwd = median_time_ms(lambda: arc_warp.render_gaussians_backward(out, grad_color, grads=grads), device, 3, reps)
-        zeros = wp.zeros((HEIGHT, WIDTH), dtype=float, device=device)
         threshold = arc_warp.resolve_threshold(device) if mode == "arc" else 0
-
-        def raster_only():
-            raster_backward(
-                out._project, out._bins, out._images, settings.background,
-                grad_color, zeros, zeros, zeros, mode, False, threshold,
-            )
-
-        t_raster = median_time_ms(raster_only, device, 3, reps)
-        res[mode] = {"forward_ms": t_fwd, "backward_ms": t_bwd, "raster_backward_ms": t_raster}
+        launches[f"{mode}/forward_ms"] = lambda s=settings: arc_warp.render_gaussians(**arrays, camera=cam, settings=s)
+        launches[f"{mode}/backward_ms"] = lambda o=out, g=grads: arc_warp.render_gaussians_backward(o, grad_color, grads=g)
+        launches[f"{mode}/raster_backward_ms"] = lambda o=out, m=mode, t=threshold, s=settings: raster_backward(
+            o._project, o._bins, o._images, s.background, grad_color, zeros, zeros, zeros, m, False, t
+        )
+    # All modes interleaved in every repetition: their ratios are free of drift.
+    times = median_times_ms(launches, device, warmup=3, reps=reps)
+    res = {mode: {} for mode in MODES}
+    for key, t in times.items():
+        mode, what = key.split("/")
+        res[mode][what] = t
     # Gradients for the comparison with gsplat come from the default (arc) render.
     out = arc_warp.render_gaussians(**arrays, camera=cam, settings=arc_warp.RenderSettings())
     grads = arc_warp.render_gaussians_backward(out, grad_color)

@@ -13,7 +13,15 @@ import pytest
 import warp as wp
 
 import arc_warp
-from arc_warp._src.intrinsics import active_mask, ballot, lane_id, match_any, reduce_scatter, shfl_int
+from arc_warp._src.intrinsics import (
+    active_mask,
+    ballot,
+    lane_id,
+    match_any,
+    reduce_scatter,
+    reduce_scatter_plan,
+    shfl_int,
+)
 
 wp.config.log_level = wp.LOG_WARNING
 DEVICE = "cpu"
@@ -128,31 +136,40 @@ def test_emulated_intrinsics_follow_cuda_semantics():
             assert row[3] == lanes[31 - j]
 
 
-@pytest.mark.parametrize("k", [1, 3, 9, 12, 16, 32])
+@pytest.mark.parametrize("k", [1, 3, 5, 9, 12, 16, 17, 32])
 def test_reduce_scatter_layout(k):
-    # Lane l must end with the warp total of component l >> (5 - log2 p).
+    # Every component's warp total must reach exactly one owner lane, and every
+    # lane must hold the total of the component the plan assigns to it.
     vec = wp.types.vector(k, wp.float32)
-    rs = reduce_scatter(k)
+    rs, owned_component = reduce_scatter(k)
+    _, weights, owners = reduce_scatter_plan(k)
 
     @wp.kernel(enable_backward=False, module="unique")
-    def run(x: wp.array(dtype=vec), out: wp.array(dtype=float)):
+    def run(x: wp.array(dtype=vec), out: wp.array(dtype=float), comp: wp.array(dtype=int)):
         i = wp.tid()
         out[i] = rs(active_mask(), x[i])
+        comp[i] = owned_component(lane_id())
 
     rng = np.random.default_rng(k)
     x = rng.standard_normal((64, k)).astype(np.float32)
     out = wp.zeros(64, dtype=float, device=DEVICE)
+    comp = wp.zeros(64, dtype=int, device=DEVICE)
     with cpu_blocks(True):
-        wp.launch(run, dim=64, inputs=[wp.array(x, dtype=vec, device=DEVICE), out], device=DEVICE, block_dim=64)
-    p = 1 << (k - 1).bit_length()
-    shift = 5 - (p.bit_length() - 1)
-    got = out.numpy()
+        wp.launch(run, dim=64, inputs=[wp.array(x, dtype=vec, device=DEVICE), out, comp], device=DEVICE, block_dim=64)
+    got, got_comp = out.numpy(), comp.numpy()
     for w in range(2):
         totals = x[w * 32 : (w + 1) * 32].astype(np.float64).sum(0)
+        owned = got_comp[w * 32 : (w + 1) * 32]
+        assert sorted(owned[owned >= 0]) == list(range(k))
         for lane in range(32):
-            comp = lane >> shift
-            expect = totals[comp] if comp < k else 0.0
-            assert abs(got[w * 32 + lane] - expect) < ATOL
+            c = sum(wt * ((lane >> (4 - s)) & 1) for s, wt in enumerate(weights))
+            assert (owned[lane] >= 0) == bool((owners >> lane) & 1)
+            if owned[lane] >= 0:
+                assert owned[lane] == c
+                assert abs(got[w * 32 + lane] - totals[c]) < ATOL
+    # Close to the k shuffles any warp sum needs (one per step for k = 1).
+    steps, _, _ = reduce_scatter_plan(k)
+    assert sum(c for _, c in steps) <= max(k + 4, 5)
 
 
 def test_validation_errors():

@@ -19,7 +19,7 @@ import sys
 import warp as wp
 
 from .probe import VecK, launch_probe, make_params
-from .timing import median_time_ms
+from .timing import median_times_ms
 
 MIN_THRESHOLD = 1
 MAX_THRESHOLD = 33
@@ -89,17 +89,20 @@ def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targe
         raise ValueError(f"calibration measures a CUDA device; got {device}. On the CPU T is {FALLBACK_THRESHOLD}.")
     dest = wp.zeros(n_targets, dtype=VecK, device=device)
     params = make_params(n_targets, device)
-    times = {}
-    for mode in ("atomic", "warp"):
-        times[mode] = tuple(
-            median_time_ms(
-                lambda mode=mode, n=n: launch_probe(mode, params, dest, n_blocks, targets_per_block, active_lanes=n),
-                device,
-                warmup=2,
-                reps=7,
-            )
-            for n in LANE_COUNTS
+    # Interleaved per lane count, so drift falls on both strategies alike.
+    per_count = [
+        median_times_ms(
+            {
+                mode: lambda mode=mode, n=n: launch_probe(mode, params, dest, n_blocks, targets_per_block, active_lanes=n)
+                for mode in ("atomic", "warp")
+            },
+            device,
+            warmup=2,
+            reps=7,
         )
+        for n in LANE_COUNTS
+    ]
+    times = {mode: tuple(t[mode] for t in per_count) for mode in ("atomic", "warp")}
     result = Calibration(
         device_name=device.name,
         threshold=choose_threshold(LANE_COUNTS, times["atomic"], times["warp"]),

@@ -93,6 +93,25 @@ def active_mask() -> int:
 
 
 @wp.func_native(
+    """
+#if defined(__CUDA_ARCH__)
+    return __popc(__activemask());
+#else
+    return 1;
+#endif
+"""
+)
+def active_lane_count() -> int:
+    """Number of lanes executing this call together (``__popc(__activemask())``).
+
+    Unlike the other intrinsics it needs no partner lanes, so it may be called inside
+    a branch: there it counts the lanes that took the branch. The CPU answers ``1``
+    even in warp emulation, where counting would need a block-wide barrier.
+    """
+    ...
+
+
+@wp.func_native(
     _native(
         "    return 32;",
         "    (void)_lane; (void)_base; (void)_xbuf; return _w;",
@@ -257,28 +276,64 @@ def lanes_below(bits: int, lane: int) -> int:
     ...
 
 
-def _reduce_scatter_snippet(k: int, p: int) -> str:
-    """C++ body of a recursive-halving reduce-scatter of ``k`` floats (padded to ``p``).
+def reduce_scatter_plan(k: int) -> tuple[list[tuple[int, int]], list[int], int]:
+    """The static schedule of the ``k``-component reduce-scatter.
 
-    Each step exchanges half of the live components with the xor-partner and keeps
-    the other half: ``p/2 + p/4 + ... + 1`` shuffles plus the plain butterfly steps
-    left over, instead of ``5 k`` for ``k`` separate butterflies. Lane ``l`` ends
-    with the warp total of component ``l >> (5 - log2 p)``. The code is emitted
-    straight-line over scalar registers: loops over a register array whose bounds
-    depend on an outer loop were left rolled by NVRTC and spilled to local memory.
+    Returns ``(steps, weights, owners)``:
+
+    - ``steps[s] = (n, c)`` for the exchange with xor-partner ``16 >> s``: each lane
+      holds ``n`` slots (zero-padded) and keeps ``c = ceil(n / 2)`` of them; ``n == 1``
+      is a plain butterfly step;
+    - lane ``l`` ends with the total of component ``sum(weights[s] * bit(l, 4 - s))``;
+    - ``owners`` is the 32-bit mask of the lanes that hold a real component and are
+      the lowest lane holding it (one owner per component).
     """
-    log_p = p.bit_length() - 1
+    if not 1 <= k <= 32:
+        raise ValueError(f"reduce_scatter handles 1..32 components; got {k}")
+    steps, weights, n = [], [], k
+    for _ in range(5):
+        c = (n + 1) // 2
+        steps.append((n, c))
+        weights.append(c if n > 1 else 0)
+        n = c
+    owners = 0
+    for lane in range(32):
+        base, end = 0, k
+        for s, (n, c) in enumerate(steps):
+            if n == 1:
+                if lane & (16 >> s):
+                    base = end  # a butterfly's upper lane holds a copy: not an owner
+            elif lane & (16 >> s):
+                base += c
+            else:
+                end = min(end, base + c)
+        if base < end:
+            owners |= 1 << lane
+    return steps, weights, owners
+
+
+def _reduce_scatter_snippet(k: int) -> str:
+    """C++ body of the recursive-halving reduce-scatter of ``k`` floats.
+
+    Each step exchanges ``ceil(n/2)`` of the ``n`` live slots with the xor-partner and
+    keeps the others (slots past ``n`` read as zero): 12 shuffles for ``k = 9``
+    (5+3+2+1+1) against 45 for nine butterflies, and close to the ``k`` shuffles any
+    warp sum of ``k`` values needs. The code is emitted straight-line over scalar
+    registers: loops over a register array whose bounds depend on an outer loop were
+    left rolled by NVRTC and spilled to local memory.
+    """
+    steps, _, _ = reduce_scatter_plan(k)
 
     def body(exchange) -> list[str]:
-        lines = [f"float _v{i} = {'x.c[%d]' % i if i < k else '0.0f'};" for i in range(p)]
-        for step in range(5):
-            o = 16 >> step
-            h = p >> (step + 1) if step < log_p else 0
-            if h:
+        lines = [f"float _v{i} = x.c[{i}];" for i in range(k)]
+        for s, (n, c) in enumerate(steps):
+            o = 16 >> s
+            if n > 1:
+                hi = [f"_v{c + j}" if c + j < n else "0.0f" for j in range(c)]
                 lines.append(f"{{ const bool _up = (_lane & {o}) != 0;")
-                lines += [f"  const float _s{j} = _up ? _v{j} : _v{j + h};" for j in range(h)]
-                lines += exchange(h, o)
-                lines += [f"  _v{j} = (_up ? _v{j + h} : _v{j}) + _r{j};" for j in range(h)]
+                lines += [f"  const float _s{j} = _up ? _v{j} : {hi[j]};" for j in range(c)]
+                lines += exchange(c, o)
+                lines += [f"  _v{j} = (_up ? {hi[j]} : _v{j}) + _r{j};" for j in range(c)]
                 lines.append("}")
             else:
                 lines.append("{ const float _s0 = _v0;")
@@ -321,23 +376,36 @@ def _reduce_scatter_snippet(k: int, p: int) -> str:
 
 @functools.cache
 def reduce_scatter(k: int):
-    """``@wp.func`` ``reduce_scatter(mask: int, x: vector(k)) -> float`` for a full 32-lane warp.
+    """``(reduce_scatter_vec, owned_component)`` for ``k``-component vectors, ``1 <= k <= 32``.
 
-    Sums ``x`` over the warp; lane ``l`` returns the total of component
-    ``l >> (5 - log2 p)`` where ``p`` is ``k`` rounded up to a power of two, so
-    each component is held by ``32 / p`` lanes. Needs a full warp of 32 lanes
-    (CUDA, or CPU emulation with ``block_dim >= 32``).
+    ``reduce_scatter_vec(mask: int, x: vector(k)) -> float`` sums ``x`` over a full
+    32-lane warp (CUDA, or CPU emulation with ``block_dim >= 32``) and returns to each
+    lane the total of one component. ``owned_component(lane: int) -> int`` is the
+    component whose total that lane should write, or ``-1``: every component has
+    exactly one owner lane, so the ``k`` writes are spread over ``k`` lanes.
     """
-    if not 1 <= k <= 32:
-        raise ValueError(f"reduce_scatter handles 1..32 components; got {k}")
-    p = 1 << (k - 1).bit_length()
+    _, weights, owners = reduce_scatter_plan(k)
     vec_k = wp.types.vector(k, wp.float32)
 
     # One stub name for every k: Warp resolves them as overloads by the type of x.
-    @wp.func_native(_reduce_scatter_snippet(k, p))
+    @wp.func_native(_reduce_scatter_snippet(k))
     def reduce_scatter_vec(mask: int, x: vec_k) -> float: ...
 
-    return reduce_scatter_vec
+    owners_int = owners - (1 << 32) if owners >> 31 else owners  # as a signed 32-bit int
+    w4, w3, w2, w1, w0 = weights
+
+    def owned_component(lane: int) -> int:
+        if ((wp.static(owners_int) >> lane) & 1) == 0:
+            return -1
+        return (
+            ((lane >> 4) & 1) * wp.static(w4)
+            + ((lane >> 3) & 1) * wp.static(w3)
+            + ((lane >> 2) & 1) * wp.static(w2)
+            + ((lane >> 1) & 1) * wp.static(w1)
+            + (lane & 1) * wp.static(w0)
+        )
+
+    return reduce_scatter_vec, wp.func(owned_component, name=f"arc_owned_component_{k}", module="unique")
 
 
 @wp.func_native(

@@ -18,10 +18,12 @@ Modes (compile-time specialisations of one body):
     Group lanes by index with match-any and reduce each group in its own round
     of the reduce-scatter (one round per distinct index).
 ``arc``
-    Adaptive: reduce only the lanes whose index is shared by at least
-    ``threshold`` valid lanes of the warp; the others issue raw atomics, which
-    are cheaper when few lanes are active. ``threshold`` comes from
-    :func:`arc_warp.resolve_threshold` (calibrated per GPU).
+    Adaptive: the valid lanes count themselves inside their own branch (the
+    population of the active mask); fewer than ``threshold`` issue raw atomics
+    there, with no collective at all, which is what sparse warps want. Otherwise
+    only the lanes whose index is shared by at least ``threshold`` valid lanes
+    are reduced. ``threshold`` comes from :func:`arc_warp.resolve_threshold`
+    (calibrated per GPU).
 ``floor``
     Benchmark-only: reduces nothing and adds nothing. It keeps ``value`` alive so
     a kernel built with it costs what the same kernel would cost with free
@@ -37,6 +39,7 @@ import functools
 import warp as wp
 
 from .intrinsics import (
+    active_lane_count,
     active_mask,
     ballot,
     cpu_warp_emulation,
@@ -118,10 +121,7 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
     if k > 32:
         raise ValueError(f"accumulators handle at most 32 components; got {k}")
     to_vec, component_add, vec_k = _component_ops(dtype)
-    reduce_scatter_k = reduce_scatter(k)
-    # After the reduce-scatter, lane l holds component l >> shift; the lanes with
-    # l % 2^shift == 0 issue one atomic each, so K lanes share the K atomics.
-    shift = 5 - ((1 << (k - 1).bit_length()).bit_length() - 1)
+    reduce_scatter_k, owned_component = reduce_scatter(k)
     arc = mode == "arc"
 
     def add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
@@ -133,49 +133,53 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
             if valid and v[0] == wp.static(_FLOOR_SENTINEL):
                 dest[index] = value
         else:
+            # CPU emulation syncs the whole block: there, every collective runs
+            # whatever the branch, so all warps of a block meet the same barriers.
+            emulate = cpu_warp_emulation()
+            dense = valid
+            if wp.static(arc):
+                # Decide inside the branch, where the active mask is the set of valid
+                # lanes: a sparse warp then costs one popc more than plain atomics.
+                if valid and not emulate:
+                    if active_lane_count() < threshold:
+                        wp.atomic_add(dest, index, value)
+                        dense = False
             mask = active_mask()
             if mask != -1 or warp_width() != 32:
                 # Not a converged 32-lane warp (or a CPU warp of one lane): shuffles
                 # would read absent lanes, so every lane adds for itself.
-                if valid:
+                if dense:
                     wp.atomic_add(dest, index, value)
                 return
-            # CPU emulation syncs the whole block: there, every collective runs
-            # whatever the branch, so all warps of a block meet the same barriers.
-            emulate = cpu_warp_emulation()
-            vmask = ballot(mask, valid)
-            if wp.static(arc) and not emulate:
-                if popc(vmask) < threshold:
-                    # Too few lanes for any group to reach T: raw atomics, decided
-                    # with one ballot (the common case when coverage is sparse).
-                    if valid:
-                        wp.atomic_add(dest, index, value)
-                    return
+            vmask = ballot(mask, dense)
+            if vmask == 0 and not emulate:
+                return
             lane = lane_id()
             x = vec_k()
-            if valid:
+            if dense:
                 x = to_vec(value)
             uniform = wp.static(uniform_index)
             key = index
             if wp.static(mode != "serial" and not uniform_index):
                 key = shfl_int(mask, index, lowest_lane(vmask))
-                strays = ballot(mask, valid and index != key)
+                strays = ballot(mask, dense and index != key)
                 uniform = strays == 0
             # One index for the whole warp (the rasteriser's case): reduce-scatter x as is.
-            direct = uniform and vmask != 0 and (wp.static(not arc) or popc(vmask) >= threshold)
+            # On the GPU the dense lanes of arc already number at least T.
+            direct = uniform and vmask != 0 and (wp.static(not arc) or not emulate or popc(vmask) >= threshold)
             if direct or emulate:
                 total = reduce_scatter_k(mask, x)
-                comp = lane >> wp.static(shift)
-                if direct and (lane & wp.static((1 << shift) - 1)) == 0 and comp < wp.static(k):
+                comp = owned_component(lane)
+                if direct and comp >= 0:
                     component_add(dest, key, comp, total)
-            if uniform and not direct and valid:
+            if uniform and not direct and dense:
                 wp.atomic_add(dest, index, value)
             # Mixed indices: reduce each index shared by enough lanes in its own round.
             if wp.static(not uniform_index):
                 if not uniform or emulate:
                     peers = match_any(mask, index) & vmask
-                    big = valid and not uniform and (wp.static(not arc) or popc(peers) >= threshold)
-                    if valid and not uniform and not big:
+                    big = dense and not uniform and (wp.static(not arc) or popc(peers) >= threshold)
+                    if dense and not uniform and not big:
                         wp.atomic_add(dest, index, value)
                     pending = ballot(mask, big)
                     rounds = popc(ballot(mask, big and lowest_lane(peers) == lane))
@@ -189,8 +193,8 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
                         if member:
                             part = x
                         total = reduce_scatter_k(mask, part)
-                        comp = lane >> wp.static(shift)
-                        if members != 0 and (lane & wp.static((1 << shift) - 1)) == 0 and comp < wp.static(k):
+                        comp = owned_component(lane)
+                        if members != 0 and comp >= 0:
                             component_add(dest, key, comp, total)
                         pending = pending & ~members
 
