@@ -5,8 +5,10 @@
 2. Calibration: prints the threshold T measured for this GPU and its timing table.
 3. Timing: the synthetic gradient-accumulation kernel (blocks of 256 threads walking
    a list of targets, K=9 values per (lane, target)) for every mode and the floor
-   (no atomics), over active-lane fractions p and target counts, CUDA events,
-   median of repetitions after warm-up, the modes interleaved within each repetition.
+   (no atomics), over active-lane fractions p and target counts, once with the
+   uniform-index promise the rasteriser makes and once on the general path. CUDA
+   events, median of repetitions after warm-up, the modes interleaved within each
+   repetition.
 
 Usage::
 
@@ -14,6 +16,7 @@ Usage::
 """
 
 import argparse
+import itertools
 import json
 import sys
 
@@ -61,17 +64,20 @@ def parity(device) -> list[dict]:
                     "vs_float64": float(np.abs(out - ref).max() / scale),
                 }
             )
-    for p in (1.0, 0.25, 1 / 32):
+    for p, uniform_index in itertools.product((1.0, 0.25, 1 / 32), (True, False)):
         outs = {}
         for mode in ("atomic", "warp", "serial", "arc"):
             dest = wp.zeros(1000, dtype=VecK, device=device)
-            launch_probe(mode, make_params(1000, device), dest, 512, 32, p_active=p, seed=3, threshold=arc_warp.resolve_threshold(device))
+            launch_probe(
+                mode, make_params(1000, device), dest, 512, 32, p_active=p, seed=3,
+                threshold=arc_warp.resolve_threshold(device), uniform_index=uniform_index,
+            )
             outs[mode] = dest.numpy().astype(np.float64)
         scale = np.abs(outs["atomic"]).max()
         for mode, out in outs.items():
             rows.append(
                 {
-                    "case": f"probe/p={p:.3g}",
+                    "case": f"probe/p={p:.3g}{'/uniform' if uniform_index else ''}",
                     "mode": mode,
                     "vs_atomic": float(np.abs(out - outs["atomic"]).max() / scale),
                     "vs_float64": float("nan"),
@@ -80,7 +86,7 @@ def parity(device) -> list[dict]:
     return rows
 
 
-def timings(device, n_blocks: int, targets_per_block: int, reps: int, threshold: int) -> list[dict]:
+def timings(device, n_blocks: int, targets_per_block: int, reps: int, threshold: int, uniform_index: bool) -> list[dict]:
     rows = []
     for n_targets in (100_000, 1_000_000):
         dest = wp.zeros(n_targets, dtype=VecK, device=device)
@@ -88,13 +94,29 @@ def timings(device, n_blocks: int, targets_per_block: int, reps: int, threshold:
         for p in (1.0, 0.6, 0.25, 0.08, 1 / 32):
             launches = {
                 mode: lambda mode=mode, p=p: launch_probe(
-                    mode, params, dest, n_blocks, targets_per_block, p_active=p, seed=1, threshold=threshold
+                    mode, params, dest, n_blocks, targets_per_block, p_active=p, seed=1, threshold=threshold,
+                    uniform_index=uniform_index,
                 )
                 for mode in MODES
             }
             row = {"targets": n_targets, "p": p, **median_times_ms(launches, device, warmup=3, reps=reps)}
             rows.append(row)
     return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print(
+        f"{'targets':>9} {'p':>6} "
+        + " ".join(f"{m:>8}" for m in MODES)
+        + "  arc/atomic arc/best(atomic,warp) arc/floor"
+    )
+    for r in rows:
+        best = min(r["atomic"], r["warp"])
+        print(
+            f"{r['targets']:>9} {r['p']:>6.3f} "
+            + " ".join(f"{r[m]:8.4f}" for m in MODES)
+            + f"  {r['atomic'] / r['arc']:9.2f}x {best / r['arc']:20.3f}x {r['arc'] / r['floor']:9.3f}"
+        )
 
 
 def main(argv=None) -> int:
@@ -113,9 +135,12 @@ def main(argv=None) -> int:
     print(f"# device: {device.name}, warp {wp.config.version}")
     cal = arc_warp.calibrate(device)
     print(f"# calibrated ARC threshold T = {cal.threshold}")
-    print("# lanes  atomic_ms  warp_ms")
-    for n, ta, tw in zip(cal.lane_counts, cal.atomic_ms, cal.warp_ms):
-        print(f"  {n:5d}  {ta:9.4f}  {tw:8.4f}")
+    print("# calibration: median probe ms per active-lane density; worst = min over densities of best/arc")
+    print(f"  {'':>10} " + " ".join(f"p={p:<7.3g}" for p in cal.densities) + "   worst")
+    print(f"  {'atomic':>10} " + " ".join(f"{t:9.4f}" for t in cal.atomic_ms))
+    print(f"  {'warp':>10} " + " ".join(f"{t:9.4f}" for t in cal.warp_ms))
+    for t, times in zip(cal.candidates, cal.arc_ms):
+        print(f"  {'arc T=%d' % t:>10} " + " ".join(f"{x:9.4f}" for x in times) + f"   {cal.worst_ratio(t):.3f}")
 
     par = parity(device)
     worst = max(r["vs_atomic"] for r in par)
@@ -123,26 +148,19 @@ def main(argv=None) -> int:
     for r in par:
         print(f"  {r['case']:24s} {r['mode']:7s} vs_atomic={r['vs_atomic']:.2e} vs_float64={r['vs_float64']:.2e}")
 
-    rows = timings(device, args.blocks, args.targets_per_block, args.reps, cal.threshold)
-    print(
-        f"# timings: {args.blocks} blocks x 256 threads, {args.targets_per_block} targets per block, K=9, "
-        f"median of {args.reps} (ms)"
-    )
-    print(
-        f"{'targets':>9} {'p':>6} "
-        + " ".join(f"{m:>8}" for m in MODES)
-        + "  arc/atomic arc/best(atomic,warp) arc/floor"
-    )
-    for r in rows:
-        best = min(r["atomic"], r["warp"])
-        print(
-            f"{r['targets']:>9} {r['p']:>6.3f} "
-            + " ".join(f"{r[m]:8.4f}" for m in MODES)
-            + f"  {r['atomic'] / r['arc']:9.2f}x {best / r['arc']:20.3f}x {r['arc'] / r['floor']:9.3f}"
+    tables = {}
+    for uniform_index, title in ((True, "uniform index (the rasteriser's path)"), (False, "general path (index checked)")):
+        tables["uniform" if uniform_index else "general"] = rows = timings(
+            device, args.blocks, args.targets_per_block, args.reps, cal.threshold, uniform_index
         )
+        print(
+            f"# timings, {title}: {args.blocks} blocks x 256 threads, {args.targets_per_block} targets per block, "
+            f"K=9, median of {args.reps} (ms)"
+        )
+        print_table(rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": device.name, "calibration": cal.__dict__, "parity": par, "timings": rows}, f, indent=1)
+            json.dump({"device": device.name, "calibration": cal.__dict__, "parity": par, "timings": tables}, f, indent=1)
     # float32 round-off of up to 2^18 terms per target stays well inside 1e-4 relative.
     ok = worst < 1e-4 and all(not r["vs_float64"] > 1e-4 for r in par)
     print("# parity", "OK" if ok else "FAILED")

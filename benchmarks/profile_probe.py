@@ -17,13 +17,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--p", type=float, default=1.0, help="active-lane fraction")
     ap.add_argument("--modes", nargs="+", default=["atomic", "arc"])
-    ap.add_argument("--threshold", type=int, default=3)
+    ap.add_argument("--threshold", type=int, default=5)
+    ap.add_argument("--general", action="store_true", help="the general path (no uniform-index promise)")
     args = ap.parse_args()
     wp.config.log_level = wp.LOG_WARNING
     dest = wp.zeros(100_000, dtype=VecK, device="cuda")
     params = make_params(100_000, "cuda")
     for mode in args.modes:
-        launch_probe(mode, params, dest, 8192, 64, p_active=args.p, threshold=args.threshold)
+        launch_probe(
+            mode, params, dest, 8192, 64, p_active=args.p, threshold=args.threshold, uniform_index=not args.general
+        )
     wp.synchronize()
 
 

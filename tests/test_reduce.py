@@ -216,19 +216,24 @@ def test_threshold_resolution(monkeypatch):
         arc_warp.resolve_threshold("cpu")
     with pytest.raises(ValueError, match="CUDA"):
         arc_warp.calibrate("cpu")
-    # Crossing rule: smallest lane count from which the reduction never loses.
-    assert choose_threshold((1, 2, 4, 8), (1.0, 2.0, 4.0, 8.0), (3.0, 2.5, 3.0, 3.0)) == 4
-    assert choose_threshold((1, 2), (1.0, 1.0), (2.0, 2.0)) == 33
-    assert choose_threshold((1, 2), (2.0, 2.0), (1.0, 1.0)) == 1
+    # Objective rule: the candidate whose worst ratio to best(atomic, warp) is highest.
+    atomic, warp = (1.0, 4.0), (2.0, 2.0)  # atomic wins at the sparse density, warp at the dense one
+    arc = ((1.1, 2.6), (1.05, 2.1), (1.3, 2.0))  # worst ratios 1/1.3, 2/2.1, 1/1.3
+    assert choose_threshold((2, 4, 8), atomic, warp, arc) == 4
+    # Ties go to the smaller total time.
+    assert choose_threshold((2, 4), (1.0, 1.0), (1.0, 1.0), ((1.0, 1.0), (0.5, 1.0))) == 4
 
 
 def test_calibration_cache_roundtrip(monkeypatch, tmp_path):
     from arc_warp._src import calibrate as cal
 
     monkeypatch.setenv("ARC_WARP_CACHE_DIR", str(tmp_path))
-    entry = cal.Calibration("Fake GPU", 7, (1, 2), (1.0, 2.0), (1.5, 1.0), wp.config.version, "2026-01-01")
+    entry = cal.Calibration(
+        "Fake GPU", 4, (1.0, 0.25), (2, 4), (9.0, 2.0), (1.0, 1.0), ((1.2, 1.1), (1.0, 0.9)), wp.config.version, "2026-01-01"
+    )
     cal._store(entry)
     assert cal._load("Fake GPU") == entry
+    assert entry.worst_ratio(4) == pytest.approx(1.0 / 1.0)
     assert cal._load("Other GPU") is None
 
 

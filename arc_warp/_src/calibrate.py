@@ -1,12 +1,14 @@
 """Self-calibration of the ARC threshold T, cached per GPU name.
 
-T is the number of valid lanes sharing a target at and above which reducing in the
-warp beats raw atomics. It depends on the GPU (shuffle throughput against L2 atomic
-throughput), so it is measured: the synthetic gradient kernel of
-:mod:`arc_warp._src.probe` runs with exactly n active lanes per warp for n in
-:data:`LANE_COUNTS`, in ``atomic`` and in ``warp`` mode, and T is the smallest n from
-which ``warp`` is never slower. Results are cached in memory and in a JSON file
-(``$ARC_WARP_CACHE_DIR/calibration.json``, default ``~/.cache/arc_warp``).
+T is the number of valid lanes of a warp at and above which ``arc`` reduces in the
+warp instead of issuing raw atomics. The best T depends on the GPU (shuffle and
+issue throughput against L2 atomic throughput) and on how crowded the L2 is, so it
+is measured on the objective itself: the synthetic gradient kernel of
+:mod:`arc_warp._src.probe` runs at a ladder of active-lane densities
+(:data:`DENSITIES`) in ``atomic``, in ``warp`` and in ``arc`` for every candidate T
+(:data:`CANDIDATES`), and T is the candidate whose worst ratio against the better
+of ``atomic`` and ``warp`` is highest. Results are cached in memory and in a JSON
+file (``$ARC_WARP_CACHE_DIR/calibration.json``, default ``~/.cache/arc_warp``).
 """
 
 import dataclasses
@@ -28,7 +30,11 @@ MAX_THRESHOLD = 33
 FALLBACK_THRESHOLD = 8
 """Used on the CPU, where atomics are uncontended and T only selects a code path."""
 
-LANE_COUNTS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 28, 32)
+CANDIDATES = (2, 3, 4, 5, 6, 8, 10, 12, 16)
+"""Thresholds tried by :func:`calibrate`."""
+
+DENSITIES = (1.0, 0.25, 0.08, 1 / 32)
+"""Fractions of active lanes at which :func:`calibrate` times the probe."""
 
 _ENV_THRESHOLD = "ARC_WARP_THRESHOLD"
 _ENV_CACHE_DIR = "ARC_WARP_CACHE_DIR"
@@ -42,19 +48,28 @@ class Calibration:
     Attributes:
         device_name: CUDA device name, the cache key (e.g. ``"NVIDIA H200"``).
         threshold: the chosen T, in ``[1, 33]``.
-        lane_counts: active lanes per warp that were timed.
-        atomic_ms / warp_ms: median probe times (ms) per lane count, per mode.
+        densities: active-lane fractions that were timed.
+        candidates: thresholds that were tried.
+        atomic_ms / warp_ms: median probe time (ms) per density.
+        arc_ms: median probe time (ms) per candidate (outer) and density (inner).
         warp_version: Warp version that measured it.
         date: ISO date of the measurement.
     """
 
     device_name: str
     threshold: int
-    lane_counts: tuple[int, ...]
+    densities: tuple[float, ...]
+    candidates: tuple[int, ...]
     atomic_ms: tuple[float, ...]
     warp_ms: tuple[float, ...]
+    arc_ms: tuple[tuple[float, ...], ...]
     warp_version: str
     date: str
+
+    def worst_ratio(self, candidate: int) -> float:
+        """min over densities of best(atomic, warp) / arc for one candidate T."""
+        times = self.arc_ms[self.candidates.index(candidate)]
+        return min(min(a, w) / t for a, w, t in zip(self.atomic_ms, self.warp_ms, times))
 
 
 def _cache_file() -> pathlib.Path:
@@ -68,18 +83,22 @@ def _check_threshold(t, source: str) -> int:
     return t
 
 
-def choose_threshold(lane_counts, atomic_ms, warp_ms) -> int:
-    """Smallest lane count from which the warp reduction is never slower than atomics."""
-    t = MAX_THRESHOLD
-    for n, ta, tw in reversed(list(zip(lane_counts, atomic_ms, warp_ms))):
-        if tw > ta:
-            break
-        t = n
-    return t
+def choose_threshold(candidates, atomic_ms, warp_ms, arc_ms) -> int:
+    """The candidate T with the highest worst-case ratio best(atomic, warp) / arc.
+
+    ``atomic_ms`` and ``warp_ms`` hold one time per density, ``arc_ms`` one row of
+    such times per candidate. Ties go to the smaller total time.
+    """
+
+    def score(i):
+        ratios = [min(a, w) / t for a, w, t in zip(atomic_ms, warp_ms, arc_ms[i])]
+        return (min(ratios), -sum(arc_ms[i]))
+
+    return candidates[max(range(len(candidates)), key=score)]
 
 
 def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targets_per_block: int = 32) -> Calibration:
-    """Measures atomic against warp-reduction cost on a CUDA ``device`` and picks T.
+    """Times ``arc`` against ``atomic`` and ``warp`` on a CUDA ``device`` and picks T.
 
     Takes about a second. The result is stored in the memory and file caches, so
     later :func:`resolve_threshold` calls reuse it.
@@ -89,26 +108,29 @@ def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targe
         raise ValueError(f"calibration measures a CUDA device; got {device}. On the CPU T is {FALLBACK_THRESHOLD}.")
     dest = wp.zeros(n_targets, dtype=VecK, device=device)
     params = make_params(n_targets, device)
-    # Interleaved per lane count, so drift falls on both strategies alike.
-    per_count = [
-        median_times_ms(
-            {
-                mode: lambda mode=mode, n=n: launch_probe(mode, params, dest, n_blocks, targets_per_block, active_lanes=n)
-                for mode in ("atomic", "warp")
-            },
-            device,
-            warmup=2,
-            reps=7,
+
+    def launcher(mode, p, t=1):
+        return lambda: launch_probe(
+            mode, params, dest, n_blocks, targets_per_block, p_active=p, threshold=t, uniform_index=True
         )
-        for n in LANE_COUNTS
-    ]
-    times = {mode: tuple(t[mode] for t in per_count) for mode in ("atomic", "warp")}
+
+    # All variants of one density interleaved, so drift falls on them alike.
+    rows = []
+    for p in DENSITIES:
+        fns = {"atomic": launcher("atomic", p), "warp": launcher("warp", p)}
+        fns.update({t: launcher("arc", p, t) for t in CANDIDATES})
+        rows.append(median_times_ms(fns, device, warmup=2, reps=7))
+    atomic_ms = tuple(r["atomic"] for r in rows)
+    warp_ms = tuple(r["warp"] for r in rows)
+    arc_ms = tuple(tuple(r[t] for r in rows) for t in CANDIDATES)
     result = Calibration(
         device_name=device.name,
-        threshold=choose_threshold(LANE_COUNTS, times["atomic"], times["warp"]),
-        lane_counts=LANE_COUNTS,
-        atomic_ms=times["atomic"],
-        warp_ms=times["warp"],
+        threshold=choose_threshold(CANDIDATES, atomic_ms, warp_ms, arc_ms),
+        densities=DENSITIES,
+        candidates=CANDIDATES,
+        atomic_ms=atomic_ms,
+        warp_ms=warp_ms,
+        arc_ms=arc_ms,
         warp_version=wp.config.version,
         date=datetime.date.today().isoformat(),
     )
@@ -133,6 +155,11 @@ def _store(result: Calibration) -> None:
         print(f"arc_warp: could not write calibration cache {path}: {e}", file=sys.stderr)
 
 
+def _tuples(value):
+    """JSON lists back to (nested) tuples."""
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
 def _load(device_name: str) -> Calibration | None:
     path = _cache_file()
     try:
@@ -142,7 +169,7 @@ def _load(device_name: str) -> Calibration | None:
     if not entry or entry.get("warp_version") != wp.config.version:
         return None
     try:
-        entry = {k: tuple(v) if isinstance(v, list) else v for k, v in entry.items()}
+        entry = {k: _tuples(v) for k, v in entry.items()}
         return Calibration(**entry)
     except TypeError:
         return None

@@ -93,25 +93,6 @@ def active_mask() -> int:
 
 
 @wp.func_native(
-    """
-#if defined(__CUDA_ARCH__)
-    return __popc(__activemask());
-#else
-    return 1;
-#endif
-"""
-)
-def active_lane_count() -> int:
-    """Number of lanes executing this call together (``__popc(__activemask())``).
-
-    Unlike the other intrinsics it needs no partner lanes, so it may be called inside
-    a branch: there it counts the lanes that took the branch. The CPU answers ``1``
-    even in warp emulation, where counting would need a block-wide barrier.
-    """
-    ...
-
-
-@wp.func_native(
     _native(
         "    return 32;",
         "    (void)_lane; (void)_base; (void)_xbuf; return _w;",

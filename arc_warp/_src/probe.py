@@ -4,8 +4,8 @@ Blocks of 256 threads each walk a list of targets. For every (lane, target) an a
 lane reads the target's parameters (2D mean, conic, opacity, colour: ``params[target]``)
 and computes K=9 gradient values the way a 3DGS backward does for one (pixel,
 Gaussian) pair (a conic falloff, its exponential, and the chain rule into mean,
-conic, opacity and colour), then adds them into ``dest[target]`` through the
-accumulator of the chosen mode. Which lanes take part is set per warp either exactly
+conic, opacity and colour), then adds them into ``dest[target]`` the way the chosen
+mode plans. Which lanes take part is set per warp either exactly
 (``active_lanes`` lanes of 32) or at random (fraction ``p_active``).
 """
 
@@ -14,17 +14,53 @@ import functools
 import numpy as np
 import warp as wp
 
-from .reduce_funcs import accumulator
+from .reduce_funcs import accumulator, warp_plan, warp_reducer
 
 K = 9
 VecK = wp.types.vector(K, wp.float32)
 BLOCK_DIM = 256
 
 
+@wp.func
+def probe_gradient(q: VecK, px: float, py: float) -> VecK:
+    """The K=9 gradients of one (pixel, splat) pair; ``q`` = mean2d (2), conic (3), opacity, rgb."""
+    dx = q[0] - px
+    dy = q[1] - py
+    a = q[2]
+    b = q[3]
+    c = q[4]
+    power = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
+    g = wp.exp(-power)
+    alpha = wp.min(0.99, q[5] * g)
+    t = 1.0 - alpha
+    v_alpha = (q[6] + q[7] + q[8]) * t - 0.5
+    v_power = -q[5] * g * v_alpha
+    return VecK(
+        v_power * (a * dx + b * dy),
+        v_power * (b * dx + c * dy),
+        0.5 * v_power * dx * dx,
+        v_power * dx * dy,
+        0.5 * v_power * dy * dy,
+        g * v_alpha,
+        alpha * t * q[6],
+        alpha * t * q[7],
+        alpha * t * q[8],
+    )
+
+
 @functools.cache
-def probe_kernel(mode: str):
-    """The probe kernel for one reduction mode (cached)."""
-    add = accumulator(VecK, mode)
+def probe_kernel(mode: str, uniform_index: bool = False):
+    """The probe kernel for one reduction mode (cached).
+
+    It plans before it computes (see :func:`~arc_warp._src.reduce_funcs.warp_plan`):
+    lanes of an atomic warp compute inside the branch that adds, and a reducing warp
+    computes in every lane. Every lane of a warp walks the same target, so the probe
+    may promise ``uniform_index`` to the reducer, as the tile rasteriser does;
+    without the promise it measures the general path, which checks for mixed indices.
+    """
+    plan_fn = warp_plan(mode)
+    lane_add = accumulator(VecK, "floor" if mode == "floor" else "atomic")
+    reduce_fn = None if mode in ("atomic", "floor") else warp_reducer(VecK, mode, uniform_index)
 
     def probe(
         params: wp.array(dtype=VecK),
@@ -44,38 +80,19 @@ def probe_kernel(mode: str):
             # Consecutive blocks overlap on their targets, as neighbouring tiles do.
             target = (block * (targets_per_block // 2) + j) % n_targets
             u = wp.randf(rng)
+            px = 16.0 * wp.randf(rng)
             active = u < p_active
             if active_lanes > 0:
                 active = lane < active_lanes
-            # Like a rasteriser backward, only lanes that touch the target compute.
-            value = VecK()
-            if active:
-                q = params[target]  # mean2d (2), conic (3), opacity, rgb
-                px = 16.0 * wp.randf(rng)
-                py = 16.0 * u
-                dx = q[0] - px
-                dy = q[1] - py
-                a = q[2]
-                b = q[3]
-                c = q[4]
-                power = 0.5 * (a * dx * dx + c * dy * dy) + b * dx * dy
-                g = wp.exp(-power)
-                alpha = wp.min(0.99, q[5] * g)
-                t = 1.0 - alpha
-                v_alpha = (q[6] + q[7] + q[8]) * t - 0.5
-                v_power = -q[5] * g * v_alpha
-                value = VecK(
-                    v_power * (a * dx + b * dy),
-                    v_power * (b * dx + c * dy),
-                    0.5 * v_power * dx * dx,
-                    v_power * dx * dy,
-                    0.5 * v_power * dy * dy,
-                    g * v_alpha,
-                    alpha * t * q[6],
-                    alpha * t * q[7],
-                    alpha * t * q[8],
-                )
-            add(dest, target, value, active, threshold)
+            # Like a rasteriser backward, lanes that add atomically compute only if
+            # they touch the target (atomic and floor never plan a reduction).
+            if wp.static(reduce_fn is None):
+                if active:
+                    lane_add(dest, target, probe_gradient(params[target], px, 16.0 * u), True, threshold)
+            elif plan_fn(active, threshold):
+                wp.static(reduce_fn)(dest, target, probe_gradient(params[target], px, 16.0 * u), active, threshold)
+            elif active:
+                lane_add(dest, target, probe_gradient(params[target], px, 16.0 * u), True, threshold)
 
     return wp.kernel(probe, enable_backward=False, module="unique")
 
@@ -103,13 +120,15 @@ def launch_probe(
     p_active: float = 1.0,
     seed: int = 0,
     threshold: int = 1,
+    uniform_index: bool = False,
 ):
     """Launches the probe over ``n_blocks`` blocks of 256 threads on ``dest.device``.
 
-    ``params`` comes from :func:`make_params` with ``dest.shape[0]`` targets.
+    ``params`` comes from :func:`make_params` with ``dest.shape[0]`` targets;
+    ``uniform_index`` selects the accumulator variant (see :func:`probe_kernel`).
     """
     wp.launch(
-        probe_kernel(mode),
+        probe_kernel(mode, uniform_index),
         dim=n_blocks * BLOCK_DIM,
         inputs=[params, dest, dest.shape[0], targets_per_block, active_lanes, p_active, seed, threshold],
         device=dest.device,

@@ -10,20 +10,20 @@ Modes (compile-time specialisations of one body):
 ``atomic``
     One atomic per lane per component: what Warp's generated adjoints do.
 ``warp``
-    Always reduce in the warp. When all valid lanes share one index (the common
-    case in a tiled rasterizer) one recursive-halving reduce-scatter sums the K
-    values over the warp and K different lanes issue the K component atomics.
-    Mixed indices take the grouped path of ``serial``.
+    Always reduce in the warp (gsplat's approach). The valid lanes are reduced in
+    rounds, one per distinct index, lowest lane's index first; a warp whose lanes
+    share one index (the common case in a tiled rasteriser) takes one round: a
+    recursive-halving reduce-scatter sums the K values over the warp and K
+    different lanes issue the K component atomics.
 ``serial``
-    Group lanes by index with match-any and reduce each group in its own round
-    of the reduce-scatter (one round per distinct index).
+    Like ``warp``, but each round's lanes come from ``match_any`` on the index
+    (ARC-SW serialised), computed once for the whole warp.
 ``arc``
-    Adaptive: the valid lanes count themselves inside their own branch (the
-    population of the active mask); fewer than ``threshold`` issue raw atomics
-    there, with no collective at all, which is what sparse warps want. Otherwise
-    only the lanes whose index is shared by at least ``threshold`` valid lanes
-    are reduced. ``threshold`` comes from :func:`arc_warp.resolve_threshold`
-    (calibrated per GPU).
+    Adaptive: one ballot counts the valid lanes, and a warp with fewer than
+    ``threshold`` of them issues raw atomics, which are cheaper when few lanes
+    are active. Otherwise it runs the rounds of ``warp``, and a round with fewer
+    than ``threshold`` lanes again adds with raw atomics. ``threshold`` comes from
+    :func:`arc_warp.resolve_threshold` (calibrated per GPU).
 ``floor``
     Benchmark-only: reduces nothing and adds nothing. It keeps ``value`` alive so
     a kernel built with it costs what the same kernel would cost with free
@@ -39,7 +39,6 @@ import functools
 import warp as wp
 
 from .intrinsics import (
-    active_lane_count,
     active_mask,
     ballot,
     cpu_warp_emulation,
@@ -99,6 +98,121 @@ def _component_ops(dtype):
 
 
 @functools.cache
+def warp_plan(mode: str = "arc"):
+    """Returns the ``@wp.func`` ``plan(valid: bool, threshold: int) -> bool`` of ``mode``.
+
+    A collective: all 32 lanes of a converged warp call it together (launch sizes a
+    multiple of 32, no lane returned early). ``True`` means the warp reduces: every
+    lane, valid or not, then calls the reducer of :func:`warp_reducer`. ``False``
+    means each valid lane adds its value with ``wp.atomic_add``. ``arc`` reduces
+    when at least ``threshold`` lanes are valid, ``warp`` and ``serial`` when any
+    lane is, ``atomic`` and ``floor`` never. A CPU warp of one lane never reduces;
+    in CPU warp emulation every warp reduces (collectives there sync the block).
+    The decision is one ballot and one population count.
+
+    Planning before computing the values lets a kernel compute them inside the
+    branch that adds them, which keeps sparse warps as cheap as plain atomics::
+
+        if plan_fn(valid, threshold):
+            reduce_fn(dest, i, gradient(...), valid, threshold)  # every lane computes
+        elif valid:
+            wp.atomic_add(dest, i, gradient(...))
+
+    Computing in every lane of a reducing warp is free on SIMT hardware (the warp
+    issues those instructions anyway), and no register set has to merge the values
+    of valid and invalid lanes after a branch. :func:`accumulator` is the simpler
+    form for values computed before the call.
+    """
+    check_mode(mode)
+    arc = mode == "arc"
+
+    def plan(valid: bool, threshold: int) -> bool:
+        if wp.static(mode in ("atomic", "floor")):
+            return False
+        if cpu_warp_emulation():
+            return True
+        if warp_width() != 32:
+            return False
+        n = popc(ballot(-1, valid))
+        if wp.static(arc):
+            return n >= threshold
+        return n > 0
+
+    return wp.func(plan, name=f"arc_plan_{mode}", module="unique")
+
+
+@functools.cache
+def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
+    """Returns the ``@wp.func`` ``reduce(dest, index, value, valid, threshold)`` for ``dtype``.
+
+    Adds ``value`` of the lanes whose ``valid`` is true into ``dest[index]`` by
+    reducing in the warp; call it from every lane of a warp whose plan is ``True``
+    (see :func:`warp_plan`), with the same ``valid`` and ``threshold``. Arguments as
+    for :func:`accumulator`. ``value`` of invalid lanes is ignored.
+    """
+    check_mode(mode)
+    if mode in ("atomic", "floor"):
+        raise ValueError(f"mode {mode!r} never reduces in the warp; use accumulator() or wp.atomic_add")
+    k = vector_length(dtype)
+    if k > 32:
+        raise ValueError(f"accumulators handle at most 32 components; got {k}")
+    to_vec, component_add, vec_k = _component_ops(dtype)
+    reduce_scatter_k, owned_component = reduce_scatter(k)
+    arc = mode == "arc"
+
+    def reduce(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
+        # One round per distinct index among the valid lanes, lowest lane's index
+        # first. A warp with one index (the rasteriser's case) takes one round and
+        # no match-any.
+        mask = int(-1)  # the plan ran on a full, converged warp
+        emulate = cpu_warp_emulation()
+        lane = lane_id()
+        pending = ballot(mask, valid)
+        peers = 0
+        if wp.static(mode == "serial") or emulate:
+            peers = match_any(mask, index) & pending
+        # One index per warp needs one round; otherwise at most one per lane.
+        rounds = wp.static(1 if uniform_index else 32)
+        if emulate and wp.static(not uniform_index):
+            # Emulated collectives sync the whole block: every warp runs the same rounds.
+            rounds = emulation_block_max(popc(ballot(mask, valid and lowest_lane(peers) == lane)))
+        for _r in range(rounds):
+            if pending == 0 and not emulate:
+                break
+            key = index
+            member = valid
+            members = pending
+            if wp.static(mode == "serial"):
+                # ARC-SW serialised: the leader's match-any group is the round.
+                leader = lowest_lane(pending)
+                key = shfl_int(mask, index, leader)
+                members = shfl_int(mask, peers, leader)
+                member = ((members >> lane) & 1) != 0
+            elif wp.static(not uniform_index):
+                key = shfl_int(mask, index, lowest_lane(pending))
+                member = ((pending >> lane) & 1) != 0 and index == key
+                members = ballot(mask, member)
+            # arc: a round too small to pay for a reduction adds with raw atomics.
+            # Emulation reduces every warp, so there the one round of a uniform
+            # index is checked too.
+            big = wp.static(not arc) or (wp.static(uniform_index) and not emulate) or popc(members) >= threshold
+            if member and not big:
+                wp.atomic_add(dest, index, value)
+            part = vec_k()
+            if member and big:
+                part = to_vec(value)
+            if big or emulate:
+                total = reduce_scatter_k(mask, part)
+                comp = owned_component(lane)
+                if big and members != 0 and comp >= 0:
+                    component_add(dest, key, comp, total)
+            pending = pending & ~members
+
+    tag = f"{mode}_{'v%d' % k if wp.types.type_is_vector(dtype) else 'f32'}{'_u' if uniform_index else ''}"
+    return wp.func(reduce, name=f"arc_reduce_{tag}", module="unique")
+
+
+@functools.cache
 def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
     """Returns the ``@wp.func`` ``add(dest, index, value, valid, threshold)`` for ``dtype``.
 
@@ -114,15 +228,18 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
 
     The returned function has the signature
     ``add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int)``;
-    ``threshold`` matters only for ``arc``. Cached per (dtype, mode, uniform_index).
+    ``threshold`` matters only for ``arc``. It checks that the warp is full and
+    converged (else every valid lane adds atomically), then runs :func:`warp_plan`
+    and the reducer of :func:`warp_reducer` or the atomics. Cached per (dtype, mode,
+    uniform_index).
     """
     check_mode(mode)
     k = vector_length(dtype)
     if k > 32:
         raise ValueError(f"accumulators handle at most 32 components; got {k}")
-    to_vec, component_add, vec_k = _component_ops(dtype)
-    reduce_scatter_k, owned_component = reduce_scatter(k)
-    arc = mode == "arc"
+    to_vec, _, _ = _component_ops(dtype)
+    plan_fn = warp_plan(mode)
+    reduce_fn = warp_reducer(dtype, mode, uniform_index) if mode not in ("atomic", "floor") else None
 
     def add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
         if wp.static(mode == "atomic"):
@@ -133,71 +250,14 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
             if valid and v[0] == wp.static(_FLOOR_SENTINEL):
                 dest[index] = value
         else:
-            # CPU emulation syncs the whole block: there, every collective runs
-            # whatever the branch, so all warps of a block meet the same barriers.
-            emulate = cpu_warp_emulation()
-            dense = valid
-            if wp.static(arc):
-                # Decide inside the branch, where the active mask is the set of valid
-                # lanes: a sparse warp then costs one popc more than plain atomics.
-                if valid and not emulate:
-                    if active_lane_count() < threshold:
-                        wp.atomic_add(dest, index, value)
-                        dense = False
-            mask = active_mask()
-            if mask != -1 or warp_width() != 32:
-                # Not a converged 32-lane warp (or a CPU warp of one lane): shuffles
-                # would read absent lanes, so every lane adds for itself.
-                if dense:
+            if active_mask() != -1:
+                # Not a full, converged warp (or a CPU warp of one lane): no collectives.
+                if valid:
                     wp.atomic_add(dest, index, value)
-                return
-            vmask = ballot(mask, dense)
-            if vmask == 0 and not emulate:
-                return
-            lane = lane_id()
-            x = vec_k()
-            if dense:
-                x = to_vec(value)
-            uniform = wp.static(uniform_index)
-            key = index
-            if wp.static(mode != "serial" and not uniform_index):
-                key = shfl_int(mask, index, lowest_lane(vmask))
-                strays = ballot(mask, dense and index != key)
-                uniform = strays == 0
-            # One index for the whole warp (the rasteriser's case): reduce-scatter x as is.
-            # On the GPU the dense lanes of arc already number at least T.
-            direct = uniform and vmask != 0 and (wp.static(not arc) or not emulate or popc(vmask) >= threshold)
-            if direct or emulate:
-                total = reduce_scatter_k(mask, x)
-                comp = owned_component(lane)
-                if direct and comp >= 0:
-                    component_add(dest, key, comp, total)
-            if uniform and not direct and dense:
+            elif plan_fn(valid, threshold):
+                wp.static(reduce_fn)(dest, index, value, valid, threshold)
+            elif valid:
                 wp.atomic_add(dest, index, value)
-            # Mixed indices: reduce each index shared by enough lanes in its own round.
-            if wp.static(not uniform_index):
-                if not uniform or emulate:
-                    peers = match_any(mask, index) & vmask
-                    big = dense and not uniform and (wp.static(not arc) or popc(peers) >= threshold)
-                    if dense and not uniform and not big:
-                        wp.atomic_add(dest, index, value)
-                    pending = ballot(mask, big)
-                    rounds = popc(ballot(mask, big and lowest_lane(peers) == lane))
-                    if emulate:
-                        rounds = emulation_block_max(rounds)
-                    for _r in range(rounds):
-                        key = shfl_int(mask, index, lowest_lane(pending))
-                        member = ((pending >> lane) & 1) != 0 and index == key
-                        members = ballot(mask, member)
-                        part = vec_k()
-                        if member:
-                            part = x
-                        total = reduce_scatter_k(mask, part)
-                        comp = owned_component(lane)
-                        if members != 0 and comp >= 0:
-                            component_add(dest, key, comp, total)
-                        pending = pending & ~members
 
-    tname = f"v{k}" if wp.types.type_is_vector(dtype) else "f32"
-    suffix = f"{mode}_{tname}{'_u' if uniform_index else ''}"
-    return wp.func(add, name=f"arc_add_{suffix}", module="unique")
+    tag = f"{mode}_{'v%d' % k if wp.types.type_is_vector(dtype) else 'f32'}{'_u' if uniform_index else ''}"
+    return wp.func(add, name=f"arc_add_{tag}", module="unique")
