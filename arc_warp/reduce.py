@@ -15,10 +15,30 @@ Example::
 
     t = arc_warp.resolve_threshold(grid.device)
     wp.launch(splat, dim=n, inputs=[points, cell_of, grid, t])
+
+Kernels that compute their values only for valid lanes plan first, so that sparse
+warps compute inside the branch that adds them (see :func:`warp_plan`)::
+
+    plan = arc_warp.warp_plan("arc")
+    reduce = arc_warp.warp_reducer(wp.vec3, "arc")
+    ...
+        if plan(valid, threshold):
+            reduce(grid, cell, value_of(i), valid, threshold)  # every lane of the warp
+        elif valid:
+            wp.atomic_add(grid, cell, value_of(i))
 """
 
 from ._src.calibrate import Calibration, calibrate, resolve_threshold
-from ._src.reduce_funcs import MODES, accumulator
+from ._src.reduce_funcs import MODES, accumulator, warp_plan, warp_reducer
 from ._src.scatter_ops import scatter_add
 
-__all__ = ["MODES", "Calibration", "accumulator", "calibrate", "resolve_threshold", "scatter_add"]
+__all__ = [
+    "MODES",
+    "Calibration",
+    "accumulator",
+    "calibrate",
+    "resolve_threshold",
+    "scatter_add",
+    "warp_plan",
+    "warp_reducer",
+]

@@ -108,6 +108,44 @@ def test_inactive_lanes_contribute_nothing(uniform_index):
                 np.testing.assert_allclose(dest.numpy()[0], [128.0, 128000.0])
 
 
+@pytest.mark.parametrize("mode", ["warp", "serial", "arc"])
+def test_plan_then_compute_pattern(mode):
+    # The documented kernel pattern: plan, then compute inside the branch that adds.
+    plan = arc_warp.warp_plan(mode)
+    reduce = arc_warp.warp_reducer(wp.vec3, mode)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def pattern(idx: wp.array(dtype=int), x: wp.array(dtype=wp.vec3), dest: wp.array(dtype=wp.vec3), threshold: int):
+        i = wp.tid()
+        valid = i % 3 != 0
+        if plan(valid, threshold):
+            reduce(dest, idx[i], 2.0 * x[i], valid, threshold)
+        elif valid:
+            wp.atomic_add(dest, idx[i], 2.0 * x[i])
+
+    rng = np.random.default_rng(3)
+    n, m = 512, 7
+    idx = rng.integers(0, m, n) // 3 + (np.arange(n) // 64)  # mixed groups, some uniform stretches
+    m = int(idx.max()) + 1
+    x = rng.standard_normal((n, 3)).astype(np.float32)
+    keep = np.arange(n) % 3 != 0
+    ref = np.zeros((m, 3))
+    np.add.at(ref, idx[keep], 2.0 * x[keep].astype(np.float64))
+    for blocks in (False, True):
+        with cpu_blocks(blocks):
+            for t in (1, 9, 33):
+                dest = wp.zeros(m, dtype=wp.vec3, device=DEVICE)
+                wp.launch(pattern, dim=n, inputs=[wp.array(idx, dtype=int, device=DEVICE), wp.array(x, dtype=wp.vec3, device=DEVICE), dest, t],
+                          device=DEVICE, block_dim=256)
+                np.testing.assert_allclose(dest.numpy(), ref, atol=ATOL, err_msg=f"blocks={blocks} T={t}")
+
+
+def test_reducer_rejects_non_reducing_modes():
+    for mode in ("atomic", "floor"):
+        with pytest.raises(ValueError, match="never reduces"):
+            arc_warp.warp_reducer(wp.vec3, mode)
+
+
 @wp.kernel(enable_backward=False)
 def _intrinsics_probe(keys: wp.array(dtype=int), out: wp.array2d(dtype=int)):
     i = wp.tid()

@@ -413,5 +413,6 @@ def test_cuda_side_stream_matches_default_stream(rng):
     np.testing.assert_array_equal(c1, c0)
     np.testing.assert_array_equal(r1, r0)
     for k in PARAMS:
-        # Atomics land in another order: float32 reassociation only.
-        np.testing.assert_allclose(g1[k], g0[k], rtol=1e-4, atol=1e-6, err_msg=k)
+        # Atomics land in another order: float32 reassociation only, which is small
+        # against the gradient's scale but not against entries that nearly cancel.
+        np.testing.assert_allclose(g1[k], g0[k], rtol=0, atol=1e-4 * np.abs(g0[k]).max(), err_msg=k)

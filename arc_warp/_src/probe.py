@@ -76,9 +76,14 @@ def probe_kernel(mode: str, uniform_index: bool = False):
         block = tid // BLOCK_DIM
         lane = tid % 32
         rng = wp.rand_init(seed, tid)
+        # Consecutive blocks overlap on their targets, as neighbouring tiles do. The
+        # index wraps with a compare: a division per target would outweigh the
+        # work of a sparse warp and blur the comparison of the modes.
+        first = (block * (targets_per_block // 2)) % n_targets
         for j in range(targets_per_block):
-            # Consecutive blocks overlap on their targets, as neighbouring tiles do.
-            target = (block * (targets_per_block // 2) + j) % n_targets
+            target = first + j
+            if target >= n_targets:
+                target -= n_targets
             u = wp.randf(rng)
             px = 16.0 * wp.randf(rng)
             active = u < p_active
@@ -124,9 +129,12 @@ def launch_probe(
 ):
     """Launches the probe over ``n_blocks`` blocks of 256 threads on ``dest.device``.
 
-    ``params`` comes from :func:`make_params` with ``dest.shape[0]`` targets;
-    ``uniform_index`` selects the accumulator variant (see :func:`probe_kernel`).
+    ``params`` comes from :func:`make_params` with ``dest.shape[0]`` targets, at
+    least ``targets_per_block`` of them; ``uniform_index`` selects the accumulator
+    variant (see :func:`probe_kernel`).
     """
+    if not 0 < targets_per_block <= dest.shape[0]:
+        raise ValueError(f"targets_per_block must be in [1, {dest.shape[0]}] (the target count); got {targets_per_block}")
     wp.launch(
         probe_kernel(mode, uniform_index),
         dim=n_blocks * BLOCK_DIM,

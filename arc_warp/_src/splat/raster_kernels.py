@@ -146,11 +146,60 @@ def make_raster_bwd(mode: str, absgrad: bool):
     Threads of pixels outside the image run the loop with nothing to add: every lane
     must reach ``add``.
     """
-    from arc_warp._src.reduce_funcs import accumulator
+    from arc_warp._src.reduce_funcs import accumulator, warp_plan, warp_reducer
 
     grad_t = grad_vector(absgrad)
-    # all lanes of a warp read the same batch entry, hence pass the same index
-    add = accumulator(grad_t, mode, uniform_index=True)
+    # Plan first, then compute inside the branch that adds (see warp_plan). All lanes of
+    # a warp read the same batch entry, hence reduce with one index.
+    plan = warp_plan(mode)
+    reduce = None if mode in ("atomic", "floor") else warp_reducer(grad_t, mode, uniform_index=True)
+    lane_add = accumulator(grad_t, "floor" if mode == "floor" else "atomic")
+
+    def entry_gradient(
+        geom: wp.vec4,
+        conic: wp.vec4,
+        pw: wp.vec3,
+        vis: float,
+        ra: float,
+        t: float,
+        c: wp.vec3,
+        rgb_behind: wp.vec3,
+        depth_behind: float,
+        v_rgb_px: wp.vec3,
+        v_depth_px: float,
+        v_final: float,
+    ):
+        # Gradient of one pixel's outputs with respect to one entry; t is the
+        # transmittance in front of it and ra = 1 / (1 - alpha).
+        opacity = geom[2]
+        alpha = wp.min(ALPHA_MAX, opacity * vis)
+        fac = alpha * t
+        v = grad_t()
+        v_alpha = (
+            wp.dot(c * t - rgb_behind * ra, v_rgb_px)
+            + (geom[3] * t - depth_behind * ra) * v_depth_px
+            + v_final * ra
+        )
+        v[G_RGB] = fac * v_rgb_px[0]
+        v[G_RGB + 1] = fac * v_rgb_px[1]
+        v[G_RGB + 2] = fac * v_rgb_px[2]
+        v[G_DEPTH] = fac * v_depth_px
+        if opacity * vis <= ALPHA_MAX:  # alpha not clamped
+            v_power = -opacity * vis * v_alpha
+            dx = pw[1]
+            dy = pw[2]
+            v[G_CONIC] = 0.5 * v_power * dx * dx
+            v[G_CONIC + 1] = v_power * dx * dy
+            v[G_CONIC + 2] = 0.5 * v_power * dy * dy
+            v[G_XY] = v_power * (conic[0] * dx + conic[1] * dy)
+            v[G_XY + 1] = v_power * (conic[1] * dx + conic[2] * dy)
+            if wp.static(absgrad):
+                v[G_ABS] = wp.abs(v[G_XY])
+                v[G_ABS + 1] = wp.abs(v[G_XY + 1])
+            v[G_OPACITY] = vis * v_alpha
+        return v
+
+    entry_gradient = wp.func(entry_gradient, name=f"raster_entry_gradient_{int(absgrad)}", module="unique")
 
     # 4 blocks per SM caps registers at 64 (unbounded 66: 3 blocks); no spill inside the loops
     @wp.kernel(
@@ -228,40 +277,32 @@ def make_raster_bwd(mode: str, absgrad: bool):
                 opacity = geom[2]
                 alpha = wp.min(ALPHA_MAX, opacity * vis)
                 valid = hi - 1 - s <= last and not (pw[0] < 0.0 or alpha < ALPHA_MIN)
-                # most entries reach no pixel of a warp: skip them before the accumulator
+                # most entries reach no pixel of a warp: skip them before planning
                 if lockstep_any(valid):
-                    v = grad_t()
+                    ra = 1.0 / (1.0 - alpha)
+                    t_in_front = t * ra
+                    c4 = batch_get(buf, RGB, s)
+                    c = wp.vec3(c4[0], c4[1], c4[2])
+                    index = float_bits(conic[3])
+                    if wp.static(reduce is None):
+                        if valid:
+                            grad = entry_gradient(geom, conic, pw, vis, ra, t_in_front, c, rgb_behind, depth_behind,
+                                                  v_rgb_px, v_depth_px, v_final)
+                            lane_add(out_grads, index, grad, True, threshold)
+                    elif plan(valid, threshold):
+                        # every lane computes (invalid lanes' values are ignored)
+                        grad = entry_gradient(geom, conic, pw, vis, ra, t_in_front, c, rgb_behind, depth_behind,
+                                              v_rgb_px, v_depth_px, v_final)
+                        wp.static(reduce)(out_grads, index, grad, valid, threshold)
+                    elif valid:
+                        grad = entry_gradient(geom, conic, pw, vis, ra, t_in_front, c, rgb_behind, depth_behind,
+                                              v_rgb_px, v_depth_px, v_final)
+                        lane_add(out_grads, index, grad, True, threshold)
                     if valid:
-                        ra = 1.0 / (1.0 - alpha)
-                        t = t * ra  # transmittance in front of this Gaussian
-                        fac = alpha * t
-                        c4 = batch_get(buf, RGB, s)
-                        c = wp.vec3(c4[0], c4[1], c4[2])
-                        v_alpha = (
-                            wp.dot(c * t - rgb_behind * ra, v_rgb_px)
-                            + (geom[3] * t - depth_behind * ra) * v_depth_px
-                            + v_final * ra
-                        )
-                        v[G_RGB] = fac * v_rgb_px[0]
-                        v[G_RGB + 1] = fac * v_rgb_px[1]
-                        v[G_RGB + 2] = fac * v_rgb_px[2]
-                        v[G_DEPTH] = fac * v_depth_px
-                        if opacity * vis <= ALPHA_MAX:  # alpha not clamped
-                            v_power = -opacity * vis * v_alpha
-                            dx = pw[1]
-                            dy = pw[2]
-                            v[G_CONIC] = 0.5 * v_power * dx * dx
-                            v[G_CONIC + 1] = v_power * dx * dy
-                            v[G_CONIC + 2] = 0.5 * v_power * dy * dy
-                            v[G_XY] = v_power * (conic[0] * dx + conic[1] * dy)
-                            v[G_XY + 1] = v_power * (conic[1] * dx + conic[2] * dy)
-                            if wp.static(absgrad):
-                                v[G_ABS] = wp.abs(v[G_XY])
-                                v[G_ABS + 1] = wp.abs(v[G_XY + 1])
-                            v[G_OPACITY] = vis * v_alpha
+                        fac = alpha * t_in_front
+                        t = t_in_front
                         rgb_behind += fac * c
                         depth_behind += fac * geom[3]
-                    add(out_grads, float_bits(conic[3]), v, valid, threshold)
             hi = lo
 
     return raster_bwd
