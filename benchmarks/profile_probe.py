@@ -11,7 +11,6 @@ import argparse
 import warp as wp
 
 import arc_warp
-
 from arc_warp._src.probe import VecK, launch_probe, make_params
 
 
