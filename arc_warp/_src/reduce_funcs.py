@@ -21,8 +21,10 @@ Modes (compile-time specialisations of one body):
 ``arc``
     Adaptive: one ballot counts the valid lanes, and a warp with fewer than
     ``threshold`` of them issues raw atomics, which are cheaper when few lanes
-    are active. Otherwise it runs the rounds of ``warp``, and a round with fewer
-    than ``threshold`` lanes again adds with raw atomics. ``threshold`` comes from
+    are active. Otherwise lanes whose target is shared by fewer than
+    ``threshold`` valid lanes (counted with match-any) still add with raw
+    atomics, and the others take the rounds of ``warp``; under ``uniform_index``
+    the one target is the warp's and no match-any runs. ``threshold`` comes from
     :func:`arc_warp.resolve_threshold` (calibrated per GPU).
 ``floor``
     Benchmark-only: reduces nothing and adds nothing. It keeps ``value`` alive so
@@ -161,7 +163,7 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
     arc = mode == "arc"
 
     def reduce(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
-        # One round per distinct index among the valid lanes, lowest lane's index
+        # One round per distinct index among the reducing lanes, lowest lane's index
         # first. A warp with one index (the rasteriser's case) takes one round and
         # no match-any.
         mask = int(-1)  # the plan ran on a full, converged warp
@@ -169,18 +171,27 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
         lane = lane_id()
         pending = ballot(mask, valid)
         peers = 0
-        if wp.static(mode == "serial") or emulate:
+        if wp.static(mode == "serial" or (arc and not uniform_index)) or emulate:
             peers = match_any(mask, index) & pending
+        reducing = valid
+        if wp.static(arc and not uniform_index) or (wp.static(arc) and emulate):
+            # A target shared by fewer than T valid lanes gets raw atomics. Under
+            # uniform_index the one target is the warp's, which the plan counted
+            # (emulation plans no count, so it counts here).
+            reducing = valid and popc(peers) >= threshold
+            if valid and not reducing:
+                wp.atomic_add(dest, index, value)
+            pending = ballot(mask, reducing)
         # One index per warp needs one round; otherwise at most one per lane.
         rounds = wp.static(1 if uniform_index else 32)
         if emulate and wp.static(not uniform_index):
             # Emulated collectives sync the whole block: every warp runs the same rounds.
-            rounds = emulation_block_max(popc(ballot(mask, valid and lowest_lane(peers) == lane)))
+            rounds = emulation_block_max(popc(ballot(mask, reducing and lowest_lane(peers) == lane)))
         for _r in range(rounds):
             if pending == 0 and not emulate:
                 break
             key = index
-            member = valid
+            member = reducing
             members = pending
             if wp.static(mode == "serial"):
                 # ARC-SW serialised: the leader's match-any group is the round.
@@ -192,20 +203,13 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
                 key = shfl_int(mask, index, lowest_lane(pending))
                 member = ((pending >> lane) & 1) != 0 and index == key
                 members = ballot(mask, member)
-            # arc: a round too small to pay for a reduction adds with raw atomics.
-            # Emulation reduces every warp, so there the one round of a uniform
-            # index is checked too.
-            big = wp.static(not arc) or (wp.static(uniform_index) and not emulate) or popc(members) >= threshold
-            if member and not big:
-                wp.atomic_add(dest, index, value)
             part = vec_k()
-            if member and big:
+            if member:
                 part = to_vec(value)
-            if big or emulate:
-                total = reduce_scatter_k(mask, part)
-                comp = owned_component(lane)
-                if big and members != 0 and comp >= 0:
-                    component_add(dest, key, comp, total)
+            total = reduce_scatter_k(mask, part)
+            comp = owned_component(lane)
+            if members != 0 and comp >= 0:
+                component_add(dest, key, comp, total)
             pending = pending & ~members
 
     tag = f"{mode}_{'v%d' % k if wp.types.type_is_vector(dtype) else 'f32'}{'_u' if uniform_index else ''}"
