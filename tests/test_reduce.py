@@ -140,10 +140,24 @@ def test_plan_then_compute_pattern(mode):
                 np.testing.assert_allclose(dest.numpy(), ref, atol=ATOL, err_msg=f"blocks={blocks} T={t}")
 
 
-def test_reducer_rejects_non_reducing_modes():
-    for mode in ("atomic", "floor"):
-        with pytest.raises(ValueError, match="never reduces"):
-            arc_warp.warp_reducer(wp.vec3, mode)
+def test_per_lane_modes_plan_no_reduction_and_their_reducer_adds_per_lane():
+    # atomic and floor never plan a reduction; their reducers are the per-lane adds.
+    @wp.kernel(enable_backward=False, module="unique")
+    def per_lane(dest_a: wp.array(dtype=wp.vec3), dest_f: wp.array(dtype=wp.vec3), planned: wp.array(dtype=int)):
+        i = wp.tid()
+        if wp.static(arc_warp.warp_plan("atomic"))(True, 1) or wp.static(arc_warp.warp_plan("floor"))(True, 1):
+            wp.atomic_add(planned, 0, 1)
+        wp.static(arc_warp.warp_reducer(wp.vec3, "atomic"))(dest_a, i % 2, wp.vec3(1.0), i % 3 != 0, 1)
+        wp.static(arc_warp.warp_reducer(wp.vec3, "floor"))(dest_f, i % 2, wp.vec3(1.0), True, 1)
+
+    dest_a = wp.zeros(2, dtype=wp.vec3, device=DEVICE)
+    dest_f = wp.zeros(2, dtype=wp.vec3, device=DEVICE)
+    planned = wp.zeros(1, dtype=int, device=DEVICE)
+    wp.launch(per_lane, dim=96, inputs=[dest_a, dest_f, planned], device=DEVICE)
+    expect = [sum(1 for i in range(96) if i % 2 == r and i % 3 != 0) for r in (0, 1)]
+    np.testing.assert_array_equal(dest_a.numpy(), np.repeat(np.array(expect, float)[:, None], 3, 1))
+    assert not dest_f.numpy().any()
+    assert planned.numpy()[0] == 0
 
 
 @wp.kernel(enable_backward=False)

@@ -58,9 +58,9 @@ def probe_kernel(mode: str, uniform_index: bool = False):
     may promise ``uniform_index`` to the reducer, as the tile rasteriser does;
     without the promise it measures the general path, which checks for mixed indices.
     """
-    plan_fn = warp_plan(mode)
+    plan_fn = warp_plan(mode)  # never True for atomic and floor
+    reduce_fn = warp_reducer(VecK, mode, uniform_index)
     lane_add = accumulator(VecK, "floor" if mode == "floor" else "atomic")
-    reduce_fn = None if mode in ("atomic", "floor") else warp_reducer(VecK, mode, uniform_index)
 
     def probe(
         params: wp.array(dtype=VecK),
@@ -90,12 +90,9 @@ def probe_kernel(mode: str, uniform_index: bool = False):
             if active_lanes > 0:
                 active = lane < active_lanes
             # Like a rasteriser backward, lanes that add atomically compute only if
-            # they touch the target (atomic and floor never plan a reduction).
-            if wp.static(reduce_fn is None):
-                if active:
-                    lane_add(dest, target, probe_gradient(params[target], px, 16.0 * u), True, threshold)
-            elif plan_fn(active, threshold):
-                wp.static(reduce_fn)(dest, target, probe_gradient(params[target], px, 16.0 * u), active, threshold)
+            # they touch the target.
+            if plan_fn(active, threshold):
+                reduce_fn(dest, target, probe_gradient(params[target], px, 16.0 * u), active, threshold)
             elif active:
                 lane_add(dest, target, probe_gradient(params[target], px, 16.0 * u), True, threshold)
 

@@ -100,6 +100,24 @@ def _component_ops(dtype):
 
 
 @functools.cache
+def _lane_add(dtype, mode: str):
+    """``add(dest, index, value, valid, threshold)`` for the per-lane modes ``atomic`` and ``floor``."""
+    to_vec, _, _ = _component_ops(dtype)
+
+    def add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
+        if wp.static(mode == "atomic"):
+            if valid:
+                wp.atomic_add(dest, index, value)
+        else:
+            v = to_vec(value)
+            if valid and v[0] == wp.static(_FLOOR_SENTINEL):
+                dest[index] = value
+
+    tname = f"v{vector_length(dtype)}" if wp.types.type_is_vector(dtype) else "f32"
+    return wp.func(add, name=f"arc_lane_add_{mode}_{tname}", module="unique")
+
+
+@functools.cache
 def warp_plan(mode: str = "arc"):
     """Returns the ``@wp.func`` ``plan(valid: bool, threshold: int) -> bool`` of ``mode``.
 
@@ -150,14 +168,16 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
     Adds ``value`` of the lanes whose ``valid`` is true into ``dest[index]`` by
     reducing in the warp; call it from every lane of a warp whose plan is ``True``
     (see :func:`warp_plan`), with the same ``valid`` and ``threshold``. Arguments as
-    for :func:`accumulator`. ``value`` of invalid lanes is ignored.
+    for :func:`accumulator`. ``value`` of invalid lanes is ignored. For ``atomic``
+    and ``floor``, whose plan is never ``True``, it is the per-lane add of that mode.
     """
     check_mode(mode)
-    if mode in ("atomic", "floor"):
-        raise ValueError(f"mode {mode!r} never reduces in the warp; use accumulator() or wp.atomic_add")
     k = vector_length(dtype)
     if k > 32:
         raise ValueError(f"accumulators handle at most 32 components; got {k}")
+    if mode in ("atomic", "floor"):
+        # Never planned, but callable, so one kernel body serves every mode.
+        return _lane_add(dtype, mode)
     to_vec, component_add, vec_k = _component_ops(dtype)
     reduce_scatter_k, owned_component = reduce_scatter(k)
     arc = mode == "arc"
@@ -239,29 +259,20 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
     """
     check_mode(mode)
     k = vector_length(dtype)
-    if k > 32:
-        raise ValueError(f"accumulators handle at most 32 components; got {k}")
-    to_vec, _, _ = _component_ops(dtype)
     plan_fn = warp_plan(mode)
-    reduce_fn = warp_reducer(dtype, mode, uniform_index) if mode not in ("atomic", "floor") else None
+    reduce_fn = warp_reducer(dtype, mode, uniform_index)
 
     def add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
-        if wp.static(mode == "atomic"):
+        if wp.static(mode in ("atomic", "floor")):
+            reduce_fn(dest, index, value, valid, threshold)
+        elif active_mask() != -1:
+            # Not a full, converged warp (or a CPU warp of one lane): no collectives.
             if valid:
                 wp.atomic_add(dest, index, value)
-        elif wp.static(mode == "floor"):
-            v = to_vec(value)
-            if valid and v[0] == wp.static(_FLOOR_SENTINEL):
-                dest[index] = value
-        else:
-            if active_mask() != -1:
-                # Not a full, converged warp (or a CPU warp of one lane): no collectives.
-                if valid:
-                    wp.atomic_add(dest, index, value)
-            elif plan_fn(valid, threshold):
-                wp.static(reduce_fn)(dest, index, value, valid, threshold)
-            elif valid:
-                wp.atomic_add(dest, index, value)
+        elif plan_fn(valid, threshold):
+            reduce_fn(dest, index, value, valid, threshold)
+        elif valid:
+            wp.atomic_add(dest, index, value)
 
     tag = f"{mode}_{'v%d' % k if wp.types.type_is_vector(dtype) else 'f32'}{'_u' if uniform_index else ''}"
     return wp.func(add, name=f"arc_add_{tag}", module="unique")

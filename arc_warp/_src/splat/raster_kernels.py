@@ -151,8 +151,8 @@ def make_raster_bwd(mode: str, absgrad: bool):
     grad_t = grad_vector(absgrad)
     # Plan first, then compute inside the branch that adds (see warp_plan). All lanes of
     # a warp read the same batch entry, hence reduce with one index.
-    plan = warp_plan(mode)
-    reduce = None if mode in ("atomic", "floor") else warp_reducer(grad_t, mode, uniform_index=True)
+    plan = warp_plan(mode)  # never True for atomic and floor
+    reduce = warp_reducer(grad_t, mode, uniform_index=True)
     lane_add = accumulator(grad_t, "floor" if mode == "floor" else "atomic")
 
     def entry_gradient(
@@ -284,16 +284,11 @@ def make_raster_bwd(mode: str, absgrad: bool):
                     c4 = batch_get(buf, RGB, s)
                     c = wp.vec3(c4[0], c4[1], c4[2])
                     index = float_bits(conic[3])
-                    if wp.static(reduce is None):
-                        if valid:
-                            grad = entry_gradient(geom, conic, pw, vis, ra, t_in_front, c, rgb_behind, depth_behind,
-                                                  v_rgb_px, v_depth_px, v_final)
-                            lane_add(out_grads, index, grad, True, threshold)
-                    elif plan(valid, threshold):
+                    if plan(valid, threshold):
                         # every lane computes (invalid lanes' values are ignored)
                         grad = entry_gradient(geom, conic, pw, vis, ra, t_in_front, c, rgb_behind, depth_behind,
                                               v_rgb_px, v_depth_px, v_final)
-                        wp.static(reduce)(out_grads, index, grad, valid, threshold)
+                        reduce(out_grads, index, grad, valid, threshold)
                     elif valid:
                         grad = entry_gradient(geom, conic, pw, vis, ra, t_in_front, c, rgb_behind, depth_behind,
                                               v_rgb_px, v_depth_px, v_final)
