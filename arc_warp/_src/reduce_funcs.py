@@ -184,8 +184,8 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
 
     def reduce(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
         # One round per distinct index among the reducing lanes, lowest lane's index
-        # first. A warp with one index (the rasteriser's case) takes one round and
-        # no match-any.
+        # first. Under uniform_index (the rasteriser's case) that is one round, and
+        # no match-any runs.
         mask = int(-1)  # the plan ran on a full, converged warp
         emulate = cpu_warp_emulation()
         lane = lane_id()
