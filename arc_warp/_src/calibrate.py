@@ -68,8 +68,11 @@ class Calibration:
 
     def worst_ratio(self, candidate: int) -> float:
         """min over densities of best(atomic, warp) / arc for one candidate T."""
-        times = self.arc_ms[self.candidates.index(candidate)]
-        return min(min(a, w) / t for a, w, t in zip(self.atomic_ms, self.warp_ms, times))
+        return _worst_ratio(self.atomic_ms, self.warp_ms, self.arc_ms[self.candidates.index(candidate)])
+
+
+def _worst_ratio(atomic_ms, warp_ms, arc_ms) -> float:
+    return min(min(a, w) / t for a, w, t in zip(atomic_ms, warp_ms, arc_ms))
 
 
 def _cache_file() -> pathlib.Path:
@@ -91,8 +94,7 @@ def choose_threshold(candidates, atomic_ms, warp_ms, arc_ms) -> int:
     """
 
     def score(i):
-        ratios = [min(a, w) / t for a, w, t in zip(atomic_ms, warp_ms, arc_ms[i])]
-        return (min(ratios), -sum(arc_ms[i]))
+        return (_worst_ratio(atomic_ms, warp_ms, arc_ms[i]), -sum(arc_ms[i]))
 
     return candidates[max(range(len(candidates)), key=score)]
 
