@@ -144,7 +144,7 @@ def make_raster_bwd(mode: str, absgrad: bool):
     Launch with ``dim = n_tiles * 256, block_dim = 256``. Batches run back to front from
     the block's last contributor; a warp starts each batch at its own last contributor.
     Threads of pixels outside the image run the loop with nothing to add: every lane
-    must reach ``add``.
+    must reach the plan and, in a reducing warp, the reducer.
     """
     from arc_warp._src.reduce_funcs import accumulator, warp_plan, warp_reducer
 
@@ -201,7 +201,8 @@ def make_raster_bwd(mode: str, absgrad: bool):
 
     entry_gradient = wp.func(entry_gradient, name=f"raster_entry_gradient_{int(absgrad)}", module="unique")
 
-    # 4 blocks per SM caps registers at 64 (unbounded 66: 3 blocks); no spill inside the loops
+    # 4 blocks per SM caps registers at 64; the reducing modes keep 48 bytes on the stack
+    # there (sm_90), and still ran faster than the accumulate-after-compute kernel (BENCHMARKS)
     @wp.kernel(
         enable_backward=False,
         module_options={"fast_math": True},
