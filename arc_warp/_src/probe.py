@@ -14,7 +14,7 @@ import functools
 import numpy as np
 import warp as wp
 
-from .reduce_funcs import accumulator, warp_plan, warp_reducer
+from .reduce_funcs import lane_adder, warp_plan, warp_reducer
 
 K = 9
 VecK = wp.types.vector(K, wp.float32)
@@ -60,7 +60,7 @@ def probe_kernel(mode: str, uniform_index: bool = False):
     """
     plan_fn = warp_plan(mode)  # never True for atomic and floor
     reduce_fn = warp_reducer(VecK, mode, uniform_index)
-    lane_add = accumulator(VecK, "floor" if mode == "floor" else "atomic")
+    lane_add = lane_adder(VecK, mode)
 
     def probe(
         params: wp.array(dtype=VecK),

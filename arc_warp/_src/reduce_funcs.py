@@ -57,6 +57,9 @@ from .intrinsics import (
 MODES = ("atomic", "warp", "serial", "arc", "floor")
 """Reduction modes accepted by :func:`accumulator` (``floor`` is for benchmarks only)."""
 
+_PER_LANE_MODES = ("atomic", "floor")
+"""Modes that never reduce in the warp: each valid lane adds (or, for floor, drops) its value."""
+
 # A value no real gradient takes: `floor` stores only if a component equals it,
 # which never happens but stops the compiler from deleting the computation.
 _FLOOR_SENTINEL = 3.0e38
@@ -74,6 +77,11 @@ def vector_length(dtype) -> int:
     )
 
 
+def _type_tag(dtype) -> str:
+    """Short name of an accumulator dtype for generated function names: ``f32`` or ``v<K>``."""
+    return f"v{vector_length(dtype)}" if wp.types.type_is_vector(dtype) else "f32"
+
+
 def check_mode(mode: str) -> str:
     """Returns ``mode`` if it is one of :data:`MODES`, else raises ``ValueError``."""
     if mode not in MODES:
@@ -84,9 +92,7 @@ def check_mode(mode: str) -> str:
 @functools.cache
 def _component_ops(dtype):
     """Typed helpers for one dtype: (to_vec, component_add, VecK)."""
-    k = vector_length(dtype)
-    vec_k = wp.types.vector(k, wp.float32)
-    tname = "f32" if k == 1 and not wp.types.type_is_vector(dtype) else f"v{k}"
+    vec_k = wp.types.vector(vector_length(dtype), wp.float32)
 
     # One stub name for every dtype: Warp resolves them as overloads by the type of dest.
     @wp.func_native("wp::atomic_add(((float*)wp::address(dest, index)) + comp, value);")
@@ -95,17 +101,25 @@ def _component_ops(dtype):
     def to_vec(value: dtype):
         return vec_k(value)
 
-    to_vec = wp.func(to_vec, name=f"arc_to_vec_{tname}", module="unique")
+    to_vec = wp.func(to_vec, name=f"arc_to_vec_{_type_tag(dtype)}", module="unique")
     return to_vec, component_add, vec_k
 
 
+def lane_adder(dtype, mode: str):
+    """``add(dest, index, value, valid, threshold)``: the per-lane add of ``mode``.
+
+    What a kernel calls where a warp's plan is ``False`` (see :func:`warp_plan`):
+    ``wp.atomic_add`` for every mode but ``floor``, which adds nothing.
+    """
+    return _lane_add(dtype, "floor" if check_mode(mode) == "floor" else "atomic")
+
+
 @functools.cache
-def _lane_add(dtype, mode: str):
-    """``add(dest, index, value, valid, threshold)`` for the per-lane modes ``atomic`` and ``floor``."""
+def _lane_add(dtype, kind: str):
     to_vec, _, _ = _component_ops(dtype)
 
     def add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
-        if wp.static(mode == "atomic"):
+        if wp.static(kind == "atomic"):
             if valid:
                 wp.atomic_add(dest, index, value)
         else:
@@ -113,8 +127,7 @@ def _lane_add(dtype, mode: str):
             if valid and v[0] == wp.static(_FLOOR_SENTINEL):
                 dest[index] = value
 
-    tname = f"v{vector_length(dtype)}" if wp.types.type_is_vector(dtype) else "f32"
-    return wp.func(add, name=f"arc_lane_add_{mode}_{tname}", module="unique")
+    return wp.func(add, name=f"arc_lane_add_{kind}_{_type_tag(dtype)}", module="unique")
 
 
 @functools.cache
@@ -147,7 +160,7 @@ def warp_plan(mode: str = "arc"):
     arc = mode == "arc"
 
     def plan(valid: bool, threshold: int) -> bool:
-        if wp.static(mode in ("atomic", "floor")):
+        if wp.static(mode in _PER_LANE_MODES):
             return False
         if cpu_warp_emulation():
             return True
@@ -175,9 +188,9 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
     k = vector_length(dtype)
     if k > 32:
         raise ValueError(f"accumulators handle at most 32 components; got {k}")
-    if mode in ("atomic", "floor"):
+    if mode in _PER_LANE_MODES:
         # Never planned, but callable, so one kernel body serves every mode.
-        return _lane_add(dtype, mode)
+        return lane_adder(dtype, mode)
     to_vec, component_add, vec_k = _component_ops(dtype)
     reduce_scatter_k, owned_component = reduce_scatter(k)
     arc = mode == "arc"
@@ -232,7 +245,7 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
                 component_add(dest, key, comp, total)
             pending = pending & ~members
 
-    tag = f"{mode}_{'v%d' % k if wp.types.type_is_vector(dtype) else 'f32'}{'_u' if uniform_index else ''}"
+    tag = f"{mode}_{_type_tag(dtype)}{'_u' if uniform_index else ''}"
     return wp.func(reduce, name=f"arc_reduce_{tag}", module="unique")
 
 
@@ -258,12 +271,11 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
     uniform_index).
     """
     check_mode(mode)
-    k = vector_length(dtype)
     plan_fn = warp_plan(mode)
-    reduce_fn = warp_reducer(dtype, mode, uniform_index)
+    reduce_fn = warp_reducer(dtype, mode, uniform_index)  # validates dtype
 
     def add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
-        if wp.static(mode in ("atomic", "floor")):
+        if wp.static(mode in _PER_LANE_MODES):
             reduce_fn(dest, index, value, valid, threshold)
         elif active_mask() != -1:
             # Not a full, converged warp (or a CPU warp of one lane): no collectives.
@@ -274,5 +286,5 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
         elif valid:
             wp.atomic_add(dest, index, value)
 
-    tag = f"{mode}_{'v%d' % k if wp.types.type_is_vector(dtype) else 'f32'}{'_u' if uniform_index else ''}"
+    tag = f"{mode}_{_type_tag(dtype)}{'_u' if uniform_index else ''}"
     return wp.func(add, name=f"arc_add_{tag}", module="unique")

@@ -146,20 +146,21 @@ def make_raster_bwd(mode: str, absgrad: bool):
     Threads of pixels outside the image run the loop with nothing to add: every lane
     must reach the plan and, in a reducing warp, the reducer.
     """
-    from arc_warp._src.reduce_funcs import accumulator, warp_plan, warp_reducer
+    from arc_warp._src.reduce_funcs import lane_adder, warp_plan, warp_reducer
 
     grad_t = grad_vector(absgrad)
     # Plan first, then compute inside the branch that adds (see warp_plan). All lanes of
     # a warp read the same batch entry, hence reduce with one index.
     plan = warp_plan(mode)  # never True for atomic and floor
     reduce = warp_reducer(grad_t, mode, uniform_index=True)
-    lane_add = accumulator(grad_t, "floor" if mode == "floor" else "atomic")
+    lane_add = lane_adder(grad_t, mode)
 
     def entry_gradient(
         geom: wp.vec4,
         conic: wp.vec4,
         pw: wp.vec3,
         vis: float,
+        alpha: float,
         ra: float,
         t: float,
         c: wp.vec3,
@@ -172,7 +173,6 @@ def make_raster_bwd(mode: str, absgrad: bool):
         # Gradient of one pixel's outputs with respect to one entry; t is the
         # transmittance in front of it and ra = 1 / (1 - alpha).
         opacity = geom[2]
-        alpha = wp.min(ALPHA_MAX, opacity * vis)
         fac = alpha * t
         v = grad_t()
         v_alpha = (
@@ -287,12 +287,12 @@ def make_raster_bwd(mode: str, absgrad: bool):
                     index = float_bits(conic[3])
                     if plan(valid, threshold):
                         # every lane computes (invalid lanes' values are ignored)
-                        grad = entry_gradient(geom, conic, pw, vis, ra, t_in_front, c, rgb_behind, depth_behind,
-                                              v_rgb_px, v_depth_px, v_final)
+                        grad = entry_gradient(geom, conic, pw, vis, alpha, ra, t_in_front, c, rgb_behind,
+                                              depth_behind, v_rgb_px, v_depth_px, v_final)
                         reduce(out_grads, index, grad, valid, threshold)
                     elif valid:
-                        grad = entry_gradient(geom, conic, pw, vis, ra, t_in_front, c, rgb_behind, depth_behind,
-                                              v_rgb_px, v_depth_px, v_final)
+                        grad = entry_gradient(geom, conic, pw, vis, alpha, ra, t_in_front, c, rgb_behind,
+                                              depth_behind, v_rgb_px, v_depth_px, v_final)
                         lane_add(out_grads, index, grad, True, threshold)
                     if valid:
                         fac = alpha * t_in_front
