@@ -3,7 +3,7 @@
 __version__ = "0.1.0"
 
 from .ply import GaussianPly, PlyFormatError, read_ply, write_ply
-from .reduce import MODES, Calibration, accumulator, calibrate, resolve_threshold, scatter_add, warp_plan, warp_reducer
+from .arc import MODES, Calibration, accumulator, calibrate, resolve_threshold, scatter_add, warp_plan, warp_reducer
 from .splat import Camera, GaussianGrads, RenderOutput, RenderSettings, render_gaussians, render_gaussians_backward
 
 __all__ = [

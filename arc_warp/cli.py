@@ -1,7 +1,10 @@
-"""`arc-warp` command line: render, train, bench, demo.
+"""`arc-warp` command line: the core's `render` and `bench`, plus discovered commands.
 
-`render` and `bench` need only the core (warp, numpy); `train` and `demo` import torch
-and the `arc_warp_torch` plugin lazily and say how to install them when missing.
+`render` and `bench` need only the core (warp, numpy). Other subcommands (`train`,
+`demo`, ...) belong to applications and plugins, which register them under the entry-point
+group ``arc_warp.commands``: each entry point is a function ``add_parser(subparsers)``
+that adds its subparser and sets ``func``. The core imports no plugin: it loads whatever
+is registered, so the command line grows with what is installed.
 """
 
 import argparse
@@ -11,10 +14,17 @@ import struct
 import sys
 import zlib
 
+from importlib.metadata import entry_points
+
 import numpy as np
 
-TORCH_HINT = "pip install arc-warp[torch]"
-APP_HINT = "pip install arc-warp[app]"
+from arc_warp.arc import MODES
+
+REDUCE_MODES = tuple(m for m in MODES if m != "floor")
+"""Modes a user may pick (``floor`` is for benchmarks only)."""
+
+COMMAND_GROUP = "arc_warp.commands"
+"""Entry-point group of subcommands contributed by applications and plugins."""
 
 
 def _floats(text: str, count: int, name: str):
@@ -28,11 +38,11 @@ def _floats(text: str, count: int, name: str):
     return values
 
 
-def _vec3(text):
+def vec3(text):
     return _floats(text, 3, "vector")
 
 
-def _positive_int(text):
+def positive_int(text):
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
@@ -54,22 +64,7 @@ def write_png(path, rgb: np.ndarray) -> None:
                 + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
 
 
-def _require_torch(command: str) -> bool:
-    """True when torch and the app extras import; else print how to install them."""
-    import importlib
-
-    for module, what, hint in (("torch", "PyTorch", TORCH_HINT), ("PIL", "Pillow", APP_HINT),
-                               ("matplotlib", "matplotlib", APP_HINT), ("tqdm", "tqdm", APP_HINT)):
-        try:
-            importlib.import_module(module)
-        except ImportError:
-            print(f"arc-warp {command} needs {what}, which is not installed: {hint}",
-                  file=sys.stderr)
-            return False
-    return True
-
-
-def _quiet_warp():
+def quiet_warp():
     import warp as wp
 
     wp.config.log_level = wp.LOG_WARNING
@@ -93,7 +88,7 @@ def _orbit_eyes(center, radius, up, views, elevation_deg, fov_deg, distance):
 
 
 def cmd_render(args) -> int:
-    wp = _quiet_warp()
+    wp = quiet_warp()
     from arc_warp import Camera, RenderSettings, render_gaussians
     from arc_warp.ply import read_ply
 
@@ -125,75 +120,6 @@ def cmd_render(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
-    if not _require_torch("train"):
-        return 2
-    if args.gpus == 1:
-        return _train_rank(args)  # one process, or one rank of torchrun's
-    import torch
-
-    from arc_warp_torch.train.distributed import env_world_size, launch
-
-    if env_world_size() > 1:
-        raise ValueError("--gpus spawns its own processes; under torchrun leave it at 1 "
-                         "(torchrun's --nproc_per_node sets the process count)")
-    if args.batch_size is not None and args.batch_size % args.gpus:
-        raise ValueError(f"--batch-size {args.batch_size} must be a multiple of --gpus "
-                         f"{args.gpus} (each process renders an equal share)")
-    if args.device not in (None, "cuda", "cpu"):
-        raise ValueError(f"with --gpus pass --device cuda or cpu (process r uses cuda:r), "
-                         f"got {args.device!r}")
-    if args.device != "cpu" and torch.cuda.device_count() < args.gpus:
-        raise ValueError(f"--gpus {args.gpus} but {torch.cuda.device_count()} CUDA devices are "
-                         "visible (add --device cpu for CPU processes)")
-    try:
-        launch(_train_rank, args.gpus, (args,))
-    except (torch.multiprocessing.ProcessRaisedException,
-            torch.multiprocessing.ProcessExitedException) as exc:
-        print(f"arc-warp train: a training process failed:\n{exc}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _train_rank(args) -> int:
-    """`arc-warp train` in this process: alone, or as one rank of a process group described
-    by torchrun's environment variables (rank 0 prints)."""
-    _quiet_warp()
-    from arc_warp_torch.train import DensifyConfig, TrainConfig, load_dataset, train
-    from arc_warp_torch.train.distributed import init_distributed
-
-    dist = init_distributed(args.device)
-    try:
-        kw = {"downscale": args.downscale}
-        if args.format != "colmap" and os.path.isfile(os.path.join(args.data,
-                                                                   "transforms_train.json")):
-            kw["background"] = (1.0, 1.0, 1.0) if args.white_background else (0.0, 0.0, 0.0)
-        dataset = load_dataset(args.data, args.format, **kw)
-        dens = DensifyConfig(refine_stop=min(15000, args.steps // 2), absgrad=args.absgrad,
-                             max_gaussians=args.max_gaussians)
-        cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size or dist.world_size,
-                          sh_degree=args.sh_degree, densify=dens, eval_every=args.eval_every,
-                          checkpoint_every=args.checkpoint_every, seed=args.seed,
-                          device=args.device, reduce=args.reduce, init_points=args.init_points,
-                          cpu_threads=args.threads, progress=not args.no_progress,
-                          check_sync=args.check_sync)
-        if dist.is_main:
-            ranks = f", {dist.world_size} data-parallel ranks ({dist.backend})" \
-                if dist.enabled else ""
-            print(f"{dataset.source}: {len(dataset.train)} train / {len(dataset.test)} test "
-                  f"views, scene scale {dataset.scene_scale:.3g}, {cfg.batch_size} views per "
-                  f"step{ranks}")
-        result = train(dataset, cfg, args.output, resume=args.resume, dist=dist)
-        if dist.is_main:
-            print(f"final test-view PSNR {result.psnr:.2f} dB, SSIM {result.ssim:.4f}, "
-                  f"{result.num_gaussians} Gaussians, {result.wall_s:.0f} s")
-            for kind, path in result.files.items():
-                print(f"  {kind}: {path}")
-    finally:
-        dist.close()
-    return 0
-
-
 def _bench_cloud(n: int, seed: int):
     """A random cloud of `n` Gaussians in a ball of radius ~1 (benchmark workload)."""
     rng = np.random.default_rng(seed)
@@ -204,9 +130,9 @@ def _bench_cloud(n: int, seed: int):
 
 
 def cmd_bench(args) -> int:
-    wp = _quiet_warp()
+    wp = quiet_warp()
     from arc_warp import Camera, RenderSettings, render_gaussians, render_gaussians_backward
-    from arc_warp._src.timing import median_time_ms
+    from arc_warp._src.arc.timing import median_time_ms
 
     if args.ply:
         from arc_warp.ply import read_ply
@@ -240,113 +166,47 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def cmd_demo(args) -> int:
-    if not _require_torch("demo"):
-        return 2
-    _quiet_warp()
-    if args.which == "image":
-        from arc_warp_torch.train.image_fit import run_image_demo
-
-        run_image_demo(args.output, steps=args.steps or 500, seed=args.seed,
-                       device=args.device, progress=not args.no_progress)
-        return 0
-    from arc_warp_torch.train.demo import demo_config, run_demo
-
-    cfg = demo_config(args.steps or 2000, seed=args.seed, device=args.device,
-                      progress=not args.no_progress)
-    run_demo(args.output, cfg)
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="arc-warp", description="Differentiable Gaussian splatting in NVIDIA Warp with "
         "ARC warp-level reduction in the backward pass.")
     sub = parser.add_subparsers(dest="command", required=True)
-    reduce_modes = ("atomic", "warp", "serial", "arc")
 
     p = sub.add_parser("render", help="render a 3DGS PLY file to PNG (core only, no torch)",
                        description="Render a standard 3DGS PLY from cameras orbiting its centre.")
     p.add_argument("ply", help="3DGS PLY file (binary little-endian)")
     p.add_argument("-o", "--output", default="render.png",
                    help="PNG path; with --views > 1 an index is appended (default render.png)")
-    p.add_argument("--width", type=_positive_int, default=256)
-    p.add_argument("--height", type=_positive_int, default=256)
+    p.add_argument("--width", type=positive_int, default=256)
+    p.add_argument("--height", type=positive_int, default=256)
     p.add_argument("--fov", type=float, default=40.0, help="vertical field of view, degrees")
-    p.add_argument("--views", type=_positive_int, default=1, help="cameras around the scene")
+    p.add_argument("--views", type=positive_int, default=1, help="cameras around the scene")
     p.add_argument("--elevation", type=float, default=25.0, help="camera elevation, degrees")
     p.add_argument("--distance", type=float, default=None,
                    help="camera distance to the scene centre (default: fit the scene)")
-    p.add_argument("--up", type=_vec3, default=(0.0, 0.0, 1.0), help="world up, e.g. 0,-1,0")
-    p.add_argument("--background", type=_vec3, default=(0.0, 0.0, 0.0), help="RGB in [0,1]")
-    p.add_argument("--reduce", choices=reduce_modes, default="arc")
+    p.add_argument("--up", type=vec3, default=(0.0, 0.0, 1.0), help="world up, e.g. 0,-1,0")
+    p.add_argument("--background", type=vec3, default=(0.0, 0.0, 0.0), help="RGB in [0,1]")
+    p.add_argument("--reduce", choices=REDUCE_MODES, default="arc")
     p.add_argument("--device", default=None, help="warp device (default: warp's default)")
     p.set_defaults(func=cmd_render)
-
-    p = sub.add_parser("train", help="train 3DGS on a dataset (needs torch)",
-                       description="Train 3D Gaussians on a NeRF-synthetic (transforms.json) "
-                       "or COLMAP text dataset; writes PLY, test-view PNGs, PSNR plot, "
-                       f"checkpoint. Needs PyTorch ({TORCH_HINT}). Multi-GPU: --gpus N, or "
-                       "torchrun --nproc_per_node N -m arc_warp.cli train ...")
-    p.add_argument("data", help="dataset folder")
-    p.add_argument("-o", "--output", default="arc_warp_train_out", help="output folder")
-    p.add_argument("--format", choices=("auto", "nerf", "colmap"), default="auto")
-    p.add_argument("--steps", type=_positive_int, default=30000)
-    p.add_argument("--sh-degree", type=int, choices=range(4), default=3)
-    p.add_argument("--downscale", type=_positive_int, default=1, help="image downscale factor")
-    p.add_argument("--white-background", action="store_true",
-                   help="composite NeRF-synthetic RGBA images on white (default black)")
-    p.add_argument("--init-points", type=_positive_int, default=100_000,
-                   help="random initial points when the dataset has no point cloud")
-    p.add_argument("--max-gaussians", type=_positive_int, default=None)
-    p.add_argument("--absgrad", action="store_true", help="AbsGS densification statistic")
-    p.add_argument("--eval-every", type=_positive_int, default=5000)
-    p.add_argument("--checkpoint-every", type=int, default=5000)
-    p.add_argument("--resume", default=None, help="checkpoint.pt to resume from")
-    p.add_argument("--reduce", choices=reduce_modes, default="arc")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="torch device (default cuda if available)")
-    p.add_argument("--threads", type=_positive_int, default=None, help="torch CPU threads")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--gpus", type=_positive_int, default=1,
-                   help="data-parallel processes to spawn, one GPU each (NCCL); with --device "
-                   "cpu, CPU processes (gloo). Under torchrun leave at 1")
-    p.add_argument("--batch-size", type=_positive_int, default=None,
-                   help="training views per step over all processes, split evenly among them "
-                   "(default: one per process)")
-    p.add_argument("--check-sync", action="store_true",
-                   help="check at each evaluation and checkpoint that all processes hold "
-                   "bitwise-equal parameters and optimizer state")
-    p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("bench", help="time forward/backward per reduction mode (core only)",
                        description="Median forward and backward times of one render for each "
                        "reduction mode, on a PLY or a random Gaussian cloud.")
     p.add_argument("--ply", default=None, help="3DGS PLY to render (default: random cloud)")
-    p.add_argument("--num-gaussians", type=_positive_int, default=20000)
-    p.add_argument("--width", type=_positive_int, default=256)
-    p.add_argument("--height", type=_positive_int, default=256)
+    p.add_argument("--num-gaussians", type=positive_int, default=20000)
+    p.add_argument("--width", type=positive_int, default=256)
+    p.add_argument("--height", type=positive_int, default=256)
     p.add_argument("--modes", default="atomic,warp,serial,arc",
                    help="comma-separated reduction modes")
-    p.add_argument("--reps", type=_positive_int, default=10)
+    p.add_argument("--reps", type=positive_int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default=None, help="warp device (default: warp's default)")
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("demo", help="train a small built-in scene end to end (needs torch)",
-                       description="'scene' (default): render a procedural scene into a "
-                       "multi-view dataset and train 3DGS on it from random points; writes "
-                       "ground truth | render PNGs, the PSNR plot and the PLY. 'image': fit "
-                       "Gaussians to a photograph bundled with matplotlib. Fixed seed. Needs "
-                       f"PyTorch ({TORCH_HINT}) and the app extras ({APP_HINT}).")
-    p.add_argument("which", nargs="?", choices=("scene", "image"), default="scene")
-    p.add_argument("-o", "--output", default="arc_warp_demo_out", help="output folder")
-    p.add_argument("--steps", type=_positive_int, default=None,
-                   help="training steps (default 2000 for scene, 500 for image)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="torch device (default cuda if available)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.set_defaults(func=cmd_demo)
+    for entry in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
+        entry.load()(sub)
+
     return parser
 
 

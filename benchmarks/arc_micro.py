@@ -24,8 +24,8 @@ import numpy as np
 import warp as wp
 
 import arc_warp
-from arc_warp._src.probe import VecK, launch_probe, make_params
-from arc_warp._src.timing import median_times_ms
+from arc_warp._src.arc.probe import VecK, launch_probe, make_params
+from arc_warp._src.arc.timing import median_times_ms
 
 MODES = ("atomic", "warp", "serial", "arc", "floor")
 

@@ -40,8 +40,8 @@ def make_dataset(n: int, width: int, height: int, seed: int, device: str):
     import warp as wp
 
     from arc_warp import RenderSettings, render_gaussians
-    from arc_warp_torch.train import Dataset, View
-    from arc_warp_torch.train.synthetic import orbit_cameras
+    from arc_warp_train.datasets import Dataset, View
+    from arc_warp_train.synthetic import orbit_cameras
 
     rng = np.random.default_rng(seed)
     f32 = np.float32
@@ -69,7 +69,9 @@ def _worker(opts: dict, result_path: str) -> None:
     import warp as wp
 
     wp.config.log_level = wp.LOG_WARNING
-    from arc_warp_torch.train import DensifyConfig, TrainConfig, Trainer, init_distributed
+    from arc_warp_train.densify import DensifyConfig
+    from arc_warp_train.distributed import init_distributed
+    from arc_warp_train.trainer import TrainConfig, Trainer
 
     dist = init_distributed(opts["device"])
     try:
@@ -155,7 +157,7 @@ def main(argv=None) -> int:
     if args.warmup < 4:
         ap.error(f"--warmup must be >= 4 (SH degree ramp), got {args.warmup}")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
-    from arc_warp_torch.train import launch
+    from arc_warp_train.distributed import launch
 
     if args.device == "cuda":
         if not torch.cuda.is_available():

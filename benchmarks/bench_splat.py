@@ -28,7 +28,7 @@ import warp as wp
 
 import arc_warp
 from arc_warp._src.splat.raster_ops import raster_backward
-from arc_warp._src.timing import median_times_ms
+from arc_warp._src.arc.timing import median_times_ms
 
 WIDTH, HEIGHT = 1920, 1080
 SH_DEGREE = 3

@@ -11,7 +11,7 @@ import argparse
 import warp as wp
 
 import arc_warp
-from arc_warp._src.probe import VecK, launch_probe, make_params
+from arc_warp._src.arc.probe import VecK, launch_probe, make_params
 
 
 def main():

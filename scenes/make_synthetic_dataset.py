@@ -10,17 +10,12 @@ transforms_train.json / transforms_test.json with RGBA PNGs plus gt.ply, so
 """
 
 import argparse
-import os
 import sys
 
 import warp as wp
 
-# Run from a source checkout without installing: put the plugin folder on the path.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "plugins"))
-
-from arc_warp.ply import read_ply  # noqa: E402
-from arc_warp_torch.train.synthetic import (  # noqa: E402
-    SCENES, GaussianScene, make_scene, make_synthetic_dataset)
+from arc_warp.ply import read_ply
+from arc_warp_train.synthetic import SCENES, GaussianScene, make_scene, make_synthetic_dataset
 
 
 def main(argv=None) -> int:

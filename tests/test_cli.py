@@ -141,13 +141,13 @@ def test_missing_torch_prints_install_hint(command):
     proc = _run("import sys\nsys.modules['torch'] = None\nfrom arc_warp.cli import main\n"
                 f"sys.exit(main([{command!r}] + (['data'] if {command!r} == 'train' else [])))\n")
     assert proc.returncode == 2
-    assert "pip install arc-warp[torch]" in proc.stderr
+    assert "pip install -e '.[torch,app]'" in proc.stderr
 
 
 def test_train_tiny_dataset(tmp_path, capsys):
     pytest.importorskip("torch", reason="arc-warp train needs torch")
     pytest.importorskip("PIL", reason="arc-warp train needs pillow (arc-warp[app])")
-    from arc_warp_torch.train.synthetic import make_synthetic_dataset
+    from arc_warp_train.synthetic import make_synthetic_dataset
 
     data = tmp_path / "data"
     make_synthetic_dataset(str(data), num_train=2, num_test=1, width=16, height=16,

@@ -18,11 +18,12 @@ if not (tdist.is_available() and tdist.is_gloo_available()):
 
 import warp as wp  # noqa: E402
 
-from arc_warp_torch.train import (  # noqa: E402
-    DensifyConfig, DistContext, TrainConfig, Trainer, init_distributed, launch,
-    load_nerf_synthetic)
-from arc_warp_torch.train.losses import photometric_loss  # noqa: E402
-from arc_warp_torch.train.synthetic import make_synthetic_dataset  # noqa: E402
+from arc_warp_train.datasets import load_nerf_synthetic  # noqa: E402
+from arc_warp_train.densify import DensifyConfig  # noqa: E402
+from arc_warp_train.distributed import DistContext, init_distributed, launch  # noqa: E402
+from arc_warp_train.trainer import TrainConfig, Trainer  # noqa: E402
+from arc_warp_train.losses import photometric_loss  # noqa: E402
+from arc_warp_train.synthetic import make_synthetic_dataset  # noqa: E402
 
 wp.config.log_level = wp.LOG_WARNING
 

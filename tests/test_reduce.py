@@ -13,7 +13,7 @@ import pytest
 import warp as wp
 
 import arc_warp
-from arc_warp._src.intrinsics import (
+from arc_warp._src.arc.intrinsics import (
     active_mask,
     ballot,
     lane_id,
@@ -257,7 +257,7 @@ def test_out_of_range_indices_raise_and_write_nothing():
 
 
 def test_threshold_resolution(monkeypatch):
-    from arc_warp._src.calibrate import FALLBACK_THRESHOLD, choose_threshold
+    from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD, choose_threshold
 
     assert arc_warp.resolve_threshold("cpu") == FALLBACK_THRESHOLD
     assert arc_warp.resolve_threshold("cpu", 5) == 5
@@ -277,7 +277,7 @@ def test_threshold_resolution(monkeypatch):
 
 
 def test_calibration_cache_roundtrip(monkeypatch, tmp_path):
-    from arc_warp._src import calibrate as cal
+    from arc_warp._src.arc import calibrate as cal
 
     monkeypatch.setenv("ARC_WARP_CACHE_DIR", str(tmp_path))
     entry = cal.Calibration(
@@ -291,7 +291,7 @@ def test_calibration_cache_roundtrip(monkeypatch, tmp_path):
 
 def test_probe_kernel_modes_agree_on_emulated_warps():
     # The calibration / benchmark workload itself: every mode must give atomic's sums.
-    from arc_warp._src.probe import VecK, launch_probe, make_params
+    from arc_warp._src.arc.probe import VecK, launch_probe, make_params
 
     params = make_params(24, DEVICE, seed=2)
     outs = {}

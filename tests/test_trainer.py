@@ -15,11 +15,12 @@ pytest.importorskip("matplotlib", reason="the trainer needs matplotlib (arc-warp
 import warp as wp  # noqa: E402
 
 from arc_warp.ply import read_ply  # noqa: E402
-from arc_warp_torch.train import (  # noqa: E402
-    DensifyConfig, TrainConfig, Trainer, load_colmap, load_dataset, load_nerf_synthetic, train)
-from arc_warp_torch.train import densify as dens  # noqa: E402
-from arc_warp_torch.train.model import init_params, make_optimizers  # noqa: E402
-from arc_warp_torch.train.synthetic import make_synthetic_dataset  # noqa: E402
+from arc_warp_train.datasets import load_colmap, load_dataset, load_nerf_synthetic  # noqa: E402
+from arc_warp_train.densify import DensifyConfig  # noqa: E402
+from arc_warp_train.trainer import TrainConfig, Trainer, train  # noqa: E402
+from arc_warp_train import densify as dens  # noqa: E402
+from arc_warp_train.model import init_params, make_optimizers  # noqa: E402
+from arc_warp_train.synthetic import make_synthetic_dataset  # noqa: E402
 
 wp.config.log_level = wp.LOG_WARNING
 
@@ -270,7 +271,7 @@ def test_demo_reaches_psnr_bound(tmp_path):
     working gradients, Adam and densification, and leaves ~3.7 dB for float and library
     differences across machines.
     """
-    from arc_warp_torch.train.demo import DemoConfig, demo_config, run_demo
+    from arc_warp_train.demo import DemoConfig, demo_config, run_demo
 
     cfg = DemoConfig(width=48, height=48, num_train=8, num_test=3, gt_gaussians=1000,
                      train=demo_config(500, seed=0, device="cpu", progress=False).train)
@@ -279,7 +280,7 @@ def test_demo_reaches_psnr_bound(tmp_path):
 
 
 def test_image_fit_beats_flat_colour():
-    from arc_warp_torch.train.image_fit import fit_image, load_photo
+    from arc_warp_train.image_fit import fit_image, load_photo
 
     target = load_photo(24)
     assert target.shape == (28, 24, 3)

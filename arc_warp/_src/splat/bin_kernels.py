@@ -2,7 +2,7 @@
 
 import warp as wp
 
-from arc_warp._src.splat.math import Splat2D, float_bits, tile_bbox
+from arc_warp._src.splat.geometry_funcs import Splat2D, float_bits, tile_bbox
 
 
 @wp.kernel(enable_backward=False)

@@ -5,7 +5,7 @@ import warp as wp
 import warp.utils
 
 from arc_warp._src.splat.bin_kernels import copy_last, tile_ranges, write_keys
-from arc_warp._src.splat.math import TILE_SIZE
+from arc_warp._src.splat.geometry_funcs import TILE_SIZE
 from arc_warp._src.splat.records import BinResult, ProjectResult
 
 

@@ -5,7 +5,7 @@ import functools
 
 import warp as wp
 
-from arc_warp._src.splat.math import (
+from arc_warp._src.splat.geometry_funcs import (
     ALPHA_MIN,
     EXTEND_MAX,
     G_ABS,

@@ -4,7 +4,7 @@ import numpy as np
 import warp as wp
 
 from arc_warp._src.camera import Camera
-from arc_warp._src.splat.math import CameraParams, Splat2D
+from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
 from arc_warp._src.splat.project_kernels import make_project_bwd, project_fwd
 from arc_warp._src.splat.records import GaussianGrads, GaussianInputs, ProjectResult
 

@@ -12,7 +12,7 @@ import functools
 
 import warp as wp
 
-from arc_warp._src.splat.batch_funcs import (
+from arc_warp._src.splat.raster_batch_funcs import (
     CONIC,
     GEOM,
     RGB,
@@ -26,7 +26,7 @@ from arc_warp._src.splat.batch_funcs import (
     lockstep_max,
     splat_quad,
 )
-from arc_warp._src.splat.math import (
+from arc_warp._src.splat.geometry_funcs import (
     ALPHA_MAX,
     ALPHA_MIN,
     BLOCK_PIXELS,
@@ -146,7 +146,7 @@ def make_raster_bwd(mode: str, absgrad: bool):
     Threads of pixels outside the image run the loop with nothing to add: every lane
     must reach the plan and, in a reducing warp, the reducer.
     """
-    from arc_warp._src.reduce_funcs import lane_adder, warp_plan, warp_reducer
+    from arc_warp._src.arc.reduce_funcs import lane_adder, warp_plan, warp_reducer
 
     grad_t = grad_vector(absgrad)
     # Plan first, then compute inside the branch that adds (see warp_plan). All lanes of

@@ -2,7 +2,7 @@
 
 import warp as wp
 
-from arc_warp._src.splat.math import BLOCK_PIXELS, grad_vector
+from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, grad_vector
 from arc_warp._src.splat.raster_kernels import make_raster_bwd, raster_fwd
 from arc_warp._src.splat.records import BinResult, ProjectResult, RasterImages
 

@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 
 import warp as wp
 
-from arc_warp._src.calibrate import MAX_THRESHOLD, MIN_THRESHOLD
+from arc_warp._src.arc.calibrate import MAX_THRESHOLD, MIN_THRESHOLD
 from arc_warp._src.camera import Camera
-from arc_warp._src.reduce_funcs import MODES
-from arc_warp._src.splat.math import CameraParams
+from arc_warp._src.arc.reduce_funcs import MODES
+from arc_warp._src.splat.geometry_funcs import CameraParams
 
 
 

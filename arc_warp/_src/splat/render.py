@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from arc_warp._src.calibrate import resolve_threshold
+from arc_warp._src.arc.calibrate import resolve_threshold
 from arc_warp._src.camera import Camera
 from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
 from arc_warp._src.splat.project_kernels import BAD_SLOTS

@@ -173,7 +173,7 @@ def init_distributed(device=None) -> DistContext:
     missing = [k for k in ("RANK", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
     if missing:
         raise RuntimeError(f"WORLD_SIZE={world} but {', '.join(missing)} unset: launch with "
-                           "torchrun or arc_warp_torch.train.distributed.launch")
+                           "torchrun or arc_warp_train.distributed.launch")
     rank = int(os.environ["RANK"])
     local = int(os.environ.get("LOCAL_RANK", rank))
     dev = torch.device(device) if device is not None else \

@@ -1,7 +1,6 @@
 """Procedural ground-truth Gaussian scenes and multi-view datasets rendered from them.
 
-Uses numpy, Warp and the arc_warp core only (no torch calls; the `arc_warp_torch` package
-import does load torch). World is z-up, like Blender; the scene fits in a
+Uses numpy, Warp and the arc_warp core only: importing it loads no torch. World is z-up, like Blender; the scene fits in a
 ball of radius ~1.2 around the origin, so NeRF-synthetic-like camera rings work.
 """
 

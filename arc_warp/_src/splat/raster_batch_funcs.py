@@ -19,7 +19,7 @@ number of times (pixels outside the image included; no early ``return``).
 
 import warp as wp
 
-from arc_warp._src.splat.math import Splat2D
+from arc_warp._src.splat.geometry_funcs import Splat2D
 
 GEOM = 0
 CONIC = 1

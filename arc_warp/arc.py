@@ -28,9 +28,9 @@ warps compute inside the branch that adds them (see :func:`warp_plan`)::
             wp.atomic_add(grid, cell, value_of(i))
 """
 
-from ._src.calibrate import Calibration, calibrate, resolve_threshold
-from ._src.reduce_funcs import MODES, accumulator, warp_plan, warp_reducer
-from ._src.scatter_ops import scatter_add
+from ._src.arc.calibrate import Calibration, calibrate, resolve_threshold
+from ._src.arc.reduce_funcs import MODES, accumulator, warp_plan, warp_reducer
+from ._src.arc.scatter_ops import scatter_add
 
 __all__ = [
     "MODES",

@@ -4,7 +4,7 @@ T is the number of valid lanes of a warp at and above which ``arc`` reduces in t
 warp instead of issuing raw atomics. The best T depends on the GPU (shuffle and
 issue throughput against L2 atomic throughput) and on how crowded the L2 is, so it
 is measured on the objective itself: the synthetic gradient kernel of
-:mod:`arc_warp._src.probe` runs at a ladder of active-lane densities
+:mod:`arc_warp._src.arc.probe` runs at a ladder of active-lane densities
 (:data:`DENSITIES`) in ``atomic``, in ``warp`` and in ``arc`` for every candidate T
 (:data:`CANDIDATES`), and T is the candidate whose worst ratio against the better
 of ``atomic`` and ``warp`` is highest. Results are cached in memory and in a JSON

@@ -52,7 +52,7 @@ def probe_gradient(q: VecK, px: float, py: float) -> VecK:
 def probe_kernel(mode: str, uniform_index: bool = False):
     """The probe kernel for one reduction mode (cached).
 
-    It plans before it computes (see :func:`~arc_warp._src.reduce_funcs.warp_plan`):
+    It plans before it computes (see :func:`~arc_warp._src.arc.reduce_funcs.warp_plan`):
     lanes of an atomic warp compute inside the branch that adds, and a reducing warp
     computes in every lane. Every lane of a warp walks the same target, so the probe
     may promise ``uniform_index`` to the reducer, as the tile rasteriser does;
