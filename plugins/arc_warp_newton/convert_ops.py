@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import warp as wp
 
+from arc_warp._src.validate import check_array
+
 from .convert_kernels import body_samples_to_gaussians_kernel, particles_to_gaussians_kernel
 
 
@@ -46,22 +48,11 @@ class SimGaussians:
         return self.means.shape[0]
 
 
-def _check_array(arr, name: str, dtype, device=None) -> wp.array:
-    dtype = wp.float32 if dtype is float else dtype
-    if not isinstance(arr, wp.array):
-        raise TypeError(f"{name} must be a wp.array of {dtype.__name__}, got {type(arr).__name__}")
-    if arr.dtype != dtype or arr.ndim != 1:
-        raise TypeError(f"{name} must be a 1-D wp.array of {dtype.__name__}, got ndim={arr.ndim} dtype={arr.dtype}")
-    if device is not None and arr.device != device:
-        raise ValueError(f"{name} is on {arr.device}, expected {device} (all inputs on one device)")
-    return arr
-
-
 def _per_element(value, name: str, dtype, count: int, device) -> tuple[wp.array, int]:
     """A per-element attribute as (array, stride): an (N,) array (stride 1), a (1,)
     array or a plain value (stride 0, broadcast)."""
     if isinstance(value, wp.array):
-        _check_array(value, name, dtype, device)
+        check_array(value, name, dtype, 1, None, device)
         if value.shape[0] not in (1, count):
             raise ValueError(f"{name} must have 1 or {count} elements, got {value.shape[0]}")
         return value, int(value.shape[0] == count and count != 1)
@@ -99,7 +90,7 @@ def particles_to_gaussians(
     ``colors`` arrays that have ``requires_grad``). ``requires_grad`` of the outputs
     defaults to that of ``particle_q``. Launches on ``particle_q.device``.
     """
-    _check_array(particle_q, "particle_q", wp.vec3)
+    check_array(particle_q, "particle_q", wp.vec3, 1)
     device, n = particle_q.device, particle_q.shape[0]
     if n == 0:
         raise ValueError("particle_q is empty: nothing to convert")
@@ -290,7 +281,7 @@ def bodies_to_gaussians(
     Launches on ``body_q.device``; ``samples`` must be on the same device and its body
     indices must be < B.
     """
-    _check_array(body_q, "body_q", wp.transform)
+    check_array(body_q, "body_q", wp.transform, 1)
     if not isinstance(samples, SurfaceSamples):
         raise TypeError(f"samples must be SurfaceSamples, got {type(samples).__name__}")
     device = body_q.device

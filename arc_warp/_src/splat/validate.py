@@ -6,27 +6,8 @@ import numpy as np
 import warp as wp
 
 from arc_warp._src.splat.project_kernels import BAD_SLOTS
+from arc_warp._src.validate import check_array
 from arc_warp._src.splat.records import GaussianGrads, GaussianInputs, RenderSettings
-
-
-def _type_name(dtype) -> str:
-    return getattr(dtype, "__name__", repr(dtype))
-
-
-def check_array(value, name: str, dtype, ndim: int, shape=None, device=None) -> wp.array:
-    """Raises TypeError/ValueError unless ``value`` is a contiguous wp.array as described."""
-    if not isinstance(value, wp.array):
-        raise TypeError(f"{name} must be a wp.array(dtype={_type_name(dtype)}), got {type(value).__name__}")
-    if value.dtype != dtype:
-        raise TypeError(f"{name} must have dtype {_type_name(dtype)}, got {_type_name(value.dtype)}")
-    if value.ndim != ndim or (shape is not None and tuple(value.shape) != tuple(shape)):
-        want = shape if shape is not None else f"{ndim} dims"
-        raise ValueError(f"{name} must have shape {want}, got {tuple(value.shape)}")
-    if not value.is_contiguous:
-        raise ValueError(f"{name} must be contiguous")
-    if device is not None and value.device != device:
-        raise ValueError(f"{name} is on {value.device}, expected {device} like means")
-    return value
 
 
 def check_inputs(means, quats, scales, opacities, colors, settings: RenderSettings) -> GaussianInputs:

@@ -1,0 +1,28 @@
+"""Array checks shared by the public functions of every layer: one message for each mistake."""
+
+import warp as wp
+
+
+def _type_name(dtype) -> str:
+    return getattr(dtype, "__name__", repr(dtype))
+
+
+def check_array(value, name: str, dtype, ndim: int, shape=None, device=None) -> wp.array:
+    """Raises TypeError/ValueError unless ``value`` is a contiguous wp.array as described.
+
+    ``dtype`` is a Warp type (``float`` means ``wp.float32``); ``shape``, when given, is
+    the exact shape; ``device``, when given, the device every input must share.
+    """
+    dtype = wp.float32 if dtype is float else dtype
+    if not isinstance(value, wp.array):
+        raise TypeError(f"{name} must be a wp.array(dtype={_type_name(dtype)}), got {type(value).__name__}")
+    if value.dtype != dtype:
+        raise TypeError(f"{name} must have dtype {_type_name(dtype)}, got {_type_name(value.dtype)}")
+    if value.ndim != ndim or (shape is not None and tuple(value.shape) != tuple(shape)):
+        want = shape if shape is not None else f"{ndim} dims"
+        raise ValueError(f"{name} must have shape {want}, got {tuple(value.shape)}")
+    if not value.is_contiguous:
+        raise ValueError(f"{name} must be contiguous; pass a contiguous copy (arr.contiguous())")
+    if device is not None and value.device != device:
+        raise ValueError(f"{name} is on {value.device}, expected {device} (all inputs on one device)")
+    return value

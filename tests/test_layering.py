@@ -1,0 +1,71 @@
+"""The house's import arrows point one way: core <- plugins <- applications.
+
+Every module is parsed (not imported), so an import inside a function counts as much as
+one at the top. The core (`arc_warp`, its command line included) may import the standard
+library, warp, numpy and itself; a plugin may also import its own optional dependency but
+no application; nothing imports an application except the application itself.
+"""
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+STDLIB = set(sys.stdlib_module_names)
+
+# package folder -> top-level modules its files may import besides the standard library.
+ALLOWED = {
+    "arc_warp": {"warp", "numpy", "arc_warp"},
+    "plugins/arc_warp_torch": {"warp", "numpy", "arc_warp", "arc_warp_torch", "torch"},
+    "plugins/arc_warp_newton": {"warp", "numpy", "arc_warp", "arc_warp_newton", "newton"},
+}
+
+
+def imported_roots(path: pathlib.Path) -> set[str]:
+    """Top-level names of every absolute import in a Python file."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def layer_violations(package: str, allowed: set[str]) -> list[str]:
+    found = []
+    for path in sorted((ROOT / package).rglob("*.py")):
+        for root in sorted(imported_roots(path) - STDLIB - allowed):
+            found.append(f"{path.relative_to(ROOT)} imports {root}")
+    return found
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_package_imports_only_its_layer(package):
+    assert layer_violations(package, ALLOWED[package]) == []
+
+
+def test_checker_sees_a_forbidden_import(tmp_path, monkeypatch):
+    # The check above must be able to fail: a core module importing a plugin is caught,
+    # also when the import hides inside a function.
+    bad = tmp_path / "arc_warp" / "bad.py"
+    bad.parent.mkdir()
+    bad.write_text("def f():\n    from arc_warp_torch import rasterization\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    assert layer_violations("arc_warp", ALLOWED["arc_warp"]) == [
+        "arc_warp/bad.py imports arc_warp_torch"]
+
+
+def test_core_and_its_command_line_load_without_torch_or_plugins():
+    code = ("import sys, arc_warp, arc_warp.cli\n"
+            "arc_warp.cli.build_parser()\n"
+            "loaded = sorted(m for m in ('torch', 'newton', 'arc_warp_torch', 'arc_warp_newton')"
+            " if m in sys.modules)\n"
+            "print(','.join(loaded))\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == ""
