@@ -62,8 +62,8 @@ class Calibration:
         arc_ms: median probe time (ms) per candidate (outer) and density (inner).
         warp_version: Warp version that measured it.
         date: ISO date of the measurement.
-        arc_warp_version: arc_warp version that measured it (a cache entry from
-            another arc_warp or Warp version is ignored).
+        arc_warp_version: arc_warp version that measured it, by default the running
+            one (a cache entry from another arc_warp or Warp version is ignored).
     """
 
     device_name: str
@@ -75,7 +75,7 @@ class Calibration:
     arc_ms: tuple[tuple[float, ...], ...]
     warp_version: str
     date: str
-    arc_warp_version: str = ""
+    arc_warp_version: str = dataclasses.field(default_factory=lambda: _arc_warp_version())
 
     def worst_ratio(self, candidate: int) -> float:
         """min over densities of best(atomic, warp) / arc for one candidate T."""
