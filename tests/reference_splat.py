@@ -187,8 +187,13 @@ def eval_colors(means, colors, cam: RefCamera, sh_degree) -> torch.Tensor:
     return torch.clamp(rgb + 0.5, min=0.0)
 
 
-def composite(proj: RefProjection, opacities, rgb, cam: RefCamera, background) -> RefRender:
-    """Dense front-to-back compositing over every pixel x every visible Gaussian."""
+def composite(proj: RefProjection, opacities, rgb, cam: RefCamera, background,
+              pixel_means2d=None) -> RefRender:
+    """Dense front-to-back compositing over every pixel x every visible Gaussian.
+
+    `pixel_means2d` (P, M, 2), if given, replaces `proj.means2d[order]` with one copy per
+    pixel (P = H * W row-major, M = visible Gaussians front to back), so autograd gives
+    each pixel's own gradient with respect to each 2D mean (see `means2d_grads`)."""
     h, w = cam.height, cam.width
     vis_idx = torch.nonzero(proj.visible).flatten()
     depth_all = proj.means_cam[:, 2]
@@ -198,9 +203,9 @@ def composite(proj: RefProjection, opacities, rgb, cam: RefCamera, background) -
     ys, xs = torch.meshgrid(torch.arange(h, dtype=dtype), torch.arange(w, dtype=dtype),
                             indexing="ij")
     px, py = xs.reshape(-1, 1) + 0.5, ys.reshape(-1, 1) + 0.5
-    m2 = proj.means2d[order]
+    m2 = proj.means2d[order][None] if pixel_means2d is None else pixel_means2d
     con = proj.conics[order]
-    dx, dy = m2[None, :, 0] - px, m2[None, :, 1] - py
+    dx, dy = m2[..., 0] - px, m2[..., 1] - py
     power = 0.5 * (con[None, :, 0] * dx * dx + con[None, :, 2] * dy * dy) \
         + con[None, :, 1] * dx * dy
     alpha_raw = opacities[order][None, :] * torch.exp(-power)
@@ -237,6 +242,35 @@ def render_reference(means, quats, scales, opacities, colors, cam: RefCamera, sh
     proj = project(means, quats, scales, opacities, cam, eps2d)
     rgb = eval_colors(means, colors, cam, sh_degree)
     return composite(proj, opacities, rgb, cam, background)
+
+
+def means2d_grads(means, quats, scales, opacities, colors, cam: RefCamera, cotangents: dict,
+                  sh_degree=None, background=(0.0, 0.0, 0.0), eps2d=0.3):
+    """Screen-space gradients of L = sum over outputs k of <cotangents[k], image k>.
+
+    Returns (grad, absgrad), each (N, 2) float64 numpy, 0 for culled Gaussians:
+    grad[i] = dL/dmeans2d[i] through compositing only (conics, opacities and colours
+    held fixed: gsplat's `means2d.grad`, the densification signal), and
+    absgrad[i] = sum over pixels p of |dL_p/dmeans2d[i]| per component, L_p being
+    pixel p's part of L (gsplat's `absgrad`). `cotangents` maps "color" (H, W, 3),
+    "alpha", "depth", "expected_depth" (H, W) to arrays."""
+    with torch.no_grad():
+        proj = project(means, quats, scales, opacities, cam, eps2d)
+        rgb = eval_colors(means, colors, cam, sh_degree)
+        vis_idx = torch.nonzero(proj.visible).flatten()
+        order = vis_idx[torch.argsort(proj.means_cam[vis_idx, 2], stable=True)]
+    n_pix = cam.height * cam.width
+    per_pixel = proj.means2d[order][None].expand(n_pix, -1, -1).clone().requires_grad_(True)
+    ref = composite(proj, opacities, rgb, cam, background, pixel_means2d=per_pixel)
+    loss = sum((getattr(ref, k) * torch.as_tensor(v, dtype=means.dtype)).sum()
+               for k, v in cotangents.items())
+    loss.backward()
+    g = per_pixel.grad.double()  # (P, M, 2): pixel p's gradient w.r.t. Gaussian order[m]
+    grad = torch.zeros(means.shape[0], 2, dtype=torch.float64)
+    absgrad = torch.zeros_like(grad)
+    grad[order] = g.sum(0)
+    absgrad[order] = g.abs().sum(0)
+    return grad.numpy(), absgrad.numpy()
 
 
 @dataclass(frozen=True)

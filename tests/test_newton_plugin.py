@@ -1,6 +1,7 @@
 """arc_warp_newton: state -> Gaussians conversions, the minimal integrator, the newton
 bridge, and image-loss gradients / parameter recovery through simulation + rendering."""
 
+import subprocess
 import sys
 
 import numpy as np
@@ -215,8 +216,9 @@ def test_image_mse_and_adam(device, rng):
 
 # ---------------------------------------------------------------- image loss through simulation
 
-throw_ball = pytest.importorskip("arc_warp_newton.examples.throw_ball",
-                                 reason="arc_warp.render_gaussians is not available")
+# The example needs only arc_warp and this plugin: a broken import of either must fail
+# here, not skip. Tests that need newton itself carry `needs_newton`.
+from arc_warp_newton.examples import throw_ball  # noqa: E402
 
 
 def small_config(**kw):
@@ -341,3 +343,15 @@ def test_missing_newton_gives_install_hint(monkeypatch):
         awn.NewtonRollout  # noqa: B018
     g = awn.particles_to_gaussians(vec3(np.zeros((2, 3)), "cpu"), 0.1, (1, 1, 1))  # newton-free part works
     assert g.count == 2
+
+
+def test_broken_plugin_import_fails_collection(tmp_path):
+    # Only a missing newton may skip; an ImportError inside our own plugin must surface.
+    script = (
+        "import sys, pytest\n"
+        "sys.modules['arc_warp_newton.examples.throw_ball'] = None  # importing it now raises\n"
+        f"sys.exit(pytest.main(['-q', '--collect-only', '-p', 'no:cacheprovider', {__file__!r}]))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert proc.returncode == pytest.ExitCode.INTERRUPTED, proc.stdout[-2000:]
+    assert "throw_ball" in proc.stdout

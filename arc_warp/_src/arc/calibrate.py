@@ -8,7 +8,14 @@ is measured on the objective itself: the synthetic gradient kernel of
 (:data:`DENSITIES`) in ``atomic``, in ``warp`` and in ``arc`` for every candidate T
 (:data:`CANDIDATES`), and T is the candidate whose worst ratio against the better
 of ``atomic`` and ``warp`` is highest. Results are cached in memory and in a JSON
-file (``$ARC_WARP_CACHE_DIR/calibration.json``, default ``~/.cache/arc_warp``).
+file (``$ARC_WARP_CACHE_DIR/calibration.json``, default ``~/.cache/arc_warp``), keyed
+by GPU name and valid only for the arc_warp and Warp versions that measured them.
+
+Calibration launches and synchronises kernels, so it must not run inside a CUDA graph
+capture or a timed step: call :func:`calibrate` (or :func:`resolve_threshold`) once at
+setup. After that, :func:`resolve_threshold` is a dictionary lookup. File writes go
+to a unique temporary file renamed over the cache, so data-parallel ranks on one host
+can calibrate at once and always leave a valid file (the last writer's entry wins).
 """
 
 import dataclasses
@@ -17,6 +24,7 @@ import json
 import os
 import pathlib
 import sys
+import tempfile
 
 import warp as wp
 
@@ -54,6 +62,8 @@ class Calibration:
         arc_ms: median probe time (ms) per candidate (outer) and density (inner).
         warp_version: Warp version that measured it.
         date: ISO date of the measurement.
+        arc_warp_version: arc_warp version that measured it, by default the running
+            one (a cache entry from another arc_warp or Warp version is ignored).
     """
 
     device_name: str
@@ -65,6 +75,7 @@ class Calibration:
     arc_ms: tuple[tuple[float, ...], ...]
     warp_version: str
     date: str
+    arc_warp_version: str = dataclasses.field(default_factory=lambda: _arc_warp_version())
 
     def worst_ratio(self, candidate: int) -> float:
         """min over densities of best(atomic, warp) / arc for one candidate T."""
@@ -73,6 +84,12 @@ class Calibration:
 
 def _worst_ratio(atomic_ms, warp_ms, arc_ms) -> float:
     return min(min(a, w) / t for a, w, t in zip(atomic_ms, warp_ms, arc_ms))
+
+
+def _arc_warp_version() -> str:
+    from arc_warp import __version__  # at call time: arc_warp/__init__ imports this module
+
+    return __version__
 
 
 def _cache_file() -> pathlib.Path:
@@ -135,6 +152,7 @@ def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targe
         arc_ms=arc_ms,
         warp_version=wp.config.version,
         date=datetime.date.today().isoformat(),
+        arc_warp_version=_arc_warp_version(),
     )
     _memory_cache[device.name] = result
     _store(result)
@@ -148,13 +166,19 @@ def _store(result: Calibration) -> None:
     except (OSError, ValueError):
         data = {}
     data[result.device_name] = dataclasses.asdict(result)
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(path)
+        # a name of its own per writer, then an atomic rename: concurrent ranks never
+        # write into one temporary file, and readers see a whole old or new file
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(data, indent=1))
+        os.replace(tmp, path)
     except OSError as e:  # a read-only home must not stop rendering
         print(f"arc_warp: could not write calibration cache {path}: {e}", file=sys.stderr)
+        if tmp is not None and os.path.exists(tmp):
+            os.unlink(tmp)
 
 
 def _tuples(value):
@@ -168,7 +192,11 @@ def _load(device_name: str) -> Calibration | None:
         entry = json.loads(path.read_text()).get(device_name)
     except (OSError, ValueError):
         return None
-    if not entry or entry.get("warp_version") != wp.config.version:
+    if (
+        not isinstance(entry, dict)
+        or entry.get("warp_version") != wp.config.version
+        or entry.get("arc_warp_version") != _arc_warp_version()
+    ):
         return None
     try:
         entry = {k: _tuples(v) for k, v in entry.items()}
@@ -183,6 +211,11 @@ def resolve_threshold(device=None, override: int | None = None) -> int:
     Order: ``override`` if given; else the ``ARC_WARP_THRESHOLD`` environment
     variable; else, on the CPU, :data:`FALLBACK_THRESHOLD`; else the calibration for
     this GPU name from the memory or file cache, running :func:`calibrate` on first use.
+
+    Call it (or :func:`calibrate`) once per GPU at setup: the first call on an
+    uncalibrated GPU runs the calibration (about a second of kernel launches), which
+    would break a CUDA graph capture, so under capture it raises ``RuntimeError``
+    instead. Later calls are an environment read and a dictionary lookup.
     """
     if override is not None:
         return _check_threshold(override, "the override argument")
@@ -198,6 +231,12 @@ def resolve_threshold(device=None, override: int | None = None) -> int:
         return FALLBACK_THRESHOLD
     cached = _memory_cache.get(device.name) or _load(device.name)
     if cached is None:
+        if getattr(device, "is_capturing", False):
+            raise RuntimeError(
+                f"the ARC threshold of {device.name} is not calibrated yet, and calibrating would break "
+                "the CUDA graph capture under way; call arc_warp.calibrate(device) or "
+                "arc_warp.resolve_threshold(device) before capturing, or pass a threshold explicitly"
+            )
         print(f"arc_warp: calibrating the ARC threshold for {device.name} (once per GPU) ...", file=sys.stderr)
         cached = calibrate(device)
     _memory_cache[device.name] = cached

@@ -412,3 +412,30 @@ def emulation_block_max(value: int) -> int:
     have the same trip count in every warp of the block: take the block maximum.
     """
     ...
+
+
+@wp.func_native(
+    """
+#if defined(__CUDA_ARCH__)
+    return __activemask() == 0xffffffffu;
+#elif WP_TILE_BLOCK_DIM >= 32 && WP_TILE_BLOCK_DIM % 32 == 0
+    WP_TILE_SYNC();
+    const int _n = wp_cpu_get_active_count();
+    WP_TILE_SYNC();
+    return _n == WP_TILE_BLOCK_DIM;
+#else
+    return false;
+#endif
+"""
+)
+def warp_converged() -> bool:
+    """True when full-mask warp collectives are defined at this call.
+
+    CUDA: all 32 lanes execute the call together (``__activemask()`` is full), so
+    a ragged launch tail, an early ``return`` or a divergent call site gives false.
+    CPU emulation: emulated collectives sync the block and assume its live lanes
+    are a prefix, so it is true only while every lane of the block is live (the
+    count is read between two barriers; the answer is the same in the whole block).
+    A one-lane CPU warp: false.
+    """
+    ...

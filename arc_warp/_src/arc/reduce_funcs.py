@@ -31,9 +31,13 @@ Modes (compile-time specialisations of one body):
     a kernel built with it costs what the same kernel would cost with free
     gradient accumulation.
 
-Every lane of the warp must reach the call (no early ``return`` before it). On
-the GPU a warp that is not fully converged at the call uses raw atomics, so the
-sum is always right; only the speed depends on convergence.
+Convergence: every function here is safe to call from any subset of a warp's
+lanes. :func:`warp_plan` (and so :func:`accumulator`) returns ``False`` unless the
+whole warp executes the call together (:func:`~.intrinsics.warp_converged`, one
+``__activemask()`` compare), so a ragged launch ``dim``, an early ``return`` or a
+divergent call site gives raw atomics, never a wrong sum; only the speed depends on
+convergence. The reducer itself must be reached only by the warps whose plan is
+``True``, with no divergence between the plan and the reducer.
 """
 
 import functools
@@ -41,7 +45,6 @@ import functools
 import warp as wp
 
 from .intrinsics import (
-    active_mask,
     ballot,
     cpu_warp_emulation,
     emulation_block_max,
@@ -51,7 +54,7 @@ from .intrinsics import (
     popc,
     reduce_scatter,
     shfl_int,
-    warp_width,
+    warp_converged,
 )
 
 MODES = ("atomic", "warp", "serial", "arc", "floor")
@@ -134,14 +137,21 @@ def _lane_add(dtype, kind: str):
 def warp_plan(mode: str = "arc"):
     """Returns the ``@wp.func`` ``plan(valid: bool, threshold: int) -> bool`` of ``mode``.
 
-    A collective: all 32 lanes of a converged warp call it together (launch sizes a
-    multiple of 32, no lane returned early). ``True`` means the warp reduces: every
-    lane, valid or not, then calls the reducer of :func:`warp_reducer`. ``False``
-    means each valid lane adds its value with ``wp.atomic_add``. ``arc`` reduces
-    when at least ``threshold`` lanes are valid, ``warp`` and ``serial`` when any
-    lane is, ``atomic`` and ``floor`` never. A CPU warp of one lane never reduces;
-    in CPU warp emulation every warp reduces (collectives there sync the block).
-    The decision is one ballot and one population count.
+    ``True`` means the warp reduces: every lane, valid or not, then calls the
+    reducer of :func:`warp_reducer`, with no branch between the two that could split
+    the warp. ``False`` means each valid lane adds its value with ``wp.atomic_add``.
+    ``arc`` reduces when at least ``threshold`` lanes are valid, ``warp`` and
+    ``serial`` when any lane is, ``atomic`` and ``floor`` never.
+
+    Convergence guard: the plan is ``False`` unless all 32 lanes execute the call
+    together (one ``__activemask()`` compare, :func:`~.intrinsics.warp_converged`).
+    A launch ``dim`` that is not a multiple of 32, lanes that returned early or a
+    divergent call site therefore give per-lane atomics: the sum is always right,
+    and full warps (the common case) keep the fast path. A CPU warp of one lane
+    never reduces; in CPU warp emulation the plan is ``True`` in every warp of a
+    block whose lanes are all live and ``False`` in the whole block otherwise
+    (emulated collectives sync the block). Otherwise the decision is one ballot
+    and one population count.
 
     Planning before computing the values lets a kernel compute them inside the
     branch that adds them, which keeps sparse warps as cheap as plain atomics::
@@ -162,10 +172,10 @@ def warp_plan(mode: str = "arc"):
     def plan(valid: bool, threshold: int) -> bool:
         if wp.static(mode in _PER_LANE_MODES):
             return False
+        if not warp_converged():
+            return False
         if cpu_warp_emulation():
             return True
-        if warp_width() != 32:
-            return False
         n = popc(ballot(-1, valid))
         if wp.static(arc):
             return n >= threshold
@@ -180,7 +190,8 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
 
     Adds ``value`` of the lanes whose ``valid`` is true into ``dest[index]`` by
     reducing in the warp; call it from every lane of a warp whose plan is ``True``
-    (see :func:`warp_plan`), with the same ``valid`` and ``threshold``. Arguments as
+    (see :func:`warp_plan`), with the same ``valid`` and ``threshold``, and only
+    there: its collectives assume the full, converged warp that the plan checked. Arguments as
     for :func:`accumulator`. ``value`` of invalid lanes is ignored. For ``atomic``
     and ``floor``, whose plan is never ``True``, it is the per-lane add of that mode.
     """
@@ -265,10 +276,10 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
 
     The returned function has the signature
     ``add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int)``;
-    ``threshold`` matters only for ``arc``. It checks that the warp is full and
-    converged (else every valid lane adds atomically), then runs :func:`warp_plan`
-    and the reducer of :func:`warp_reducer` or the atomics. Cached per (dtype, mode,
-    uniform_index).
+    ``threshold`` matters only for ``arc``. It runs :func:`warp_plan` (which checks
+    that the warp is full and converged) and then the reducer of :func:`warp_reducer`
+    or per-lane atomics, so any subset of a warp's lanes may call it. Cached per
+    (dtype, mode, uniform_index).
     """
     check_mode(mode)
     plan_fn = warp_plan(mode)
@@ -277,11 +288,7 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
     def add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
         if wp.static(mode in _PER_LANE_MODES):
             reduce_fn(dest, index, value, valid, threshold)
-        elif active_mask() != -1:
-            # Not a full, converged warp (or a CPU warp of one lane): no collectives.
-            if valid:
-                wp.atomic_add(dest, index, value)
-        elif plan_fn(valid, threshold):
+        elif plan_fn(valid, threshold):  # False unless the warp is full and converged
             reduce_fn(dest, index, value, valid, threshold)
         elif valid:
             wp.atomic_add(dest, index, value)

@@ -34,11 +34,20 @@ def check_inputs(means, quats, scales, opacities, colors, settings: RenderSettin
     return GaussianInputs(means, quats, scales, opacities, colors, sh_coeffs)
 
 
+_ZERO_QUAT_SLOT = BAD_SLOTS.index("quats (zero norm)") + 1
+
+
 def raise_on_flags(flags: np.ndarray):
-    """ValueError naming each input the device checks found non-finite (or a zero quaternion)."""
-    bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if flags[slot]]
-    if bad:
-        raise ValueError(f"render_gaussians: non-finite (NaN/Inf) values in {', '.join(bad)}")
+    """ValueError naming each input the device checks found non-finite, and zero quaternions."""
+    bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if flags[slot] and slot != _ZERO_QUAT_SLOT]
+    problems = [f"non-finite (NaN/Inf) values in {', '.join(bad)}"] if bad else []
+    if flags[_ZERO_QUAT_SLOT]:
+        problems.append(
+            "quats has quaternions of zero norm (all four components 0), which cannot be normalised "
+            "into a rotation; use (1, 0, 0, 0) for an unrotated Gaussian"
+        )
+    if problems:
+        raise ValueError("render_gaussians: " + "; ".join(problems))
     if flags[0] < 0:
         raise ValueError("render_gaussians: more than 2^31 - 1 tile intersections; reduce Gaussians or image size")
 

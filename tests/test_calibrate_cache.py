@@ -1,0 +1,106 @@
+"""The calibration cache on the CPU: concurrent writers, version keys, no calibration under capture.
+
+The timing itself needs a GPU (tests/test_gpu.py); here synthetic Calibration records
+go through the same store/load/resolve code.
+"""
+
+import dataclasses
+import json
+import threading
+import types
+
+import pytest
+import warp as wp
+
+import arc_warp
+from arc_warp._src.arc import calibrate as cal
+
+
+def record(name: str, threshold: int = 6, **kw) -> cal.Calibration:
+    fields = dict(
+        device_name=name, threshold=threshold, densities=(1.0, 0.25), candidates=(2, 6),
+        atomic_ms=(1.0, 2.0), warp_ms=(1.5, 2.5), arc_ms=((1.2, 2.2), (0.9, 1.9)),
+        warp_version=wp.config.version, date="2025-01-01", arc_warp_version=arc_warp.__version__,
+    )
+    fields.update(kw)
+    return cal.Calibration(**fields)
+
+
+@pytest.fixture
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("ARC_WARP_CACHE_DIR", str(tmp_path))
+    monkeypatch.delenv("ARC_WARP_THRESHOLD", raising=False)
+    monkeypatch.setattr(cal, "_memory_cache", {})
+    return tmp_path
+
+
+def test_concurrent_writers_leave_a_valid_file(cache_dir, capsys):
+    # Ranks on one host store at once; names of different lengths make interleaved
+    # writes into one shared temporary file show up as broken JSON.
+    n_threads, rounds = 8, 40
+    start = threading.Barrier(n_threads)
+    errors = []
+
+    def writer(k):
+        start.wait()
+        try:
+            for r in range(rounds):
+                cal._store(record("GPU " + "x" * (k * 37 + r), threshold=1 + k))
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=writer, args=(k,)) for k in range(n_threads)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert "could not write" not in capsys.readouterr().err
+    data = json.loads((cache_dir / "calibration.json").read_text())
+    assert data, "the cache holds at least the last writer's entry"
+    for name in data:
+        assert cal._load(name) is not None
+    assert [p.name for p in cache_dir.iterdir()] == ["calibration.json"], "temporary files left behind"
+
+
+def test_store_then_load_round_trips(cache_dir):
+    rec = record("NVIDIA Test GPU")
+    cal._store(rec)
+    assert cal._load("NVIDIA Test GPU") == rec
+
+
+@pytest.mark.parametrize("field,value", [("arc_warp_version", "0.0.0-other"), ("warp_version", "0.0.0-other")])
+def test_entry_from_another_version_is_ignored(cache_dir, field, value):
+    cal._store(record("NVIDIA Test GPU", **{field: value}))
+    assert cal._load("NVIDIA Test GPU") is None
+
+
+def test_entry_without_arc_warp_version_is_ignored(cache_dir):
+    # A file written before entries carried arc_warp's version must re-calibrate.
+    entry = dataclasses.asdict(record("NVIDIA Test GPU"))
+    del entry["arc_warp_version"]
+    (cache_dir / "calibration.json").write_text(json.dumps({"NVIDIA Test GPU": entry}))
+    assert cal._load("NVIDIA Test GPU") is None
+
+
+def fake_cuda(monkeypatch, capturing: bool):
+    dev = types.SimpleNamespace(is_cuda=True, name="NVIDIA Fake", is_capturing=capturing)
+    monkeypatch.setattr(cal.wp, "get_device", lambda device=None: dev)
+    return dev
+
+
+def test_resolve_never_calibrates_under_capture(cache_dir, monkeypatch):
+    fake_cuda(monkeypatch, capturing=True)
+    monkeypatch.setattr(cal, "calibrate", lambda device=None: pytest.fail("calibrated inside a capture"))
+    with pytest.raises(RuntimeError, match="before capturing"):
+        cal.resolve_threshold("cuda")
+
+
+def test_resolve_after_setup_reads_the_cache(cache_dir, monkeypatch):
+    # Calibrated at setup (here: a file from this version): capture-time calls only look up.
+    cal._store(record("NVIDIA Fake", threshold=5))
+    fake_cuda(monkeypatch, capturing=True)
+    monkeypatch.setattr(cal, "calibrate", lambda device=None: pytest.fail("calibrated again"))
+    assert cal.resolve_threshold("cuda") == 5
+    (cache_dir / "calibration.json").unlink()
+    assert cal.resolve_threshold("cuda") == 5  # memory cache: no file access needed
