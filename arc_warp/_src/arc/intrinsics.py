@@ -14,16 +14,37 @@ Contract: every lane of the warp calls these functions together, in the same
 order. In CPU emulation the barriers are block-wide, so every lane of the
 *block* must make the same sequence of calls (see :func:`cpu_warp_emulation`).
 Masks are 32-bit lane masks carried in ``int`` (bit 31 makes the value negative).
+
+Threads: the CPU exchange buffers are C statics, shared by every OS thread (Warp's CPU
+JIT cannot link ``thread_local``: it rejects TLS relocations, and Warp keeps its own
+CPU tile arena pointer in a static for the same reason). Launch CPU kernels that call
+these snippets, or Warp tiles, under :func:`cpu_launch_guard`.
 """
 
+import contextlib
 import functools
+import threading
 
 import warp as wp
 
+_CPU_LAUNCH_LOCK = threading.Lock()
+
+
+def cpu_launch_guard(device):
+    """Context manager that serialises CPU launches across Python threads; a no-op on CUDA.
+
+    Hold it around CPU launches of kernels whose snippets keep CPU state in C statics
+    (see the module docstring); two threads launching at once would share it.
+    """
+    if wp.get_device(device).is_cpu:
+        return _CPU_LAUNCH_LOCK
+    return contextlib.nullcontext()
+
 # Shared prologue of the CPU emulation: lane index within the emulated warp,
 # warp width, first lane of this warp within the block, and an exchange buffer.
-# CPU launches run blocks one at a time on one OS thread and fibers switch only
-# at WP_TILE_SYNC, so a static buffer guarded by barriers is race-free.
+# A CPU launch runs blocks one at a time on one OS thread and fibers switch only
+# at WP_TILE_SYNC, so a static buffer guarded by barriers is race-free within a
+# launch; cpu_launch_guard keeps launches of other Python threads out.
 _CPU_PROLOGUE = """
     const int _w = 32;
     const int _tid = WP_TILE_THREAD_IDX;
