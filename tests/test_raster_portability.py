@@ -47,3 +47,49 @@ def test_concurrent_cpu_renders_match_a_lone_render(rng, reduce):
     finally:
         wp.config.enable_cpu_blocks = old
     assert not errors, errors[0]
+
+
+def _nvrtc_archs() -> list:
+    wp.init()
+    return sorted(getattr(wp._src.context.runtime, "nvrtc_supported_archs", None) or [])
+
+
+@pytest.mark.skipif(75 not in _nvrtc_archs(), reason="needs NVRTC with sm_75 (Warp's CUDA compiler)")
+def test_kernels_compile_for_sm75(tmp_path):
+    # NVRTC compiles without a GPU. sm_75 (Turing) has no __reduce_max_sync; sm_80 does.
+    from arc_warp._src.arc.scatter_ops import _scatter_kernel
+    from arc_warp._src.splat.raster_kernels import make_raster_bwd, raster_fwd
+
+    # (kernel, whether it takes a warp max: the backward's lockstep_max)
+    kernels = [(raster_fwd, False), (make_raster_bwd("serial", True), True),
+               (make_raster_bwd("deterministic", False), True), (_scatter_kernel(wp.vec3, "arc"), False)]
+    for kernel, warp_max in kernels:
+        for arch in (75, 80):
+            (path,) = wp.compile_aot_module(kernel.module, arch=arch, use_ptx=True, module_dir=tmp_path)
+            ptx = path.read_text()
+            assert f".target sm_{arch}" in ptx
+            # the one-instruction warp max where it exists, a butterfly before
+            assert ("redux.sync" in ptx) == (warp_max and arch >= 80), (kernel.key, arch)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not wp.is_cuda_available(), reason="needs a CUDA device")
+def test_sm75_kernels_run_and_agree_with_the_default_build(tmp_path):
+    import pathlib
+    import subprocess
+    import sys
+
+    here = pathlib.Path(__file__).parent
+    results = {}
+    for arch in ("default", "75"):
+        out, cache = tmp_path / f"{arch}.npz", tmp_path / f"cache_{arch}"
+        subprocess.run([sys.executable, str(here / "arch_probe.py"), arch, str(out), str(cache)],
+                       check=True, cwd=here, timeout=900)
+        results[arch] = dict(np.load(out))
+        if arch == "75":
+            ptx = list(cache.rglob("*.sm75.ptx"))
+            assert ptx and not any("redux.sync" in p.read_text() for p in ptx), "not built for sm_75"
+    for key, want in results["default"].items():
+        got = results["75"][key]
+        # same sums, reordered by different code: float32 round-off of <= ~1e3 terms
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, np.abs(want).max()), err_msg=key)

@@ -8,6 +8,8 @@ three quads of four floats: ``GEOM`` = (x, y, opacity, depth), ``CONIC`` = (a, b
 Gaussian id as float bits, see ``float_bits``), ``RGB`` = (r, g, b, 0).
 
 On CUDA the batch lives in ``__shared__`` memory and the barriers are ``__syncthreads``.
+Every snippet compiles for every CUDA generation Warp targets: intrinsics of a later
+one (``__reduce_max_sync``, sm_80) are guarded by ``__CUDA_ARCH__`` with a fallback.
 On the CPU the same code runs with a static buffer: with ``enable_cpu_blocks`` the
 block's fibers share it and ``WP_TILE_SYNC`` is the barrier; without, a block is one
 thread and batches have one entry. A CPU launch runs one block at a time on one OS
@@ -139,8 +141,15 @@ def block_count(pred: bool) -> int:
 
 @wp.func_native(
     """
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     return __reduce_max_sync(0xffffffffu, value);
+#elif defined(__CUDA_ARCH__)
+    int _max = value;  // no redux.sync before sm_80: a shuffle butterfly
+    for (int _o = 16; _o > 0; _o >>= 1) {
+        const int _other = __shfl_xor_sync(0xffffffffu, _max, _o);
+        _max = _other > _max ? _other : _max;
+    }
+    return _max;
 #elif WP_TILE_BLOCK_DIM > 1
     static int _values[WP_TILE_BLOCK_DIM];
     WP_TILE_SYNC();
