@@ -10,7 +10,7 @@ import warp as wp
 
 arch, out_path, cache_dir = sys.argv[1], sys.argv[2], sys.argv[3]
 wp.config.kernel_cache_dir = cache_dir
-wp.config.quiet = True
+wp.config.log_level = wp.LOG_WARNING
 if arch != "default":
     wp.config.cuda_output = "ptx"  # the H200 JIT-compiles the older PTX
     wp.config.ptx_target_arch = int(arch)

@@ -11,8 +11,8 @@ import warp as wp
 import warp.utils
 
 from .calibrate import resolve_threshold
-from .intrinsics import cpu_launch_guard
-from .reduce_funcs import accumulator, check_mode, vector_length
+from .intrinsics import cpu_launch_guard, reduce_scatter
+from .reduce_funcs import _component_ops, accumulator, check_mode, vector_length
 
 BLOCK_DIM = 256
 """Threads per block of the scatter kernel (a multiple of the 32-lane warp)."""
@@ -71,28 +71,52 @@ def _segment_bounds(keys: wp.array(dtype=wp.int32), count: int, size: int, segme
 
 @functools.cache
 def _segment_sum_kernel(dtype):
+    to_vec, component_add, vec_k = _component_ops(dtype)
+    k = vector_length(dtype)
+    reduce_scatter_k, owned_component = reduce_scatter(k)
+
     def segment_sum(
         dest: wp.array(dtype=dtype),
         segments: wp.array2d(dtype=wp.int32),
         order: wp.array(dtype=wp.int32),
         values: wp.array(dtype=dtype),
+        size: int,
+        lanes: int,
     ):
-        # one thread per target sums its values in sorted order: a fixed order
-        t = wp.tid()
-        start = segments[t, 0]
-        end = segments[t, 1]
-        if end > start:
-            total = values[order[start]]
-            for j in range(start + 1, end):
-                total += values[order[j]]
-            dest[t] = dest[t] + total
+        # `lanes` threads per target: a warp, or 1 on a CPU without blocks. Lane l adds
+        # the entries l, l + lanes, ... of the target's sorted run in that order, then
+        # the warp's lanes meet in the fixed reduce-scatter tree: long runs (a Gaussian
+        # on thousands of tiles) are spread over 32 lanes, and the order never varies.
+        tid = wp.tid()
+        t = tid // lanes
+        lane = tid - t * lanes
+        start = int(0)
+        end = int(0)
+        if t < size:
+            start = segments[t, 0]
+            end = segments[t, 1]
+        acc = vec_k()
+        j = start + lane
+        while j < end:
+            acc += to_vec(values[order[j]])
+            j += lanes
+        # one writer per (target, component): the atomic adds in no contested order
+        if lanes == 32:
+            total = reduce_scatter_k(-1, acc)  # every lane, padding included
+            comp = owned_component(lane)
+            if end > start and comp >= 0:
+                component_add(dest, t, comp, total)
+        elif end > start:
+            for c in range(wp.static(k)):
+                component_add(dest, t, c, acc[c])
 
     return wp.kernel(segment_sum, enable_backward=False, module="unique")
 
 
 def ordered_scatter_add(dest: wp.array, indices: wp.array, values: wp.array):
-    """``scatter_add`` in a fixed order: a stable sort of the entry ids by index, then
-    one thread per target sums its entries in entry order (no atomics)."""
+    """``scatter_add`` in a fixed order: a stable sort of the entry ids by index, then per
+    target a fixed-order sum of its entries (strided over a warp's lanes, then a fixed
+    tree); no contested atomics, so the result is the same bits on every run."""
     count, size, device = indices.shape[0], dest.shape[0], dest.device
     keys = wp.empty(2 * count, dtype=wp.int32, device=device)  # radix_sort_pairs needs 2x
     order = wp.empty(2 * count, dtype=wp.int32, device=device)
@@ -100,7 +124,17 @@ def ordered_scatter_add(dest: wp.array, indices: wp.array, values: wp.array):
     wp.launch(_sort_pairs, dim=count, inputs=[indices, size], outputs=[keys, order], device=device)
     wp.utils.radix_sort_pairs(keys, order, count, 0, size.bit_length())  # stable: ties keep entry order
     wp.launch(_segment_bounds, dim=count, inputs=[keys, count, size], outputs=[segments], device=device)
-    wp.launch(_segment_sum_kernel(dest.dtype), dim=size, inputs=[dest, segments, order, values], device=device)
+    # a warp per target where warps exist (CUDA, CPU block emulation), else a thread
+    lanes = 1 if wp.get_device(device).is_cpu and not wp.config.enable_cpu_blocks else 32
+    padded = (size * lanes + BLOCK_DIM - 1) // BLOCK_DIM * BLOCK_DIM
+    with cpu_launch_guard(device):
+        wp.launch(
+            _segment_sum_kernel(dest.dtype),
+            dim=padded,
+            inputs=[dest, segments, order, values, size, lanes],
+            device=device,
+            block_dim=BLOCK_DIM,
+        )
 
 
 @wp.kernel(enable_backward=False)
@@ -140,8 +174,8 @@ def scatter_add(
         values: ``(N,)`` array with the dtype of ``dest``.
         mode: reduction mode, one of ``"atomic"``, ``"warp"``, ``"serial"``,
             ``"arc"`` (default), ``"deterministic"`` (bit-identical from run to run:
-            a stable sort by index, then each target's values summed in entry order;
-            no threshold) or ``"floor"`` (benchmarks only: adds nothing).
+            a stable sort by index, then each target's values summed in a fixed
+            order; no threshold) or ``"floor"`` (benchmarks only: adds nothing).
         threshold: ARC threshold T (lanes sharing a target before the warp reduces);
             ``None`` uses :func:`arc_warp.resolve_threshold` for ``dest.device``.
         check_bounds: check every index before launch and raise ``IndexError`` if
