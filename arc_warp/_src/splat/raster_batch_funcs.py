@@ -223,22 +223,15 @@ def splat_quad(splats: wp.array(dtype=Splat2D), index: int, quad: int) -> wp.vec
 PARTIAL_CHUNK = 32
 PARTIAL_WIDTH = 12
 
-_PARTIAL_DECL = f"""
+
+@wp.func_native(
+    f"""
     const int _nw = (WP_TILE_BLOCK_DIM + 31) / 32;
 #if defined(__CUDA_ARCH__)
     __shared__ float _part[{PARTIAL_CHUNK} * _nw * {PARTIAL_WIDTH}];
-#else
-    static float _part[{PARTIAL_CHUNK} * _nw * {PARTIAL_WIDTH}];
-#endif
-"""
-
-
-@wp.func_native(
-    _PARTIAL_DECL
-    + f"""
-#if defined(__CUDA_ARCH__)
     const int _rank = (int)threadIdx.x;
 #else
+    static float _part[{PARTIAL_CHUNK} * _nw * {PARTIAL_WIDTH}];
     const int _rank = WP_TILE_THREAD_IDX;
 #endif
     for (int _i = _rank; _i < {PARTIAL_CHUNK} * _nw * {PARTIAL_WIDTH}; _i += WP_TILE_BLOCK_DIM) _part[_i] = 0.0f;
