@@ -6,7 +6,8 @@ camera at the origin looking down +z. Gaussians shrink as N grows (scales times
 (1e6/N)^(1/3)), as in denser reconstructions.
 
 Timed with CUDA events after warm-up, medians:
-  * arc_warp forward, and backward for every reduce mode plus ``floor`` (the same
+  * arc_warp forward, and backward for every reduce mode (``deterministic``
+    included) plus ``floor`` (the same
     backward without gradient atomics), both the whole backward and the rasteriser
     backward alone (where the accumulation happens);
   * gsplat 1.5.3 (packed and unpacked) and gswarp 1.1.0 when importable, on the
@@ -32,7 +33,7 @@ from arc_warp._src.arc.timing import median_times_ms
 
 WIDTH, HEIGHT = 1920, 1080
 SH_DEGREE = 3
-MODES = ("atomic", "warp", "serial", "arc", "floor")
+MODES = ("atomic", "warp", "serial", "arc", "deterministic", "floor")
 
 
 def make_scene(n: int, seed: int = 0) -> dict:
@@ -251,11 +252,14 @@ def main(argv=None) -> int:
                 if r:
                     peers.update(r)
         print(f"\n## N = {n}  (intersections: {ours['n_isects']})")
-        print(f"{'variant':16s} {'forward_ms':>10s} {'backward_ms':>11s} {'raster_bwd_ms':>13s}")
+        print(f"{'variant':22s} {'forward_ms':>10s} {'backward_ms':>11s} {'raster_bwd_ms':>13s} "
+              f"{'bwd/floor':>9s} {'raster/floor':>12s}")
         row = {"n": n, "n_isects": ours["n_isects"]}
         for mode in MODES:
             r = ours[mode]
-            print(f"arc_warp/{mode:7s} {r['forward_ms']:10.3f} {r['backward_ms']:11.3f} {r['raster_backward_ms']:13.3f}")
+            fl = ours["floor"]
+            print(f"arc_warp/{mode:13s} {r['forward_ms']:10.3f} {r['backward_ms']:11.3f} {r['raster_backward_ms']:13.3f} "
+                  f"{r['backward_ms'] / fl['backward_ms']:9.3f} {r['raster_backward_ms'] / fl['raster_backward_ms']:12.3f}")
             row[mode] = r
         for key in ("gsplat", "gsplat_packed", "gswarp"):
             if key in peers:
@@ -266,6 +270,9 @@ def main(argv=None) -> int:
         print(f"arc backward speed-up over atomic: {at['backward_ms'] / a['backward_ms']:.2f}x "
               f"(rasteriser alone {at['raster_backward_ms'] / a['raster_backward_ms']:.2f}x); "
               f"arc over floor: {a['backward_ms'] / fl['backward_ms']:.3f}x")
+        det = ours["deterministic"]
+        print(f"deterministic backward over arc: {det['backward_ms'] / a['backward_ms']:.3f}x "
+              f"(rasteriser alone {det['raster_backward_ms'] / a['raster_backward_ms']:.3f}x; bar <= 1.3x)")
         if "image" in peers:
             best = min((peers[k] for k in ("gsplat", "gsplat_packed") if k in peers), key=lambda r: r["backward_ms"])
             print(f"vs best gsplat: forward {a['forward_ms'] / best['forward_ms']:.2f}x, "

@@ -279,7 +279,7 @@ def test_reduce_modes_agree(rng, device, cpu_blocks):
     arrays, cam = random_scene(rng, 40, 32, 16, device)
     cots = cotangents(rng, cam.width, cam.height, device)
     results = {}
-    for mode in ("atomic", "warp", "serial", "arc"):
+    for mode in ("atomic", "warp", "serial", "arc", "deterministic"):
         for threshold in ((None, 1, 33) if mode == "arc" else (None,)):
             settings = RenderSettings(reduce=mode, threshold=threshold, background=(0.3, 0.1, 0.2), absgrad=True)
             out = render_gaussians(*arrays, cam, settings)

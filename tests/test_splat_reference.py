@@ -272,7 +272,7 @@ def test_forward_matches_reference(rng, device, sh_degree, width, height, n, bac
     assert_forward_close(arc_outputs(out), ref)
 
 
-@pytest.mark.parametrize("reduce", ["atomic", "warp", "serial", "arc"])
+@pytest.mark.parametrize("reduce", ["atomic", "warp", "serial", "arc", "deterministic"])
 def test_gradients_match_reference(rng, device, reduce, cpu_blocks):
     if cpu_blocks:
         # Fibers emulate 256-lane blocks: keep the image to a couple of tiles.

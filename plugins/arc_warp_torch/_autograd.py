@@ -7,6 +7,7 @@ and convert their inputs first; this module assumes float32, contiguous, same-de
 """
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
@@ -215,7 +216,10 @@ def render_camera(means: torch.Tensor,  # [N, 3] float32
                   sink: Optional[Means2dSink] = None) -> CameraRender:
     """Differentiable render of one camera; inputs must be float32, contiguous, on one
     cpu/cuda device (use `check_tensor`). `settings.absgrad` must be True when the sink
-    has an `absgrad_owner`."""
+    has an `absgrad_owner`. Under `torch.use_deterministic_algorithms(True)` the backward
+    reduces with `reduce="deterministic"` whatever `settings.reduce` says."""
+    if torch.are_deterministic_algorithms_enabled() and settings.reduce != "deterministic":
+        settings = dataclasses.replace(settings, reduce="deterministic")
     sink_tensor = None if sink is None else sink.tensor
     color, alpha, depth, expected_depth, means2d, radii = _RenderGaussians.apply(
         camera, settings, sink, sink_tensor, means, quats, scales, opacities, colors)

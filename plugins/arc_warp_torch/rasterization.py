@@ -105,8 +105,10 @@ def rasterization(
             rgb + (1 - alpha) * background (differentiable); None = black. Depth channels get
             no background.
         reduce: backward reduction of per-pixel gradients: "arc" (default), "atomic",
-            "warp" or "serial"; "floor" is for timing only and yields NO rasteriser
-            gradients (see arc_warp.RenderSettings).
+            "warp", "serial" or "deterministic" (bit-identical gradients from run to run;
+            selected whatever this says under torch.use_deterministic_algorithms(True));
+            "floor" is for timing only and yields NO rasteriser gradients (see
+            arc_warp.RenderSettings).
         threshold: ARC lane-count threshold; None = calibrated per device.
         absgrad: also accumulate |dL/dmeans2d| per pixel into `meta["means2d"].absgrad`
             [C, N, 2] during backward (gsplat's absgrad densification).

@@ -1,7 +1,9 @@
 """Warp-level intrinsics as ``wp.func_native`` snippets, with a CPU emulation.
 
 On CUDA these map one-to-one onto the warp intrinsics (``__activemask``,
-``__ballot_sync``, ``__shfl_*_sync``, ``__match_any_sync``). On the CPU a thread
+``__ballot_sync``, ``__shfl_*_sync``, ``__match_any_sync``). Each compiles for every
+generation Warp targets: ``__match_any_sync`` (sm_70) has a shuffle fallback below it,
+the others exist on all of them. On the CPU a thread
 is normally a warp of one lane. When ``wp.config.enable_cpu_blocks`` is on and a
 kernel is launched with a ``block_dim`` that is a multiple of 32, Warp runs the
 block's threads as cooperative fibers; the snippets then emulate 32-lane warps
@@ -14,16 +16,38 @@ Contract: every lane of the warp calls these functions together, in the same
 order. In CPU emulation the barriers are block-wide, so every lane of the
 *block* must make the same sequence of calls (see :func:`cpu_warp_emulation`).
 Masks are 32-bit lane masks carried in ``int`` (bit 31 makes the value negative).
+
+Threads: the CPU exchange buffers are C statics, shared by every OS thread (Warp's CPU
+JIT cannot link ``thread_local``: it rejects TLS relocations, and Warp keeps its own
+CPU tile arena pointer in a static for the same reason). Launch CPU kernels that call
+these snippets, or Warp tiles, under :func:`cpu_launch_guard`.
 """
 
+import contextlib
 import functools
+import threading
 
 import warp as wp
 
+_CPU_LAUNCH_LOCK = threading.Lock()
+
+
+def cpu_launch_guard(device):
+    """Context manager that serialises CPU launches across Python threads; a no-op on CUDA.
+
+    Hold it around CPU launches of kernels whose snippets keep CPU state in C statics
+    (see the module docstring); two threads launching at once would share it.
+    """
+    if wp.get_device(device).is_cpu:
+        return _CPU_LAUNCH_LOCK
+    return contextlib.nullcontext()
+
+
 # Shared prologue of the CPU emulation: lane index within the emulated warp,
 # warp width, first lane of this warp within the block, and an exchange buffer.
-# CPU launches run blocks one at a time on one OS thread and fibers switch only
-# at WP_TILE_SYNC, so a static buffer guarded by barriers is race-free.
+# A CPU launch runs blocks one at a time on one OS thread and fibers switch only
+# at WP_TILE_SYNC, so a static buffer guarded by barriers is race-free within a
+# launch; cpu_launch_guard keeps launches of other Python threads out.
 _CPU_PROLOGUE = """
     const int _w = 32;
     const int _tid = WP_TILE_THREAD_IDX;
@@ -126,7 +150,16 @@ def ballot(mask: int, pred: bool) -> int:
 
 @wp.func_native(
     _native(
-        "    return (int)__match_any_sync((unsigned int)mask, key);",
+        """#if __CUDA_ARCH__ >= 700
+    return (int)__match_any_sync((unsigned int)mask, key);
+#else
+    // no match.sync before sm_70: compare with every lane of the mask in turn
+    const unsigned int _m = (unsigned int)mask;
+    unsigned int _r = 0;
+    for (int _i = 0; _i < 32; ++_i)
+        if (((_m >> _i) & 1u) && __shfl_sync(_m, key, _i) == key) _r |= 1u << _i;
+    return (int)_r;
+#endif""",
         """    (void)mask;
     WP_TILE_SYNC();
     static int _kbuf[WP_TILE_BLOCK_DIM];
@@ -141,49 +174,6 @@ def ballot(mask: int, pred: bool) -> int:
 )
 def match_any(mask: int, key: int) -> int:
     """Mask of the lanes in ``mask`` holding the same ``key`` (``__match_any_sync``)."""
-    ...
-
-
-@wp.func_native(
-    _native(
-        "    return __shfl_xor_sync((unsigned int)mask, value, lane_mask);",
-        """    (void)mask;
-    WP_TILE_SYNC();
-    _xbuf[_tid] = value;
-    const int _n = wp_cpu_get_active_count();
-    WP_TILE_SYNC();
-    const int _src = _lane ^ lane_mask;
-    float _r = 0.0f;
-    if (_base + _src < _n) _r = _xbuf[_base + _src];
-    return _r;""",
-        "    (void)mask; (void)lane_mask; return 0.0f;",
-    )
-)
-def shfl_xor(mask: int, value: float, lane_mask: int) -> float:
-    """``value`` of lane ``lane_id() ^ lane_mask`` (``__shfl_xor_sync``).
-
-    A source lane outside an emulated CPU warp narrower than 32 reads ``0``, which
-    is what a butterfly sum needs from lanes that do not exist.
-    """
-    ...
-
-
-@wp.func_native(
-    _native(
-        "    return __shfl_sync((unsigned int)mask, value, src_lane);",
-        """    (void)mask;
-    WP_TILE_SYNC();
-    _xbuf[_tid] = value;
-    const int _n = wp_cpu_get_active_count();
-    WP_TILE_SYNC();
-    float _r = 0.0f;
-    if (src_lane >= 0 && src_lane < _w && _base + src_lane < _n) _r = _xbuf[_base + src_lane];
-    return _r;""",
-        "    (void)mask; (void)src_lane; return value;",
-    )
-)
-def shfl(mask: int, value: float, src_lane: int) -> float:
-    """``value`` of lane ``src_lane`` (``__shfl_sync``)."""
     ...
 
 
@@ -232,28 +222,6 @@ def popc(bits: int) -> int:
 )
 def lowest_lane(bits: int) -> int:
     """Index of the lowest set bit of a 32-bit mask, ``-1`` for an empty mask."""
-    ...
-
-
-@wp.func_native(
-    """
-    unsigned int _m = (unsigned int)bits;
-    return lane >= 31 ? 0 : (int)(_m & (0xfffffffeu << lane));
-"""
-)
-def lanes_above(bits: int, lane: int) -> int:
-    """The lanes of ``bits`` strictly above ``lane``."""
-    ...
-
-
-@wp.func_native(
-    """
-    unsigned int _m = (unsigned int)bits;
-    return lane <= 0 ? 0 : (int)(_m & (0xffffffffu >> (32 - lane)));
-"""
-)
-def lanes_below(bits: int, lane: int) -> int:
-    """The lanes of ``bits`` strictly below ``lane``."""
     ...
 
 

@@ -38,6 +38,10 @@ whole warp executes the call together (:func:`~.intrinsics.warp_converged`, one
 divergent call site gives raw atomics, never a wrong sum; only the speed depends on
 convergence. The reducer itself must be reached only by the warps whose plan is
 ``True``, with no divergence between the plan and the reducer.
+
+:data:`MODES` also lists ``deterministic``, which no per-lane accumulator can be
+(atomics add in any order): ``scatter_add`` and the rasteriser backward implement it
+for a whole launch, by sorting and summing in a fixed order.
 """
 
 import functools
@@ -57,8 +61,12 @@ from .intrinsics import (
     warp_converged,
 )
 
-MODES = ("atomic", "warp", "serial", "arc", "floor")
-"""Reduction modes accepted by :func:`accumulator` (``floor`` is for benchmarks only)."""
+ACCUMULATOR_MODES = ("atomic", "warp", "serial", "arc", "floor")
+"""Modes of :func:`accumulator`, :func:`warp_plan` and :func:`warp_reducer` (``floor``: benchmarks only)."""
+
+MODES = ACCUMULATOR_MODES + ("deterministic",)
+"""Reduction modes of ``scatter_add`` and ``RenderSettings.reduce``: the accumulator modes,
+and ``deterministic`` (bit-identical sums from run to run, summed in a fixed order)."""
 
 _PER_LANE_MODES = ("atomic", "floor")
 """Modes that never reduce in the warp: each valid lane adds (or, for floor, drops) its value."""
@@ -85,8 +93,15 @@ def _type_tag(dtype) -> str:
     return f"v{vector_length(dtype)}" if wp.types.type_is_vector(dtype) else "f32"
 
 
-def check_mode(mode: str) -> str:
-    """Returns ``mode`` if it is one of :data:`MODES`, else raises ``ValueError``."""
+def check_mode(mode: str, accumulating: bool = True) -> str:
+    """Returns ``mode`` if it is one of :data:`ACCUMULATOR_MODES` (``accumulating``) or
+    :data:`MODES`, else raises ``ValueError``."""
+    if accumulating and mode == "deterministic":
+        raise ValueError(
+            "reduce mode 'deterministic' orders a whole launch's sums, which a per-lane accumulator "
+            "cannot do; use arc_warp.scatter_add(..., mode='deterministic') or "
+            "RenderSettings(reduce='deterministic'), or pick one of " + str(ACCUMULATOR_MODES)
+        )
     if mode not in MODES:
         raise ValueError(f"reduce mode must be one of {MODES}; got {mode!r}")
     return mode
@@ -268,7 +283,7 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
         dtype: ``wp.float32``, ``wp.vec2``, ``wp.vec3``, ``wp.vec4`` or any
             ``wp.types.vector(K, wp.float32)`` (for example the 9 per-splat
             gradients of 3DGS packed in one vector), ``K <= 32``.
-        mode: one of :data:`MODES`.
+        mode: one of :data:`ACCUMULATOR_MODES`.
         uniform_index: the caller guarantees that all lanes of a warp pass the same
             ``index`` (as in a tile rasteriser, where a block walks one primitive at a
             time). Skips the per-call check for mixed indices; results are undefined

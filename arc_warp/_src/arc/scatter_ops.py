@@ -8,9 +8,11 @@ import functools
 
 import numpy as np
 import warp as wp
+import warp.utils
 
 from .calibrate import resolve_threshold
-from .reduce_funcs import accumulator, check_mode, vector_length
+from .intrinsics import cpu_launch_guard, reduce_scatter
+from .reduce_funcs import _component_ops, accumulator, check_mode, vector_length
 
 BLOCK_DIM = 256
 """Threads per block of the scatter kernel (a multiple of the 32-lane warp)."""
@@ -40,6 +42,99 @@ def _scatter_kernel(dtype, mode: str):
         add(dest, index, value, valid, threshold)
 
     return wp.kernel(scatter_add_kernel, enable_backward=False, module="unique")
+
+
+@wp.kernel(enable_backward=False)
+def _sort_pairs(indices: wp.array(dtype=wp.int32), size: int, keys: wp.array(dtype=wp.int32),
+                order: wp.array(dtype=wp.int32)):
+    # out-of-range indices get the key `size`, which sorts last and is skipped
+    i = wp.tid()
+    index = indices[i]
+    if index < 0 or index >= size:
+        index = size
+    keys[i] = index
+    order[i] = i
+
+
+@wp.kernel(enable_backward=False)
+def _segment_bounds(keys: wp.array(dtype=wp.int32), count: int, size: int, segments: wp.array2d(dtype=wp.int32)):
+    # segments[t] = [start, end) of target t's run in the sorted keys, (0, 0) if none;
+    # the two bounds are written by different threads, so they are separate words
+    i = wp.tid()
+    key = keys[i]
+    if key < size:
+        if i == 0 or keys[i - 1] != key:
+            segments[key, 0] = i
+        if i == count - 1 or keys[i + 1] != key:
+            segments[key, 1] = i + 1
+
+
+@functools.cache
+def _segment_sum_kernel(dtype):
+    to_vec, component_add, vec_k = _component_ops(dtype)
+    k = vector_length(dtype)
+    reduce_scatter_k, owned_component = reduce_scatter(k)
+
+    def segment_sum(
+        dest: wp.array(dtype=dtype),
+        segments: wp.array2d(dtype=wp.int32),
+        order: wp.array(dtype=wp.int32),
+        values: wp.array(dtype=dtype),
+        size: int,
+        lanes: int,
+    ):
+        # `lanes` threads per target: a warp, or 1 on a CPU without blocks. Lane l adds
+        # the entries l, l + lanes, ... of the target's sorted run in that order, then
+        # the warp's lanes meet in the fixed reduce-scatter tree: long runs (a Gaussian
+        # on thousands of tiles) are spread over 32 lanes, and the order never varies.
+        tid = wp.tid()
+        t = tid // lanes
+        lane = tid - t * lanes
+        start = int(0)
+        end = int(0)
+        if t < size:
+            start = segments[t, 0]
+            end = segments[t, 1]
+        acc = vec_k()
+        j = start + lane
+        while j < end:
+            acc += to_vec(values[order[j]])
+            j += lanes
+        # one writer per (target, component): the atomic adds in no contested order
+        if lanes == 32:
+            total = reduce_scatter_k(-1, acc)  # every lane, padding included
+            comp = owned_component(lane)
+            if end > start and comp >= 0:
+                component_add(dest, t, comp, total)
+        elif end > start:
+            for c in range(wp.static(k)):
+                component_add(dest, t, c, acc[c])
+
+    return wp.kernel(segment_sum, enable_backward=False, module="unique")
+
+
+def ordered_scatter_add(dest: wp.array, indices: wp.array, values: wp.array):
+    """``scatter_add`` in a fixed order: a stable sort of the entry ids by index, then per
+    target a fixed-order sum of its entries (strided over a warp's lanes, then a fixed
+    tree); no contested atomics, so the result is the same bits on every run."""
+    count, size, device = indices.shape[0], dest.shape[0], dest.device
+    keys = wp.empty(2 * count, dtype=wp.int32, device=device)  # radix_sort_pairs needs 2x
+    order = wp.empty(2 * count, dtype=wp.int32, device=device)
+    segments = wp.zeros((size, 2), dtype=wp.int32, device=device)
+    wp.launch(_sort_pairs, dim=count, inputs=[indices, size], outputs=[keys, order], device=device)
+    wp.utils.radix_sort_pairs(keys, order, count, 0, size.bit_length())  # stable: ties keep entry order
+    wp.launch(_segment_bounds, dim=count, inputs=[keys, count, size], outputs=[segments], device=device)
+    # a warp per target where warps exist (CUDA, CPU block emulation), else a thread
+    lanes = 1 if wp.get_device(device).is_cpu and not wp.config.enable_cpu_blocks else 32
+    padded = (size * lanes + BLOCK_DIM - 1) // BLOCK_DIM * BLOCK_DIM
+    with cpu_launch_guard(device):
+        wp.launch(
+            _segment_sum_kernel(dest.dtype),
+            dim=padded,
+            inputs=[dest, segments, order, values, size, lanes],
+            device=device,
+            block_dim=BLOCK_DIM,
+        )
 
 
 @wp.kernel(enable_backward=False)
@@ -78,7 +173,9 @@ def scatter_add(
         indices: ``(N,)`` ``wp.int32`` array of targets in ``[0, M)``.
         values: ``(N,)`` array with the dtype of ``dest``.
         mode: reduction mode, one of ``"atomic"``, ``"warp"``, ``"serial"``,
-            ``"arc"`` (default) or ``"floor"`` (benchmarks only: adds nothing).
+            ``"arc"`` (default), ``"deterministic"`` (bit-identical from run to run:
+            a stable sort by index, then each target's values summed in a fixed
+            order; no threshold) or ``"floor"`` (benchmarks only: adds nothing).
         threshold: ARC threshold T (lanes sharing a target before the warp reduces);
             ``None`` uses :func:`arc_warp.resolve_threshold` for ``dest.device``.
         check_bounds: check every index before launch and raise ``IndexError`` if
@@ -90,9 +187,10 @@ def scatter_add(
         ``dest``.
 
     Sums are order-dependent only through float32 rounding: all modes agree to
-    round-off. The launch is on ``dest.device`` and its current stream.
+    round-off, and only ``deterministic`` fixes the order. The launches are on
+    ``dest.device`` and its current stream.
     """
-    check_mode(mode)
+    check_mode(mode, accumulating=False)
     if not isinstance(dest, wp.array):
         raise TypeError(f"dest must be a wp.array; got {type(dest).__name__}")
     vector_length(dest.dtype)
@@ -120,13 +218,17 @@ def scatter_add(
                 f"{n_bad} of {count} indices are outside [0, {dest.shape[0]}) (min {lo}, max {hi}); "
                 "nothing was written"
             )
+    if mode == "deterministic":
+        ordered_scatter_add(dest, indices, values)
+        return dest
     t = resolve_threshold(dest.device, threshold)
     padded = (count + BLOCK_DIM - 1) // BLOCK_DIM * BLOCK_DIM
-    wp.launch(
-        _scatter_kernel(dest.dtype, mode),
-        dim=padded,
-        inputs=[dest, indices, values, count, t],
-        device=dest.device,
-        block_dim=BLOCK_DIM,
-    )
+    with cpu_launch_guard(dest.device):
+        wp.launch(
+            _scatter_kernel(dest.dtype, mode),
+            dim=padded,
+            inputs=[dest, indices, values, count, t],
+            device=dest.device,
+            block_dim=BLOCK_DIM,
+        )
     return dest

@@ -180,23 +180,3 @@ def tile_bbox(xy: wp.vec2, radius: wp.vec2i, tiles_x: int, tiles_y: int) -> wp.v
         wp.clamp(int(wp.ceil(cx + rx)), 0, tiles_x),
         wp.clamp(int(wp.ceil(cy + ry)), 0, tiles_y),
     )
-
-
-@wp.func
-def gaussian_power(geom: wp.vec4, conic: wp.vec4, px: float, py: float) -> wp.vec3:
-    """(power, dx, dy) at pixel point (px, py) of the splat with ``Splat2D`` quads
-    ``geom`` and ``conic``; d = centre - point."""
-    dx = geom[0] - px
-    dy = geom[1] - py
-    power = 0.5 * (conic[0] * dx * dx + conic[2] * dy * dy) + conic[1] * dx * dy
-    return wp.vec3(power, dx, dy)
-
-
-@wp.func
-def tile_pixel(tid: int, tiles_x: int) -> wp.vec3i:
-    """(tile, x, y) of thread ``tid`` in a launch of one 256-thread block per 16x16 tile."""
-    tile = tid // BLOCK_PIXELS
-    local = tid - tile * BLOCK_PIXELS
-    ty = tile // tiles_x
-    tx = tile - ty * tiles_x
-    return wp.vec3i(tile, tx * TILE_SIZE + local % TILE_SIZE, ty * TILE_SIZE + local // TILE_SIZE)

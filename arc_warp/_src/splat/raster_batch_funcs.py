@@ -8,14 +8,19 @@ three quads of four floats: ``GEOM`` = (x, y, opacity, depth), ``CONIC`` = (a, b
 Gaussian id as float bits, see ``float_bits``), ``RGB`` = (r, g, b, 0).
 
 On CUDA the batch lives in ``__shared__`` memory and the barriers are ``__syncthreads``.
+Every snippet compiles for every CUDA generation Warp targets: intrinsics of a later
+one (``__reduce_max_sync``, sm_80) are guarded by ``__CUDA_ARCH__`` with a fallback.
 On the CPU the same code runs with a static buffer: with ``enable_cpu_blocks`` the
 block's fibers share it and ``WP_TILE_SYNC`` is the barrier; without, a block is one
-thread and batches have one entry. CPU launches run one block at a time on one OS
-thread, so a static buffer is race-free.
+thread and batches have one entry. A CPU launch runs one block at a time on one OS
+thread, so a static buffer is race-free within it; launches from several Python
+threads must hold ``cpu_launch_guard`` (Warp's CPU JIT links no ``thread_local``).
 
 Contract: every thread of the block calls ``block_sync``/``block_count`` the same
 number of times (pixels outside the image included; no early ``return``).
 """
+
+import functools
 
 import warp as wp
 
@@ -136,8 +141,15 @@ def block_count(pred: bool) -> int:
 
 @wp.func_native(
     """
-#if defined(__CUDA_ARCH__)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     return __reduce_max_sync(0xffffffffu, value);
+#elif defined(__CUDA_ARCH__)
+    int _max = value;  // no redux.sync before sm_80: a shuffle butterfly
+    for (int _o = 16; _o > 0; _o >>= 1) {
+        const int _other = __shfl_xor_sync(0xffffffffu, _max, _o);
+        _max = _other > _max ? _other : _max;
+    }
+    return _max;
 #elif WP_TILE_BLOCK_DIM > 1
     static int _values[WP_TILE_BLOCK_DIM];
     WP_TILE_SYNC();
@@ -204,3 +216,87 @@ def splat_quad(splats: wp.array(dtype=Splat2D), index: int, quad: int) -> wp.vec
     of a contiguous array is 16-byte aligned.
     """
     ...
+
+
+# Deterministic backward: per-warp partial gradients of a chunk of batch entries, in
+# shared memory laid out [slot][warp][component]; PARTIAL_WIDTH components per cell.
+PARTIAL_CHUNK = 32
+PARTIAL_WIDTH = 12
+
+
+@wp.func_native(
+    f"""
+    const int _nw = (WP_TILE_BLOCK_DIM + 31) / 32;
+#if defined(__CUDA_ARCH__)
+    __shared__ float _part[{PARTIAL_CHUNK} * _nw * {PARTIAL_WIDTH}];
+    const int _rank = (int)threadIdx.x;
+#else
+    static float _part[{PARTIAL_CHUNK} * _nw * {PARTIAL_WIDTH}];
+    const int _rank = WP_TILE_THREAD_IDX;
+#endif
+    for (int _i = _rank; _i < {PARTIAL_CHUNK} * _nw * {PARTIAL_WIDTH}; _i += WP_TILE_BLOCK_DIM) _part[_i] = 0.0f;
+    return (wp::uint64)_part;
+"""
+)
+def partial_buffer() -> wp.uint64:
+    """Zeroes this thread's share of the block's partial-gradient cells and returns their
+    address; a ``block_sync`` must follow before any ``partial_put``."""
+    ...
+
+
+@wp.func_native(
+    f"""
+#if defined(__CUDA_ARCH__)
+    const int _warp = (int)threadIdx.x >> 5;
+#else
+    const int _warp = WP_TILE_THREAD_IDX >> 5;
+#endif
+    const int _nw = (WP_TILE_BLOCK_DIM + 31) / 32;
+    reinterpret_cast<float*>(buf)[(slot * _nw + _warp) * {PARTIAL_WIDTH} + comp] = value;
+"""
+)
+def partial_put(buf: wp.uint64, slot: int, comp: int, value: float):
+    """Stores the calling warp's total of component ``comp`` for chunk slot ``slot``."""
+    ...
+
+
+@wp.func_native(
+    f"""
+    const int _nw = (WP_TILE_BLOCK_DIM + 31) / 32;
+    float* _p = reinterpret_cast<float*>(buf) + slot * _nw * {PARTIAL_WIDTH} + comp;
+    float _sum = 0.0f;
+    for (int _w = 0; _w < _nw; ++_w) {{
+        _sum += _p[_w * {PARTIAL_WIDTH}];
+        _p[_w * {PARTIAL_WIDTH}] = 0.0f;
+    }}
+    return _sum;
+"""
+)
+def partial_take(buf: wp.uint64, slot: int, comp: int) -> float:
+    """Sum over the block's warps, in warp order, of one cell; leaves the cells zero."""
+    ...
+
+
+_STORE_COMPONENT = """
+    float* _d = ((float*)wp::address(dest, index)) + comp;
+#if !defined(__CUDA_ARCH__) && WP_TILE_BLOCK_DIM == 1
+    *_d += value;
+#else
+    *_d = value;
+#endif
+"""
+
+
+@functools.cache
+def partial_store(grad_t):
+    """``store(dest, index, comp, value)``: writes one component of ``dest[index]``.
+
+    Each (index, comp) has one writer per block, and a tile's entries belong to one block;
+    a CPU block of one thread (no ``enable_cpu_blocks``) is one pixel, so there the pixels
+    of a tile add in launch order instead.
+    """
+
+    @wp.func_native(_STORE_COMPONENT)
+    def store_component(dest: wp.array(dtype=grad_t), index: int, comp: int, value: float): ...
+
+    return store_component

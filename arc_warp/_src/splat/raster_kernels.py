@@ -6,6 +6,12 @@ memory (``batch_funcs``): each thread loads one entry, then every thread reads t
 batch with broadcast shared loads. All threads reach every barrier, pixels outside the
 image included. In the backward all lanes of a warp read the same entry at a time, so
 they reach the accumulator together and with one index.
+
+The ``deterministic`` backward adds nothing atomically: per entry, each warp sums its
+pixels with the fixed reduce-scatter tree, the warps' sums meet in shared memory and
+are added in warp order, and the total is written to the entry's own slot of a
+per-intersection array (summed per Gaussian in a fixed order afterwards, see
+``raster_ops``).
 """
 
 import functools
@@ -15,6 +21,8 @@ import warp as wp
 from arc_warp._src.splat.raster_batch_funcs import (
     CONIC,
     GEOM,
+    PARTIAL_CHUNK,
+    PARTIAL_WIDTH,
     RGB,
     batch_buffer,
     batch_get,
@@ -24,12 +32,17 @@ from arc_warp._src.splat.raster_batch_funcs import (
     block_sync,
     lockstep_any,
     lockstep_max,
+    partial_buffer,
+    partial_put,
+    partial_store,
+    partial_take,
     splat_quad,
 )
 from arc_warp._src.splat.geometry_funcs import (
     ALPHA_MAX,
     ALPHA_MIN,
     BLOCK_PIXELS,
+    TILE_SIZE,
     G_ABS,
     G_CONIC,
     G_DEPTH,
@@ -39,10 +52,48 @@ from arc_warp._src.splat.geometry_funcs import (
     T_MIN,
     Splat2D,
     float_bits,
-    gaussian_power,
     grad_vector,
-    tile_pixel,
 )
+
+
+@wp.struct
+class TilePixel:
+    """Where a rasteriser thread works: its tile and its pixel (x right, y down)."""
+
+    tile: int
+    x: int
+    y: int
+
+
+@wp.func
+def tile_pixel(tid: int, tiles_x: int) -> TilePixel:
+    """Tile and pixel of thread ``tid`` in a launch of one 256-thread block per 16x16 tile."""
+    tp = TilePixel()
+    tp.tile = tid // BLOCK_PIXELS
+    local = tid - tp.tile * BLOCK_PIXELS
+    ty = tp.tile // tiles_x
+    tp.x = (tp.tile - ty * tiles_x) * TILE_SIZE + local % TILE_SIZE
+    tp.y = ty * TILE_SIZE + local // TILE_SIZE
+    return tp
+
+
+@wp.struct
+class Falloff:
+    """A splat seen from a pixel point: ``alpha = opacity * exp(-power)``."""
+
+    power: float  # 0.5 * d^T conic d
+    dx: float  # d = centre - point, pixels
+    dy: float
+
+
+@wp.func
+def splat_falloff(geom: wp.vec4, conic: wp.vec4, px: float, py: float) -> Falloff:
+    """Falloff at pixel point (px, py) of the splat with ``Splat2D`` quads ``geom`` and ``conic``."""
+    f = Falloff()
+    f.dx = geom[0] - px
+    f.dy = geom[1] - py
+    f.power = 0.5 * (conic[0] * f.dx * f.dx + conic[2] * f.dy * f.dy) + conic[1] * f.dx * f.dy
+    return f
 
 
 @wp.func
@@ -85,12 +136,12 @@ def raster_fwd(
     out_last: wp.array2d(dtype=wp.int32),
 ):
     tp = tile_pixel(wp.tid(), tiles_x)
-    x = tp[1]
-    y = tp[2]
+    x = tp.x
+    y = tp.y
     inside = x < width and y < height
     px = float(x) + 0.5
     py = float(y) + 0.5
-    r = ranges[tp[0]]
+    r = ranges[tp.tile]
     buf = batch_buffer()
     rank = batch_rank()
     size = wp.block_dim()
@@ -109,9 +160,10 @@ def raster_fwd(
         if not done:
             for j in range(wp.min(size, r[1] - start)):
                 geom = batch_get(buf, GEOM, j)
-                pw = gaussian_power(geom, batch_get(buf, CONIC, j), px, py)
-                alpha = wp.min(ALPHA_MAX, geom[2] * wp.exp(-pw[0]))
-                if pw[0] < 0.0 or alpha < ALPHA_MIN:
+                opacity = geom[2]
+                f = splat_falloff(geom, batch_get(buf, CONIC, j), px, py)
+                alpha = wp.min(ALPHA_MAX, opacity * wp.exp(-f.power))
+                if f.power < 0.0 or alpha < ALPHA_MIN:
                     continue
                 next_t = t * (1.0 - alpha)
                 if next_t <= T_MIN:
@@ -120,7 +172,8 @@ def raster_fwd(
                 w = alpha * t
                 c = batch_get(buf, RGB, j)
                 rgb += w * wp.vec3(c[0], c[1], c[2])
-                depth += w * geom[3]
+                splat_depth = geom[3]
+                depth += w * splat_depth
                 last = start + j
                 t = next_t
         start += size
@@ -145,20 +198,34 @@ def make_raster_bwd(mode: str, absgrad: bool):
     the block's last contributor; a warp starts each batch at its own last contributor.
     Threads of pixels outside the image run the loop with nothing to add: every lane
     must reach the plan and, in a reducing warp, the reducer.
-    """
-    from arc_warp._src.arc.reduce_funcs import lane_adder, warp_plan, warp_reducer
 
+    ``out_grads`` is (N,) per Gaussian, except for ``deterministic``: (n_isects,) per
+    sorted entry, zero-initialised, each written by its tile's block alone.
+    """
+    from arc_warp._src.arc.intrinsics import lane_id, reduce_scatter, warp_width
+    from arc_warp._src.arc.reduce_funcs import check_mode, lane_adder, warp_plan, warp_reducer
+
+    det = check_mode(mode, accumulating=False) == "deterministic"
     grad_t = grad_vector(absgrad)
+    k = grad_t._length_
+    if k > PARTIAL_WIDTH:
+        raise ValueError(f"the deterministic cells hold {PARTIAL_WIDTH} components; the gradient has {k}")
     # Plan first, then compute inside the branch that adds (see warp_plan). All lanes of
-    # a warp read the same batch entry, hence reduce with one index.
-    plan = warp_plan(mode)  # never True for atomic and floor
-    reduce = warp_reducer(grad_t, mode, uniform_index=True)
-    lane_add = lane_adder(grad_t, mode)
+    # a warp read the same batch entry, hence reduce with one index. (deterministic
+    # builds the arc helpers only so that every name of the kernel resolves.)
+    acc_mode = "arc" if det else mode
+    plan = warp_plan(acc_mode)  # never True for atomic and floor
+    reduce = warp_reducer(grad_t, acc_mode, uniform_index=True)
+    lane_add = lane_adder(grad_t, acc_mode)
+    reduce_scatter_k, owned_component = reduce_scatter(k)
+    store_component = partial_store(grad_t)
+    # deterministic flushes its partials every PARTIAL_CHUNK slots; the others never
+    chunk = PARTIAL_CHUNK if det else BLOCK_PIXELS
 
     def entry_gradient(
         geom: wp.vec4,
         conic: wp.vec4,
-        pw: wp.vec3,
+        f: Falloff,
         vis: float,
         alpha: float,
         ra: float,
@@ -173,11 +240,12 @@ def make_raster_bwd(mode: str, absgrad: bool):
         # Gradient of one pixel's outputs with respect to one entry; t is the
         # transmittance in front of it and ra = 1 / (1 - alpha).
         opacity = geom[2]
+        splat_depth = geom[3]
         fac = alpha * t
         v = grad_t()
         v_alpha = (
             wp.dot(c * t - rgb_behind * ra, v_rgb_px)
-            + (geom[3] * t - depth_behind * ra) * v_depth_px
+            + (splat_depth * t - depth_behind * ra) * v_depth_px
             + v_final * ra
         )
         v[G_RGB] = fac * v_rgb_px[0]
@@ -186,13 +254,11 @@ def make_raster_bwd(mode: str, absgrad: bool):
         v[G_DEPTH] = fac * v_depth_px
         if opacity * vis <= ALPHA_MAX:  # alpha not clamped
             v_power = -opacity * vis * v_alpha
-            dx = pw[1]
-            dy = pw[2]
-            v[G_CONIC] = 0.5 * v_power * dx * dx
-            v[G_CONIC + 1] = v_power * dx * dy
-            v[G_CONIC + 2] = 0.5 * v_power * dy * dy
-            v[G_XY] = v_power * (conic[0] * dx + conic[1] * dy)
-            v[G_XY + 1] = v_power * (conic[1] * dx + conic[2] * dy)
+            v[G_CONIC] = 0.5 * v_power * f.dx * f.dx
+            v[G_CONIC + 1] = v_power * f.dx * f.dy
+            v[G_CONIC + 2] = 0.5 * v_power * f.dy * f.dy
+            v[G_XY] = v_power * (conic[0] * f.dx + conic[1] * f.dy)
+            v[G_XY + 1] = v_power * (conic[1] * f.dx + conic[2] * f.dy)
             if wp.static(absgrad):
                 v[G_ABS] = wp.abs(v[G_XY])
                 v[G_ABS + 1] = wp.abs(v[G_XY + 1])
@@ -200,6 +266,23 @@ def make_raster_bwd(mode: str, absgrad: bool):
         return v
 
     entry_gradient = wp.func(entry_gradient, name=f"raster_entry_gradient_{int(absgrad)}", module="unique")
+
+    def put_warp_partial(buf: wp.uint64, slot: int, value: grad_t, valid: bool):
+        # The warp's sum over its valid lanes, by the fixed reduce-scatter tree; a CPU
+        # warp of one lane stores its own value.
+        part = grad_t()
+        if valid:
+            part = value
+        if warp_width() == 32:
+            total = reduce_scatter_k(-1, part)
+            comp = owned_component(lane_id())
+            if comp >= 0:
+                partial_put(buf, slot, comp, total)
+        else:
+            for i in range(wp.static(k)):
+                partial_put(buf, slot, i, part[i])
+
+    put_warp_partial = wp.func(put_warp_partial, name=f"raster_put_partial_{int(absgrad)}", module="unique")
 
     # 4 blocks per SM caps registers at 64; the reducing modes keep 48 bytes on the stack
     # there (sm_90), and still ran faster than the accumulate-after-compute kernel (BENCHMARKS)
@@ -229,8 +312,8 @@ def make_raster_bwd(mode: str, absgrad: bool):
         out_grads: wp.array(dtype=grad_t),
     ):
         tp = tile_pixel(wp.tid(), tiles_x)
-        x = tp[1]
-        y = tp[2]
+        x = tp.x
+        y = tp.y
         px = float(x) + 0.5
         py = float(y) + 0.5
         t_final = float(1.0)
@@ -257,8 +340,11 @@ def make_raster_bwd(mode: str, absgrad: bool):
         # behind the warp's last contributor warp-wide
         block_last = wp.tile_max(wp.tile(last))[0]
         warp_last = lockstep_max(last)
-        r = ranges[tp[0]]
+        r = ranges[tp.tile]
         buf = batch_buffer()
+        parts = wp.uint64(0)
+        if wp.static(det):
+            parts = partial_buffer()  # zeroed before the first batch's barrier
         rank = batch_rank()
         size = wp.block_dim()
         t = t_final
@@ -270,35 +356,56 @@ def make_raster_bwd(mode: str, absgrad: bool):
             block_sync()  # the previous batch is no longer read
             stage_entry(buf, rank, gauss_ids, splats, colors, hi - 1 - rank, hi - 1 - rank >= lo)
             block_sync()
-            for s in range(wp.max(0, hi - 1 - warp_last), hi - lo):
-                geom = batch_get(buf, GEOM, s)
-                conic = batch_get(buf, CONIC, s)
-                pw = gaussian_power(geom, conic, px, py)
-                vis = wp.exp(-pw[0])
-                opacity = geom[2]
-                alpha = wp.min(ALPHA_MAX, opacity * vis)
-                valid = hi - 1 - s <= last and not (pw[0] < 0.0 or alpha < ALPHA_MIN)
-                # most entries reach no pixel of a warp: skip them before planning
-                if lockstep_any(valid):
-                    ra = 1.0 / (1.0 - alpha)
-                    t_in_front = t * ra
-                    c4 = batch_get(buf, RGB, s)
-                    c = wp.vec3(c4[0], c4[1], c4[2])
-                    index = float_bits(conic[3])
-                    if plan(valid, threshold):
-                        # every lane computes (invalid lanes' values are ignored)
-                        grad = entry_gradient(geom, conic, pw, vis, alpha, ra, t_in_front, c, rgb_behind,
-                                              depth_behind, v_rgb_px, v_depth_px, v_final)
-                        reduce(out_grads, index, grad, valid, threshold)
-                    elif valid:
-                        grad = entry_gradient(geom, conic, pw, vis, alpha, ra, t_in_front, c, rgb_behind,
-                                              depth_behind, v_rgb_px, v_depth_px, v_final)
-                        lane_add(out_grads, index, grad, True, threshold)
-                    if valid:
-                        fac = alpha * t_in_front
-                        t = t_in_front
-                        rgb_behind += fac * c
-                        depth_behind += fac * geom[3]
+            # chunks of slots [c0, c1): one per batch, except deterministic's flushes
+            c0 = int(0)
+            while c0 < hi - lo:
+                c1 = wp.min(c0 + wp.static(chunk), hi - lo)
+                for s in range(wp.max(c0, hi - 1 - warp_last), c1):
+                    geom = batch_get(buf, GEOM, s)
+                    conic = batch_get(buf, CONIC, s)
+                    f = splat_falloff(geom, conic, px, py)
+                    vis = wp.exp(-f.power)
+                    opacity = geom[2]
+                    alpha = wp.min(ALPHA_MAX, opacity * vis)
+                    valid = hi - 1 - s <= last and not (f.power < 0.0 or alpha < ALPHA_MIN)
+                    # most entries reach no pixel of a warp: skip them before planning
+                    if lockstep_any(valid):
+                        ra = 1.0 / (1.0 - alpha)
+                        t_in_front = t * ra
+                        c4 = batch_get(buf, RGB, s)
+                        c = wp.vec3(c4[0], c4[1], c4[2])
+                        index = float_bits(conic[3])
+                        if wp.static(det):
+                            # every lane computes (invalid lanes' values are dropped)
+                            grad = entry_gradient(geom, conic, f, vis, alpha, ra, t_in_front, c, rgb_behind,
+                                                  depth_behind, v_rgb_px, v_depth_px, v_final)
+                            put_warp_partial(parts, s - c0, grad, valid)
+                        elif plan(valid, threshold):
+                            # every lane computes (invalid lanes' values are ignored)
+                            grad = entry_gradient(geom, conic, f, vis, alpha, ra, t_in_front, c, rgb_behind,
+                                                  depth_behind, v_rgb_px, v_depth_px, v_final)
+                            reduce(out_grads, index, grad, valid, threshold)
+                        elif valid:
+                            grad = entry_gradient(geom, conic, f, vis, alpha, ra, t_in_front, c, rgb_behind,
+                                                  depth_behind, v_rgb_px, v_depth_px, v_final)
+                            lane_add(out_grads, index, grad, True, threshold)
+                        if valid:
+                            fac = alpha * t_in_front
+                            t = t_in_front
+                            rgb_behind += fac * c
+                            depth_behind += fac * geom[3]
+                if wp.static(det):
+                    # the warps' partials of slots [c0, c1) in warp order, one cell per
+                    # thread; the barriers fence the cells' writes and their reuse
+                    block_sync()
+                    cell = rank
+                    while cell < (c1 - c0) * wp.static(k):
+                        slot = cell // wp.static(k)
+                        comp = cell - slot * wp.static(k)
+                        store_component(out_grads, hi - 1 - c0 - slot, comp, partial_take(parts, slot, comp))
+                        cell += size
+                    block_sync()
+                c0 = c1
             hi = lo
 
     return raster_bwd

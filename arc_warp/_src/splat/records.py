@@ -25,10 +25,12 @@ class RenderSettings:
         background: RGB added as ``T_final * background`` to the colour image.
         reduce: how the rasteriser backward reduces per-Gaussian gradients:
             ``"atomic"`` (one atomic per lane), ``"warp"`` (always warp-reduce),
-            ``"serial"``, ``"arc"`` (adaptive, the default) or ``"floor"``.
-            ``"floor"`` issues no atomics at all: it exists only to time the rest of
-            the backward and produces NO rasteriser gradients (means, quats,
-            scales, opacities and colours get zero from the image loss).
+            ``"serial"``, ``"arc"`` (adaptive, the default), ``"deterministic"``
+            (bit-identical gradients from run to run: per-(tile, Gaussian) partials
+            summed in a fixed order, no atomics) or ``"floor"``. ``"floor"``
+            issues no atomics at all: it exists only to time the rest of the
+            backward and produces NO rasteriser gradients (means, quats, scales,
+            opacities and colours get zero from the image loss).
         threshold: ARC threshold (lanes on one address before a warp reduction);
             ``None`` asks ``arc_warp`` for the calibrated value of the device.
         eps2d: dilation added to the 2D covariance diagonal, pixels^2.
