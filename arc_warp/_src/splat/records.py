@@ -106,7 +106,7 @@ class ProjectResult:
     means2d: wp.array  # (N,) vec2, pixels
     splats: wp.array  # (N,) Splat2D: (x, y, opacity, depth), (conic a, b, c, 0); culled: unset
     radii: wp.array  # (N,) vec2i, (0, 0) = culled
-    tiles_per_gauss: wp.array  # (N,) int32
+    tiles_per_gauss: wp.array  # (N,) int64, tiles the footprint reaches
     rgb: wp.array  # (N,) vec3, colour fed to the rasteriser
 
 
