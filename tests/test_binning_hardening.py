@@ -22,25 +22,27 @@ def one_camera(width, height, fx=None):
     return arc_warp.Camera(fx, fx, 0.5 * width, 0.5 * height, width, height)
 
 
-def isotropic_inputs(scales, opacities, depth=4.0) -> dict:
-    """Gaussians on the optical axis at ``depth``, RGB white, as wp arrays."""
+def axis_inputs(scales, opacities, depth=4.0) -> dict:
+    """Gaussians on the optical axis at ``depth``, RGB white, as wp arrays; std-devs
+    (s, s/2, s) turned 30 degrees about the view axis, so the 2D covariance has b != 0."""
     n = len(scales)
     means = np.zeros((n, 3), np.float32)
     means[:, 2] = depth
+    half = np.radians(15.0)
     return dict(
         means=wp.array(means, dtype=wp.vec3, device="cpu", requires_grad=True),
-        quats=wp.array(np.tile([1.0, 0.0, 0.0, 0.0], (n, 1)).astype(np.float32), dtype=wp.vec4, device="cpu",
-                       requires_grad=True),
-        scales=wp.array(np.repeat(np.asarray(scales, np.float32)[:, None], 3, 1), dtype=wp.vec3, device="cpu",
-                        requires_grad=True),
+        quats=wp.array(np.tile([np.cos(half), 0.0, 0.0, np.sin(half)], (n, 1)).astype(np.float32), dtype=wp.vec4,
+                       device="cpu", requires_grad=True),
+        scales=wp.array(np.asarray(scales, np.float32)[:, None] * np.float32([1.0, 0.5, 1.0]), dtype=wp.vec3,
+                        device="cpu", requires_grad=True),
         opacities=wp.array(np.asarray(opacities, np.float32), dtype=wp.float32, device="cpu", requires_grad=True),
         colors=wp.array(np.ones((n, 3), np.float32), dtype=wp.vec3, device="cpu", requires_grad=True),
     )
 
 
-def render_isotropic(scales, opacities, width=40, height=24, fx=1000.0):
-    """Renders ``isotropic_inputs`` with a long lens (fx px), so that scale s is 250 s px."""
-    return arc_warp.render_gaussians(*isotropic_inputs(scales, opacities).values(), one_camera(width, height, fx))
+def render_axis(scales, opacities, width=40, height=24, fx=1000.0):
+    """Renders ``axis_inputs`` with a long lens (fx px), so that scale s is 250 s px."""
+    return arc_warp.render_gaussians(*axis_inputs(scales, opacities).values(), one_camera(width, height, fx))
 
 
 def binned_pairs(out) -> set:
@@ -87,7 +89,7 @@ def test_huge_scale_covers_the_image(scale):
     # A finite but huge Gaussian (2.5e9 / 2.5e10 px std-dev: the radius exceeds int32, and
     # at 1e8 a * c overflows float32) is flat over the image: alpha = opacity everywhere,
     # every tile binned exactly once, radius clamped (never INT_MIN), gradients finite.
-    out = render_isotropic([scale], [0.5])
+    out = render_axis([scale], [0.5])
     np.testing.assert_allclose(out.alpha.numpy(), 0.5, atol=1e-6)
     assert out._bins.n_isects == out._bins.tiles_x * out._bins.tiles_y
     assert binned_pairs(out) == {(t, 0) for t in range(out._bins.n_isects)}
@@ -103,7 +105,7 @@ def test_huge_scale_covers_the_image(scale):
 def test_overflowing_covariance_is_culled():
     # scale 1e20 is finite, but its covariance overflows float32 (Inf, and NaN from Inf * 0
     # in the rotations): that Gaussian is culled, the other one renders as usual.
-    out = render_isotropic([1e20, 1e-4], [0.9, 0.9])
+    out = render_axis([1e20, 1e-4], [0.9, 0.9])
     radii = out.radii.numpy()
     assert radii[0].tolist() == [0, 0] and radii[1].min() > 0
     assert {g for _, g in binned_pairs(out)} == {1}
@@ -118,7 +120,7 @@ def test_nan_inputs_are_culled_by_the_projection(field):
     from arc_warp._src.splat.project_ops import camera_params, project
     from arc_warp._src.splat.validate import check_inputs
 
-    arrays = isotropic_inputs([0.01, 0.01], [0.9, 0.9])
+    arrays = axis_inputs([0.01, 0.01], [0.9, 0.9])
     values = getattr(arrays[field], "numpy")()
     values[0] = np.nan
     arrays[field] = wp.array(values, dtype=arrays[field].dtype, device="cpu")
@@ -175,13 +177,15 @@ def elongated_scene(rng, n=300, width=160, height=96):
                         opacity_range=(0.006, 1.0), border_px=40.0)
 
 
-def test_every_pixel_above_the_cut_is_binned(rng):
+def test_every_pixel_above_the_cut_is_binned(rng, device):
     # Dense float32 evaluation, written like the rasteriser: every pixel centre where a
-    # Gaussian passes alpha >= 1/255 lies in a tile that Gaussian is binned to.
+    # Gaussian passes alpha >= 1/255 lies in a tile that Gaussian is binned to. The key
+    # pass writes exactly what the count pass counted (no filler keys past the last tile).
     for _ in range(3):
         scene = elongated_scene(rng)
-        out = render_arc(scene, "cpu")
+        out = render_arc(scene, device)
         pairs = binned_pairs(out)
+        assert len(pairs) == out._bins.n_isects
         splats = out._project.splats.numpy()
         geom = np.asarray(splats["geom"], np.float32)
         conic = np.asarray(splats["conic"], np.float32)
