@@ -220,3 +220,19 @@ def test_tight_tiles_bin_fewer_and_render_the_same(rng):
     assert_forward_close(arc_outputs(out), ref)
     cot = cotangents(rng, scene)
     assert_grads_close(arc_grads(out, cot, "cpu"), reference_grads(scene, cot))
+
+
+def test_tile_lists_are_front_to_back(rng, device):
+    # Depth sort, then a stable tile-only sort: each tile lists its Gaussians by (depth,
+    # index), as one sort of (tile, depth) keys would. Quantised depths make many ties.
+    scene = elongated_scene(rng, n=400)
+    scene.means[:] = np.round(scene.means * 4) / 4
+    out = render_arc(scene, device)
+    depth = np.asarray(out._project.splats.numpy()["geom"])[:, 3]
+    ids = out._bins.gauss_ids.numpy()
+    ties = 0
+    for s, e in out._bins.tile_ranges.numpy():
+        got = ids[s:e].tolist()
+        assert got == sorted(got, key=lambda g: (depth[g], g))
+        ties += len(got) - len(set(depth[got].tolist()))
+    assert ties > 10

@@ -1,10 +1,35 @@
-"""Tile binning: one (tile, depth) key per Gaussian-tile overlap, and per-tile ranges."""
+"""Tile binning: Gaussians in depth order, one tile key per Gaussian-tile overlap written in
+that order, and per-tile ranges of the (stably) tile-sorted keys."""
 
 import warp as wp
 
 from arc_warp._src.splat.geometry_funcs import Splat2D, float_bits, footprint, row_span, tile_bbox
 
 INT32_MAX = 2**31 - 1
+
+
+@wp.kernel(enable_backward=False)
+def depth_keys(
+    splats: wp.array(dtype=Splat2D),
+    tiles_per_gauss: wp.array(dtype=wp.int64),
+    keys: wp.array(dtype=wp.int32),
+    order: wp.array(dtype=wp.int32),
+):
+    """Sort key of Gaussian ``i``: its depth's float bits (depth > near > 0, so they order
+    like the depth), or INT32_MAX for Gaussians without tiles (their splats are unset)."""
+    i = wp.tid()
+    keys[i] = INT32_MAX
+    if tiles_per_gauss[i] > wp.int64(0):
+        keys[i] = float_bits(splats[i].geom[3])
+    order[i] = i
+
+
+@wp.kernel(enable_backward=False)
+def gather_counts(
+    order: wp.array(dtype=wp.int32), tiles_per_gauss: wp.array(dtype=wp.int64), counts: wp.array(dtype=wp.int64)
+):
+    j = wp.tid()
+    counts[j] = tiles_per_gauss[order[j]]
 
 
 @wp.kernel(enable_backward=False)
@@ -16,20 +41,22 @@ def copy_last(src: wp.array(dtype=wp.int64), dst: wp.array(dtype=wp.int32)):
 
 @wp.kernel(enable_backward=False)
 def write_keys(
+    order: wp.array(dtype=wp.int32),
     splats: wp.array(dtype=Splat2D),
     radii: wp.array(dtype=wp.vec2i),
     tiles_per_gauss: wp.array(dtype=wp.int64),
     cum_tiles: wp.array(dtype=wp.int64),
     tiles_x: int,
     tiles_y: int,
-    keys: wp.array(dtype=wp.int64),
+    keys: wp.array(dtype=wp.int32),
     gauss_ids: wp.array(dtype=wp.int32),
 ):
-    """Keys ``tile << 32 | depth bits`` of the tiles ``count_tiles`` counted, in the same
-    ``row_span`` walk; writes exactly ``tiles_per_gauss[i]`` entries (a shortfall, which the
-    shared walk rules out, would get keys of tile ``tiles_x * tiles_y``, which sort last
-    and belong to no range)."""
-    i = wp.tid()
+    """Tile keys of the ``j``-th Gaussian in depth order, for the tiles ``count_tiles``
+    counted, in the same ``row_span`` walk; writes exactly ``tiles_per_gauss[i]`` entries
+    (a shortfall, which the shared walk rules out, would get tile ``tiles_x * tiles_y``,
+    which sorts last and belongs to no range)."""
+    j = wp.tid()
+    i = order[j]
     count = tiles_per_gauss[i]
     if count == wp.int64(0):
         return
@@ -37,32 +64,30 @@ def write_keys(
     geom = splat.geom
     f = footprint(geom, splat.conic)
     box = tile_bbox(wp.vec2(geom[0], geom[1]), radii[i], tiles_x, tiles_y)
-    # depth > near > 0, so its float bits sort like the depth (gsplat's key)
-    depth_key = wp.int64(float_bits(geom[3]))
     # the host checked that the total fits an int32 index
-    end = int(cum_tiles[i])
-    k = int(cum_tiles[i] - count)
+    end = int(cum_tiles[j])
+    k = int(cum_tiles[j] - count)
     for ty in range(box[1], box[3]):
         span = row_span(f, ty, box)
         for tx in range(span[0], span[1]):
             if k < end:
-                keys[k] = (wp.int64(ty * tiles_x + tx) << wp.int64(32)) | depth_key
+                keys[k] = ty * tiles_x + tx
                 gauss_ids[k] = i
             k += 1
     while k < end:
-        keys[k] = (wp.int64(tiles_x * tiles_y) << wp.int64(32)) | depth_key
+        keys[k] = tiles_x * tiles_y
         gauss_ids[k] = i
         k += 1
 
 
 @wp.kernel(enable_backward=False)
-def tile_ranges(keys: wp.array(dtype=wp.int64), n_isects: int, ranges: wp.array(dtype=wp.vec2i)):
+def tile_ranges(keys: wp.array(dtype=wp.int32), n_isects: int, ranges: wp.array(dtype=wp.vec2i)):
     """[start, end) of each tile in the sorted keys; tiles without entries keep (0, 0)."""
     i = wp.tid()
-    tile = int(keys[i] >> wp.int64(32))
+    tile = keys[i]
     if tile >= ranges.shape[0]:
         return
-    if i == 0 or int(keys[i - 1] >> wp.int64(32)) != tile:
+    if i == 0 or keys[i - 1] != tile:
         ranges[tile][0] = i
-    if i == n_isects - 1 or int(keys[i + 1] >> wp.int64(32)) != tile:
+    if i == n_isects - 1 or keys[i + 1] != tile:
         ranges[tile][1] = i + 1

@@ -111,6 +111,14 @@ class ProjectResult:
 
 
 @dataclass
+class DepthOrder:
+    """Gaussians in depth order with their tile counts scanned in that order (private)."""
+
+    order: wp.array  # (>= N,) int32, Gaussian ids front to back (culled ones last)
+    cum_tiles: wp.array  # (N,) int64, inclusive scan of tiles_per_gauss[order]
+
+
+@dataclass
 class BinResult:
     """Depth-sorted tile intersections (private)."""
 
