@@ -7,7 +7,8 @@ in two size regimes: ``small`` (bench_splat's scales) and ``large`` (scales time
   * ``isects``: the intersections this checkout bins (``out._bins.n_isects``);
   * ``box_isects``: those the opacity-aware boxes alone give (the binning before the
     tile-exact footprint test), computed on the host from ``radii`` and ``means2d``;
-  * forward, backward and rasteriser-backward medians (``reduce="arc"``, CUDA events).
+  * forward, backward and rasteriser-backward medians (``reduce="arc"``, CUDA events),
+    and ``bin_ms``: counting, the one readback, key writing and sorting alone.
 
 "Before" times come from running this same script against the base commit (it uses only
 the public API plus ``out._bins``, present there too)::
@@ -24,6 +25,8 @@ import warp as wp
 
 import arc_warp
 from arc_warp._src.arc.timing import median_times_ms
+from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections
+from arc_warp._src.splat.project_kernels import BAD_SLOTS
 from arc_warp._src.splat.raster_ops import raster_backward
 from bench_splat import HEIGHT, WIDTH, make_scene
 
@@ -59,10 +62,16 @@ def run(n: int, regime: str, large_factor: float, reps: int, device) -> dict:
     threshold = arc_warp.resolve_threshold(device)
     out = arc_warp.render_gaussians(**arrays, camera=cam, settings=settings)
     grads = arc_warp.render_gaussians_backward(out, grad_color)
+    flags = wp.zeros(1 + len(BAD_SLOTS), dtype=wp.int32, device=device)
+
+    def bin_once():
+        scan, host_flags = count_intersections(out._project, flags)
+        sort_intersections(out._project, scan, int(host_flags[0]), out._bins.tiles_x, out._bins.tiles_y)
     times = median_times_ms(
         {
             "forward_ms": lambda: arc_warp.render_gaussians(**arrays, camera=cam, settings=settings),
             "backward_ms": lambda: arc_warp.render_gaussians_backward(out, grad_color, grads=grads),
+            "bin_ms": bin_once,
             "raster_backward_ms": lambda: raster_backward(
                 out._project, out._bins, out._images, settings.background, grad_color, zeros, zeros, zeros,
                 "arc", False, threshold,
@@ -87,13 +96,14 @@ def main():
     args = parser.parse_args()
     device = wp.get_device("cuda:0")
     rows = []
-    print(f"{'N':>8} {'regime':>6} {'isects':>11} {'box':>11} {'ratio':>6} {'fwd ms':>7} {'bwd ms':>7} {'rbwd ms':>7}")
+    print(f"{'N':>8} {'regime':>6} {'isects':>11} {'box':>11} {'ratio':>6} {'fwd ms':>7} {'bin ms':>7} "
+          f"{'bwd ms':>7} {'rbwd ms':>7}")
     for n in args.n or [1_000_000, 300_000]:
         for regime in args.regime or ["small", "large"]:
             r = run(n, regime, args.large_factor, args.reps, device)
             rows.append(r)
             print(f"{n:>8} {regime:>6} {r['isects']:>11} {r['box_isects']:>11} {r['isects_vs_box']:>6.3f} "
-                  f"{r['forward_ms']:>7.3f} {r['backward_ms']:>7.3f} {r['raster_backward_ms']:>7.3f}")
+                  f"{r['forward_ms']:>7.3f} {r['bin_ms']:>7.3f} {r['backward_ms']:>7.3f} {r['raster_backward_ms']:>7.3f}")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "arc_warp": arc_warp.__file__}, f, indent=1)

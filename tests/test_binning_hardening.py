@@ -22,7 +22,7 @@ def one_camera(width, height, fx=None):
     return arc_warp.Camera(fx, fx, 0.5 * width, 0.5 * height, width, height)
 
 
-def axis_inputs(scales, opacities, depth=4.0) -> dict:
+def axis_inputs(scales, opacities, depth=4.0, device="cpu") -> dict:
     """Gaussians on the optical axis at ``depth``, RGB white, as wp arrays; std-devs
     (s, s/2, s) turned 30 degrees about the view axis, so the 2D covariance has b != 0."""
     n = len(scales)
@@ -30,19 +30,20 @@ def axis_inputs(scales, opacities, depth=4.0) -> dict:
     means[:, 2] = depth
     half = np.radians(15.0)
     return dict(
-        means=wp.array(means, dtype=wp.vec3, device="cpu", requires_grad=True),
+        means=wp.array(means, dtype=wp.vec3, device=device, requires_grad=True),
         quats=wp.array(np.tile([np.cos(half), 0.0, 0.0, np.sin(half)], (n, 1)).astype(np.float32), dtype=wp.vec4,
-                       device="cpu", requires_grad=True),
+                       device=device, requires_grad=True),
         scales=wp.array(np.asarray(scales, np.float32)[:, None] * np.float32([1.0, 0.5, 1.0]), dtype=wp.vec3,
-                        device="cpu", requires_grad=True),
-        opacities=wp.array(np.asarray(opacities, np.float32), dtype=wp.float32, device="cpu", requires_grad=True),
-        colors=wp.array(np.ones((n, 3), np.float32), dtype=wp.vec3, device="cpu", requires_grad=True),
+                        device=device, requires_grad=True),
+        opacities=wp.array(np.asarray(opacities, np.float32), dtype=wp.float32, device=device, requires_grad=True),
+        colors=wp.array(np.ones((n, 3), np.float32), dtype=wp.vec3, device=device, requires_grad=True),
     )
 
 
-def render_axis(scales, opacities, width=40, height=24, fx=1000.0):
+def render_axis(scales, opacities, width=40, height=24, fx=1000.0, device="cpu"):
     """Renders ``axis_inputs`` with a long lens (fx px), so that scale s is 250 s px."""
-    return arc_warp.render_gaussians(*axis_inputs(scales, opacities).values(), one_camera(width, height, fx))
+    inputs = axis_inputs(scales, opacities, device=device)
+    return arc_warp.render_gaussians(*inputs.values(), one_camera(width, height, fx))
 
 
 def binned_pairs(out) -> set:
@@ -55,18 +56,18 @@ def binned_pairs(out) -> set:
 # --- totals one sort cannot hold -------------------------------------------------------
 
 
-def test_4096_full_frame_total_refused_before_allocation(monkeypatch):
+def test_4096_full_frame_total_refused_before_allocation(monkeypatch, device):
     # 65,546 Gaussians each covering all 256 x 256 tiles: 4,295,622,656 intersections,
     # which wrap to 655,360 in int32. The error must come before the key buffers exist.
     n, size = 65_546, 4096
     cam = one_camera(size, size)
     means = np.tile(np.float32([0.0, 0.0, 4.0]), (n, 1))
     args = [
-        wp.array(means, dtype=wp.vec3, device="cpu"),
-        wp.array(np.tile(np.float32([1, 0, 0, 0]), (n, 1)), dtype=wp.vec4, device="cpu"),
-        wp.array(np.full((n, 3), 100.0, np.float32), dtype=wp.vec3, device="cpu"),
-        wp.array(np.full(n, 0.9, np.float32), dtype=wp.float32, device="cpu"),
-        wp.array(np.ones((n, 3), np.float32), dtype=wp.vec3, device="cpu"),
+        wp.array(means, dtype=wp.vec3, device=device),
+        wp.array(np.tile(np.float32([1, 0, 0, 0]), (n, 1)), dtype=wp.vec4, device=device),
+        wp.array(np.full((n, 3), 100.0, np.float32), dtype=wp.vec3, device=device),
+        wp.array(np.full(n, 0.9, np.float32), dtype=wp.float32, device=device),
+        wp.array(np.ones((n, 3), np.float32), dtype=wp.vec3, device=device),
     ]
     real_empty = wp.empty
 
@@ -85,17 +86,17 @@ def test_4096_full_frame_total_refused_before_allocation(monkeypatch):
 
 
 @pytest.mark.parametrize("scale", [1e7, 1e8])
-def test_huge_scale_covers_the_image(scale):
+def test_huge_scale_covers_the_image(scale, device):
     # A finite but huge Gaussian (2.5e9 / 2.5e10 px std-dev: the radius exceeds int32, and
     # at 1e8 a * c overflows float32) is flat over the image: alpha = opacity everywhere,
     # every tile binned exactly once, radius clamped (never INT_MIN), gradients finite.
-    out = render_axis([scale], [0.5])
+    out = render_axis([scale], [0.5], device=device)
     np.testing.assert_allclose(out.alpha.numpy(), 0.5, atol=1e-6)
     assert out._bins.n_isects == out._bins.tiles_x * out._bins.tiles_y
     assert binned_pairs(out) == {(t, 0) for t in range(out._bins.n_isects)}
     radii = out.radii.numpy()[0]
     assert 0 < radii[0] <= RADIUS_MAX and 0 < radii[1] <= RADIUS_MAX
-    cot = wp.array(np.ones((24, 40, 3), np.float32), dtype=wp.vec3, device="cpu")
+    cot = wp.array(np.ones((24, 40, 3), np.float32), dtype=wp.vec3, device=device)
     grads = arc_warp.render_gaussians_backward(out, cot)
     for name in ("means", "quats", "scales", "opacities", "colors"):
         assert np.all(np.isfinite(getattr(grads, name).numpy())), name
