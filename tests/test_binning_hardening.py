@@ -237,3 +237,12 @@ def test_tile_lists_are_front_to_back(rng, device):
         assert got == sorted(got, key=lambda g: (depth[g], g))
         ties += len(got) - len(set(depth[got].tolist()))
     assert ties > 10
+
+
+def test_image_too_large_to_index_is_refused():
+    # 50000^2 px = 9.8M tiles: the rasteriser's int32 thread ids (one per pixel) would wrap
+    from arc_warp._src.splat.bin_ops import tile_grid
+
+    assert tile_grid(46_336, 46_336) == (2896, 2896)
+    with pytest.raises(ValueError, match="50000x50000 image has 9765625 tiles"):
+        tile_grid(50_000, 50_000)

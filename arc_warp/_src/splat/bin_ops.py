@@ -6,21 +6,22 @@ import warp as wp
 import warp.utils
 
 from arc_warp._src.splat.bin_kernels import copy_last, depth_keys, gather_counts, tile_ranges, write_keys
-from arc_warp._src.splat.geometry_funcs import TILE_SIZE
+from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, TILE_SIZE
 from arc_warp._src.splat.records import BinResult, DepthOrder, ProjectResult
 from arc_warp._src.splat.validate import check_intersections
 
-# tile ids and the filler tile n_tiles must fit a non-negative int32 key
-MAX_TILES = 2**31 - 2
+# the rasteriser runs one thread per pixel of the tile grid with int32 thread ids (which
+# also keeps the tile keys, filler tile n_tiles included, in int32)
+MAX_TILES = (2**31 - 1) // BLOCK_PIXELS
 
 
 def tile_grid(width: int, height: int) -> tuple[int, int]:
-    """Number of 16x16 tiles along x and y; ValueError if the tile ids cannot fit a key."""
+    """Number of 16x16 tiles along x and y; ValueError past ``MAX_TILES`` (about 2^31 pixels)."""
     tiles_x, tiles_y = (width + TILE_SIZE - 1) // TILE_SIZE, (height + TILE_SIZE - 1) // TILE_SIZE
     if tiles_x * tiles_y > MAX_TILES:
         raise ValueError(
             f"render_gaussians: a {width}x{height} image has {tiles_x * tiles_y} tiles of {TILE_SIZE}x{TILE_SIZE}, "
-            f"more than the {MAX_TILES} a sort key can hold; render it in crops"
+            f"more than the {MAX_TILES} one render can index; render it in crops"
         )
     return tiles_x, tiles_y
 
