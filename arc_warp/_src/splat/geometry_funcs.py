@@ -173,7 +173,8 @@ def persp_jacobian_vjp(p: wp.vec3, fx: float, fy: float, lim: wp.vec4, v_j: mat2
 @wp.func
 def tile_bbox(xy: wp.vec2, radius: wp.vec2i, tiles_x: int, tiles_y: int) -> wp.vec4i:
     """Tiles touched by a Gaussian's box: (x_min, y_min, x_max, y_max), max exclusive, as
-    gsplat; never inverted (``radius`` >= 0 and at most ``RADIUS_MAX``, ``xy`` finite)."""
+    gsplat; clamped in float before any int cast, so never inverted and inside the grid
+    for any finite ``xy`` and any ``radius`` (projection gives 0..``RADIUS_MAX``)."""
     ts = float(TILE_SIZE)
     cx = xy[0] / ts
     cy = xy[1] / ts
