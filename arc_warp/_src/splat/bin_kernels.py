@@ -1,49 +1,93 @@
-"""Tile binning: one (tile, depth) key per Gaussian-tile overlap, and per-tile ranges."""
+"""Tile binning: Gaussians in depth order, one tile key per Gaussian-tile overlap written in
+that order, and per-tile ranges of the (stably) tile-sorted keys."""
 
 import warp as wp
 
-from arc_warp._src.splat.geometry_funcs import Splat2D, float_bits, tile_bbox
+from arc_warp._src.splat.geometry_funcs import Splat2D, float_bits, footprint, row_span, tile_bbox
+
+INT32_MAX = 2**31 - 1
 
 
 @wp.kernel(enable_backward=False)
-def copy_last(src: wp.array(dtype=wp.int32), dst: wp.array(dtype=wp.int32)):
-    """``dst[0] = src[-1]``: the intersection total, next to the input flags for one readback."""
-    dst[0] = src[src.shape[0] - 1]
+def depth_keys(
+    splats: wp.array(dtype=Splat2D),
+    tiles_per_gauss: wp.array(dtype=wp.int64),
+    keys: wp.array(dtype=wp.int32),
+    order: wp.array(dtype=wp.int32),
+):
+    """Sort key of Gaussian ``i``: its depth's float bits (depth > near > 0, so they order
+    like the depth), or INT32_MAX for Gaussians without tiles (their splats are unset)."""
+    i = wp.tid()
+    keys[i] = INT32_MAX
+    if tiles_per_gauss[i] > wp.int64(0):
+        keys[i] = float_bits(splats[i].geom[3])
+    order[i] = i
+
+
+@wp.kernel(enable_backward=False)
+def gather_counts(
+    order: wp.array(dtype=wp.int32), tiles_per_gauss: wp.array(dtype=wp.int64), counts: wp.array(dtype=wp.int64)
+):
+    j = wp.tid()
+    counts[j] = tiles_per_gauss[order[j]]
+
+
+@wp.kernel(enable_backward=False)
+def copy_last(src: wp.array(dtype=wp.int64), dst: wp.array(dtype=wp.int32)):
+    """``dst[0] = min(src[-1], 2^31 - 1)``: the intersection total (saturated), next to the
+    input flags for one readback."""
+    dst[0] = wp.int32(wp.min(src[src.shape[0] - 1], wp.int64(INT32_MAX)))
 
 
 @wp.kernel(enable_backward=False)
 def write_keys(
+    order: wp.array(dtype=wp.int32),
     splats: wp.array(dtype=Splat2D),
     radii: wp.array(dtype=wp.vec2i),
-    tiles_per_gauss: wp.array(dtype=wp.int32),
-    cum_tiles: wp.array(dtype=wp.int32),
+    tiles_per_gauss: wp.array(dtype=wp.int64),
+    cum_tiles: wp.array(dtype=wp.int64),
     tiles_x: int,
     tiles_y: int,
-    keys: wp.array(dtype=wp.int64),
+    keys: wp.array(dtype=wp.int32),
     gauss_ids: wp.array(dtype=wp.int32),
 ):
-    i = wp.tid()
+    """Tile keys of the ``j``-th Gaussian in depth order, for the tiles ``count_tiles``
+    counted, in the same ``row_span`` walk; writes exactly ``tiles_per_gauss[i]`` entries
+    (a shortfall, which the shared walk rules out, would get tile ``tiles_x * tiles_y``,
+    which sorts last and belongs to no range)."""
+    j = wp.tid()
+    i = order[j]
     count = tiles_per_gauss[i]
-    if count == 0:
+    if count == wp.int64(0):
         return
-    geom = splats[i].geom
+    splat = splats[i]
+    geom = splat.geom
+    f = footprint(geom, splat.conic)
     box = tile_bbox(wp.vec2(geom[0], geom[1]), radii[i], tiles_x, tiles_y)
-    # depth > near > 0, so its float bits sort like the depth (gsplat's key)
-    depth_key = wp.int64(float_bits(geom[3]))
-    k = cum_tiles[i] - count
+    # the host checked that the total fits an int32 index
+    end = int(cum_tiles[j])
+    k = int(cum_tiles[j] - count)
     for ty in range(box[1], box[3]):
-        for tx in range(box[0], box[2]):
-            keys[k] = (wp.int64(ty * tiles_x + tx) << wp.int64(32)) | depth_key
-            gauss_ids[k] = i
+        span = row_span(f, ty, box)
+        for tx in range(span[0], span[1]):
+            if k < end:
+                keys[k] = ty * tiles_x + tx
+                gauss_ids[k] = i
             k += 1
+    while k < end:
+        keys[k] = tiles_x * tiles_y
+        gauss_ids[k] = i
+        k += 1
 
 
 @wp.kernel(enable_backward=False)
-def tile_ranges(keys: wp.array(dtype=wp.int64), n_isects: int, ranges: wp.array(dtype=wp.vec2i)):
+def tile_ranges(keys: wp.array(dtype=wp.int32), n_isects: int, ranges: wp.array(dtype=wp.vec2i)):
     """[start, end) of each tile in the sorted keys; tiles without entries keep (0, 0)."""
     i = wp.tid()
-    tile = int(keys[i] >> wp.int64(32))
-    if i == 0 or int(keys[i - 1] >> wp.int64(32)) != tile:
+    tile = keys[i]
+    if tile >= ranges.shape[0]:
+        return
+    if i == 0 or keys[i - 1] != tile:
         ranges[tile][0] = i
-    if i == n_isects - 1 or int(keys[i + 1] >> wp.int64(32)) != tile:
+    if i == n_isects - 1 or keys[i + 1] != tile:
         ranges[tile][1] = i + 1

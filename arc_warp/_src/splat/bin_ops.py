@@ -1,53 +1,84 @@
-"""Tile binning: count overlaps, read the total back once, sort (tile, depth) keys."""
+"""Tile binning: depth-order the Gaussians, count overlaps, read the total back once, write
+tile keys front to back and sort them stably by tile."""
 
 import numpy as np
 import warp as wp
 import warp.utils
 
-from arc_warp._src.splat.bin_kernels import copy_last, tile_ranges, write_keys
-from arc_warp._src.splat.geometry_funcs import TILE_SIZE
-from arc_warp._src.splat.records import BinResult, ProjectResult
+from arc_warp._src.splat.bin_kernels import copy_last, depth_keys, gather_counts, tile_ranges, write_keys
+from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, TILE_SIZE
+from arc_warp._src.splat.records import BinResult, DepthOrder, ProjectResult
+from arc_warp._src.splat.validate import check_intersections
+
+# the rasteriser runs one thread per pixel of the tile grid with int32 thread ids (which
+# also keeps the tile keys, filler tile n_tiles included, in int32)
+MAX_TILES = (2**31 - 1) // BLOCK_PIXELS
 
 
 def tile_grid(width: int, height: int) -> tuple[int, int]:
-    """Number of 16x16 tiles along x and y."""
-    return (width + TILE_SIZE - 1) // TILE_SIZE, (height + TILE_SIZE - 1) // TILE_SIZE
+    """Number of 16x16 tiles along x and y; ValueError past ``MAX_TILES`` (about 2^31 pixels)."""
+    tiles_x, tiles_y = (width + TILE_SIZE - 1) // TILE_SIZE, (height + TILE_SIZE - 1) // TILE_SIZE
+    if tiles_x * tiles_y > MAX_TILES:
+        raise ValueError(
+            f"render_gaussians: a {width}x{height} image has {tiles_x * tiles_y} tiles of {TILE_SIZE}x{TILE_SIZE}, "
+            f"more than the {MAX_TILES} one render can index; render it in crops"
+        )
+    return tiles_x, tiles_y
 
 
-def count_intersections(proj: ProjectResult, flags: wp.array) -> tuple[wp.array, np.ndarray]:
-    """Inclusive scan of the per-Gaussian tile counts, and ``flags`` read back to the host.
+def count_intersections(proj: ProjectResult, flags: wp.array) -> tuple[DepthOrder, np.ndarray]:
+    """Depth order of the Gaussians, the int64 scan of their tile counts in that order, and
+    ``flags`` read back to the host.
 
-    ``flags[0]`` receives the intersection total, so this single readback (the one host
-    sync of the forward) returns the sort size together with the input-check flags.
+    ``flags[0]`` receives the intersection total (saturated at 2^31 - 1), so this single
+    readback (the one host sync of the forward) returns the sort size together with the
+    input-check flags.
     """
     device = proj.radii.device
-    cum_tiles = wp.empty_like(proj.tiles_per_gauss)
-    wp.utils.array_scan(proj.tiles_per_gauss, cum_tiles, inclusive=True)
-    wp.launch(copy_last, dim=1, inputs=[cum_tiles], outputs=[flags], device=device, record_tape=False)
-    return cum_tiles, flags.numpy()
+    n = proj.radii.shape[0]
+    # radix_sort_pairs works in place and needs room for 2 * count
+    keys = wp.empty(2 * n, dtype=wp.int32, device=device)
+    order = wp.empty(2 * n, dtype=wp.int32, device=device)
+    counts = wp.empty(n, dtype=wp.int64, device=device)
+    cum_tiles = wp.empty(n, dtype=wp.int64, device=device)
+    launch = dict(device=device, record_tape=False)
+    wp.launch(depth_keys, dim=n, inputs=[proj.splats, proj.tiles_per_gauss], outputs=[keys, order], **launch)
+    # stable: equal depths keep index order; the positive keys need 31 bits
+    wp.utils.radix_sort_pairs(keys, order, n, 0, 31)
+    wp.launch(gather_counts, dim=n, inputs=[order, proj.tiles_per_gauss], outputs=[counts], **launch)
+    wp.utils.array_scan(counts, cum_tiles, inclusive=True)
+    wp.launch(copy_last, dim=1, inputs=[cum_tiles], outputs=[flags], **launch)
+    return DepthOrder(order=order, cum_tiles=cum_tiles), flags.numpy()
 
 
 def sort_intersections(
-    proj: ProjectResult, cum_tiles: wp.array, n_isects: int, tiles_x: int, tiles_y: int
+    proj: ProjectResult, depth: DepthOrder, n_isects: int, tiles_x: int, tiles_y: int
 ) -> BinResult:
-    """Keys ``tile << 32 | depth bits`` sorted stably (equal keys keep Gaussian order)."""
+    """Tile keys written front to back, then sorted stably by tile alone, so each tile's
+    range is in depth order with equal depths in Gaussian order (as one sort of
+    ``tile << 32 | depth`` keys, but radix passes over ~log2(tiles) bits, not 32 more).
+
+    ``n_isects`` is ``flags[0]`` from :func:`count_intersections`; a total too large for one
+    sort raises ValueError before anything is allocated.
+    """
     device = proj.radii.device
     n_tiles = tiles_x * tiles_y
-    # radix_sort_pairs works in place and needs room for 2 * count
-    keys = wp.empty(2 * n_isects, dtype=wp.int64, device=device)
+    check_intersections(
+        n_isects, lambda: int(depth.cum_tiles[-1:].numpy()[0]), proj.radii.shape[0], tiles_x, tiles_y
+    )
+    keys = wp.empty(2 * n_isects, dtype=wp.int32, device=device)
     gauss_ids = wp.empty(2 * n_isects, dtype=wp.int32, device=device)
     ranges = wp.zeros(n_tiles, dtype=wp.vec2i, device=device)
     if n_isects > 0:
+        launch = dict(device=device, record_tape=False)
         wp.launch(
             write_keys,
             dim=proj.radii.shape[0],
-            inputs=[proj.splats, proj.radii, proj.tiles_per_gauss, cum_tiles, tiles_x, tiles_y],
+            inputs=[depth.order, proj.splats, proj.radii, proj.tiles_per_gauss, depth.cum_tiles, tiles_x, tiles_y],
             outputs=[keys, gauss_ids],
-            device=device,
-            record_tape=False,
+            **launch,
         )
-        wp.utils.radix_sort_pairs(keys, gauss_ids, n_isects, 0, 32 + n_tiles.bit_length())
-        wp.launch(
-            tile_ranges, dim=n_isects, inputs=[keys, n_isects], outputs=[ranges], device=device, record_tape=False
-        )
+        # tile ids and the filler tile n_tiles
+        wp.utils.radix_sort_pairs(keys, gauss_ids, n_isects, 0, n_tiles.bit_length())
+        wp.launch(tile_ranges, dim=n_isects, inputs=[keys, n_isects], outputs=[ranges], **launch)
     return BinResult(tiles_x=tiles_x, tiles_y=tiles_y, n_isects=n_isects, gauss_ids=gauss_ids, tile_ranges=ranges)

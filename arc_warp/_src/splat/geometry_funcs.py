@@ -14,6 +14,10 @@ ALPHA_MAX = 0.999  # gsplat MAX_ALPHA
 T_MIN = 1e-4  # a Gaussian that would bring T to or below this ends the pixel
 EXTEND_MAX = 3.33  # bounding-box half-extent in standard deviations
 FOV_SLACK = 0.3  # Jacobian clamps camera x/z, y/z at 1.3x the half field of view
+RADIUS_MAX = float(2**30)  # px; screen radii are clamped here before any int cast
+# Binning threshold slack: the tile test uses Q <= t * (1 + BIN_SLACK) + BIN_SLACK, which
+# covers the raster's float32 (fast-math) evaluation of the power near the 1/255 cut.
+BIN_SLACK = 2.0**-10
 
 mat23 = wp.types.matrix(shape=(2, 3), dtype=wp.float32)
 
@@ -168,15 +172,104 @@ def persp_jacobian_vjp(p: wp.vec3, fx: float, fy: float, lim: wp.vec4, v_j: mat2
 
 @wp.func
 def tile_bbox(xy: wp.vec2, radius: wp.vec2i, tiles_x: int, tiles_y: int) -> wp.vec4i:
-    """Tiles touched by a Gaussian: (x_min, y_min, x_max, y_max), max exclusive, as gsplat."""
+    """Tiles touched by a Gaussian's box: (x_min, y_min, x_max, y_max), max exclusive, as
+    gsplat; clamped in float before any int cast, so never inverted and inside the grid
+    for any finite ``xy`` and any ``radius`` (projection gives 0..``RADIUS_MAX``)."""
     ts = float(TILE_SIZE)
     cx = xy[0] / ts
     cy = xy[1] / ts
     rx = float(radius[0]) / ts
     ry = float(radius[1]) / ts
+    x0 = wp.clamp(int(wp.floor(wp.clamp(cx - rx, 0.0, float(tiles_x)))), 0, tiles_x)
+    y0 = wp.clamp(int(wp.floor(wp.clamp(cy - ry, 0.0, float(tiles_y)))), 0, tiles_y)
     return wp.vec4i(
-        wp.clamp(int(wp.floor(cx - rx)), 0, tiles_x),
-        wp.clamp(int(wp.floor(cy - ry)), 0, tiles_y),
-        wp.clamp(int(wp.ceil(cx + rx)), 0, tiles_x),
-        wp.clamp(int(wp.ceil(cy + ry)), 0, tiles_y),
+        x0,
+        y0,
+        wp.clamp(int(wp.ceil(wp.clamp(cx + rx, 0.0, float(tiles_x)))), x0, tiles_x),
+        wp.clamp(int(wp.ceil(wp.clamp(cy + ry, 0.0, float(tiles_y)))), y0, tiles_y),
     )
+
+
+@wp.struct
+class Footprint:
+    """The ellipse Q(d) = d^T [[A, B], [B, C]] d <= t of one splat (d = pixel - centre,
+    pixels) in the form that gives its x-span over a band of rows (see ``row_span``).
+
+    Divided by A: x(dy) = -beta dy +- sqrt(tau - delta dy^2), with delta = (AC - B^2) / A^2
+    lowered by its float32 roundoff bound, so every span is a superset of the true one.
+    """
+
+    cx: float  # centre, pixels
+    cy: float
+    beta: float  # B / A
+    delta: float  # (AC - B^2) / A^2, lowered (> 0 when exact)
+    tau: float  # t / A
+    half_w: float  # half-width of the ellipse's box, pixels
+    half_h: float  # half-height
+    dy_left: float  # dy of the leftmost point (the rightmost is at -dy_left)
+    exact: bool  # False: degenerate or out of float range, spans are whole box rows
+
+
+@wp.func
+def footprint(geom: wp.vec4, conic: wp.vec4) -> Footprint:
+    """Footprint of the splat with ``Splat2D`` quads ``geom``, ``conic``: where
+    ``opacity * exp(-Q / 2) >= 1/255`` (capped at ``EXTEND_MAX`` std-devs, like the box),
+    with the ``BIN_SLACK`` margin."""
+    t = wp.min(EXTEND_MAX * EXTEND_MAX, 2.0 * wp.log(geom[2] / ALPHA_MIN))
+    t = t * (1.0 + BIN_SLACK) + BIN_SLACK
+    f = Footprint()
+    f.cx = geom[0]
+    f.cy = geom[1]
+    f.exact = False
+    a = conic[0]
+    if not (a > 0.0 and t > 0.0):
+        return f
+    f.beta = conic[1] / a
+    gamma = conic[2] / a
+    b2 = f.beta * f.beta
+    # each of gamma, beta^2 and their difference carries <= 2 roundings (u = 2^-24)
+    f.delta = (gamma - b2) - 8.0 * 5.96e-8 * (wp.abs(gamma) + b2)
+    f.tau = t / a
+    if not (f.delta > 0.0):
+        return f
+    f.half_w = wp.sqrt(f.tau * (f.delta + b2) / f.delta)
+    f.half_h = wp.sqrt(f.tau / f.delta)
+    f.dy_left = f.beta * wp.sqrt(f.tau / (f.delta * (f.delta + b2)))
+    f.exact = wp.isfinite(f.half_w) and wp.isfinite(f.half_h) and wp.isfinite(f.dy_left) and wp.isfinite(f.beta)
+    return f
+
+
+@wp.func
+def span_end(f: Footprint, lo: float, hi: float, dy_extreme: float, side: float) -> float:
+    """Extreme x - cx (``side`` -1: min, +1: max) of the ellipse over rows dy in [lo, hi].
+
+    x(dy) is convex (min) or concave (max) with its optimum at ``dy_extreme``: inside the
+    band (with a roundoff tolerance) the answer is the box edge, else the nearer end."""
+    tol = 1e-4 * (wp.abs(dy_extreme) + 1.0)
+    if dy_extreme >= lo - tol and dy_extreme <= hi + tol:
+        return side * f.half_w
+    d = hi
+    if dy_extreme < lo:
+        d = lo
+    return -f.beta * d + side * wp.sqrt(wp.max(0.0, f.tau - f.delta * d * d))
+
+
+@wp.func
+def row_span(f: Footprint, ty: int, box: wp.vec4i) -> wp.vec2i:
+    """[x_min, x_max) of the tiles in tile row ``ty`` of ``box`` (from ``tile_bbox``) that
+    the footprint reaches: exact for the tiles' full 16x16 rectangles (which hold every
+    pixel centre with a half-pixel margin), plus float32 slack; never inverted."""
+    if not f.exact:
+        return wp.vec2i(box[0], box[2])
+    ts = float(TILE_SIZE)
+    lo = wp.max(float(ty) * ts - f.cy, -f.half_h)
+    hi = wp.min(float(ty + 1) * ts - f.cy, f.half_h)
+    if lo > hi:
+        return wp.vec2i(box[0], box[0])
+    pad = 1e-4 * f.half_w  # relative roundoff of large footprints
+    x0 = (f.cx + span_end(f, lo, hi, f.dy_left, -1.0) - pad) / ts
+    x1 = (f.cx + span_end(f, lo, hi, -f.dy_left, 1.0) + pad) / ts
+    # clamped in float before the cast; tile tx covers [16 tx, 16 tx + 16]
+    tx0 = int(wp.floor(wp.clamp(x0, float(box[0]), float(box[2]))))
+    tx1 = int(wp.floor(wp.clamp(x1, float(box[0]) - 1.0, float(box[2]) - 1.0))) + 1
+    return wp.vec2i(tx0, wp.max(tx0, tx1))

@@ -8,6 +8,7 @@ import warp as wp
 from arc_warp._src.splat.geometry_funcs import (
     ALPHA_MIN,
     EXTEND_MAX,
+    RADIUS_MAX,
     G_ABS,
     G_CONIC,
     G_DEPTH,
@@ -16,6 +17,7 @@ from arc_warp._src.splat.geometry_funcs import (
     G_XY,
     CameraParams,
     Splat2D,
+    footprint,
     fov_limits,
     grad_vector,
     persp_jacobian,
@@ -23,6 +25,7 @@ from arc_warp._src.splat.geometry_funcs import (
     quat_to_rotmat,
     quat_to_rotmat_vjp,
     scale_columns,
+    row_span,
     tile_bbox,
 )
 from arc_warp._src.splat.sh_kernels import make_color_vjp
@@ -44,6 +47,18 @@ def flag_nonfinite(values: wp.array(dtype=float), bad: wp.array(dtype=wp.int32),
         bad[slot] = 1
 
 
+@wp.func
+def count_tiles(geom: wp.vec4, conic: wp.vec4, radius: wp.vec2i, tiles_x: int, tiles_y: int) -> wp.int64:
+    """Tiles the splat's footprint reaches; ``write_keys`` walks the same ``row_span``s."""
+    f = footprint(geom, conic)
+    box = tile_bbox(wp.vec2(geom[0], geom[1]), radius, tiles_x, tiles_y)
+    n = wp.int64(0)
+    for ty in range(box[1], box[3]):
+        span = row_span(f, ty, box)
+        n += wp.int64(span[1] - span[0])
+    return n
+
+
 @wp.kernel(enable_backward=False)
 def project_fwd(
     means: wp.array(dtype=wp.vec3),
@@ -57,9 +72,15 @@ def project_fwd(
     means2d: wp.array(dtype=wp.vec2),
     splats: wp.array(dtype=Splat2D),
     radii: wp.array(dtype=wp.vec2i),
-    tiles_per_gauss: wp.array(dtype=wp.int32),
+    tiles_per_gauss: wp.array(dtype=wp.int64),
     bad: wp.array(dtype=wp.int32),
 ):
+    """Culls (each test written so that NaN culls) and projects Gaussian ``i``.
+
+    Huge but finite covariances are inverted after scaling, and radii are clamped at
+    ``RADIUS_MAX`` before the int cast, so such a Gaussian covers the whole image; a
+    covariance that overflows float32 (NaN/Inf entries) is culled.
+    """
     i = wp.tid()
     mean = means[i]
     quat = quats[i]
@@ -78,11 +99,9 @@ def project_fwd(
         bad[4] = 1
 
     radii[i] = wp.vec2i(0, 0)
-    tiles_per_gauss[i] = 0
+    tiles_per_gauss[i] = wp.int64(0)
     p = cam.rot * mean + cam.trans
-    if p[2] < cam.near or p[2] > cam.far:
-        return
-    if opacity < ALPHA_MIN:
+    if not (p[2] >= cam.near and p[2] <= cam.far and opacity >= ALPHA_MIN):
         return
 
     m = scale_columns(quat_to_rotmat(quat), scale)
@@ -92,35 +111,45 @@ def project_fwd(
     a = cov2d[0, 0] + eps2d
     b = cov2d[0, 1]
     c = cov2d[1, 1] + eps2d
+    if not (wp.isfinite(a) and wp.isfinite(b) and wp.isfinite(c)):
+        return
     det = a * c - b * b
-    if det <= 0.0:
+    inv_det = 1.0 / det
+    conic = wp.vec4(c * inv_det, -b * inv_det, a * inv_det, 0.0)
+    if not wp.isfinite(det):
+        # a * c overflowed: invert the covariance divided by its largest entry
+        s = wp.max(a, c)
+        a1 = a / s
+        b1 = b / s
+        c1 = c / s
+        det = a1 * c1 - b1 * b1
+        inv_det = 1.0 / (det * s)
+        conic = wp.vec4(c1 * inv_det, -b1 * inv_det, a1 * inv_det, 0.0)
+    if not (det > 0.0):
         return
 
     # opacity-aware extent (gsplat / arXiv 2402.00525 B.2); the box is not differentiated
     extend = wp.min(EXTEND_MAX, wp.sqrt(2.0 * wp.log(opacity / ALPHA_MIN)))
-    rx = wp.ceil(extend * wp.sqrt(a))
-    ry = wp.ceil(extend * wp.sqrt(c))
-    if rx <= 0.0 or ry <= 0.0:
+    rx = wp.min(wp.ceil(extend * wp.sqrt(a)), RADIUS_MAX)
+    ry = wp.min(wp.ceil(extend * wp.sqrt(c)), RADIUS_MAX)
+    if not (rx > 0.0 and ry > 0.0):
         return
     rz = 1.0 / p[2]
     xy = wp.vec2(cam.fx * p[0] * rz + cam.cx, cam.fy * p[1] * rz + cam.cy)
-    if (
-        xy[0] + rx <= 0.0
-        or xy[0] - rx >= float(cam.width)
-        or xy[1] + ry <= 0.0
-        or xy[1] - ry >= float(cam.height)
+    if not (
+        xy[0] + rx > 0.0
+        and xy[0] - rx < float(cam.width)
+        and xy[1] + ry > 0.0
+        and xy[1] - ry < float(cam.height)
     ):
         return
 
     radius = wp.vec2i(int(rx), int(ry))
-    box = tile_bbox(xy, radius, tiles_x, tiles_y)
-    inv_det = 1.0 / det
+    geom = wp.vec4(xy[0], xy[1], opacity, p[2])
     radii[i] = radius
-    tiles_per_gauss[i] = (box[2] - box[0]) * (box[3] - box[1])
+    tiles_per_gauss[i] = count_tiles(geom, conic, radius, tiles_x, tiles_y)
     means2d[i] = xy
-    splats[i] = Splat2D(
-        wp.vec4(xy[0], xy[1], opacity, p[2]), wp.vec4(c * inv_det, -b * inv_det, a * inv_det, 0.0)
-    )
+    splats[i] = Splat2D(geom, conic)
 
 
 @functools.cache

@@ -37,7 +37,7 @@ def project(
         means2d=wp.zeros(n, dtype=wp.vec2, device=device),
         splats=wp.empty(n, dtype=Splat2D, device=device),  # culled entries are never read
         radii=wp.empty(n, dtype=wp.vec2i, device=device),
-        tiles_per_gauss=wp.empty(n, dtype=wp.int32, device=device),
+        tiles_per_gauss=wp.empty(n, dtype=wp.int64, device=device),
         rgb=inputs.colors if inputs.sh_coeffs == 0 else wp.empty(n, dtype=wp.vec3, device=device),
     )
     wp.launch(

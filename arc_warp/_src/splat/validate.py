@@ -48,8 +48,23 @@ def raise_on_flags(flags: np.ndarray):
         )
     if problems:
         raise ValueError("render_gaussians: " + "; ".join(problems))
-    if flags[0] < 0:
-        raise ValueError("render_gaussians: more than 2^31 - 1 tile intersections; reduce Gaussians or image size")
+
+
+# radix_sort_pairs needs key buffers of 2 * count entries, and a Warp array holds < 2^31
+MAX_ISECTS = (2**31 - 1) // 2
+
+
+def check_intersections(n_isects: int, exact_total, n_gaussians: int, tiles_x: int, tiles_y: int):
+    """ValueError if ``n_isects`` (the total saturated at 2^31 - 1) exceeds ``MAX_ISECTS``;
+    ``exact_total()`` reads the int64 total back for the message (error path only)."""
+    if n_isects <= MAX_ISECTS:
+        return
+    total = exact_total()
+    raise ValueError(
+        f"render_gaussians: {n_gaussians} Gaussians on a {16 * tiles_x}x{16 * tiles_y}-pixel image "
+        f"({tiles_x}x{tiles_y} tiles) make {total} tile intersections, more than the {MAX_ISECTS} "
+        "one sort can hold; render fewer or smaller Gaussians, or the image in crops"
+    )
 
 
 def check_grads(grads: GaussianGrads, inputs: GaussianInputs) -> GaussianGrads:

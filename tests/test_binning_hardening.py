@@ -1,0 +1,248 @@
+"""Binning that cannot overflow or skip: intersection totals beyond one sort, huge and
+overflowing covariances, never-inverted boxes, and the tile-exact footprint test (which
+must bin every tile where a Gaussian passes the 1/255 cut, and fewer tiles than the box)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the float64 reference needs torch")
+wp = pytest.importorskip("warp")
+
+import arc_warp  # noqa: E402
+from arc_warp._src.splat.geometry_funcs import ALPHA_MIN, RADIUS_MAX, TILE_SIZE, tile_bbox  # noqa: E402
+
+from test_splat_reference import (  # noqa: E402
+    arc_grads, arc_outputs, assert_forward_close, assert_grads_close, cotangents, reference,
+    reference_grads, render_arc, robust_scene, torch_params,
+)
+
+
+def one_camera(width, height, fx=None):
+    fx = float(width) if fx is None else fx
+    return arc_warp.Camera(fx, fx, 0.5 * width, 0.5 * height, width, height)
+
+
+def axis_inputs(scales, opacities, depth=4.0, device="cpu") -> dict:
+    """Gaussians on the optical axis at ``depth``, RGB white, as wp arrays; std-devs
+    (s, s/2, s) turned 30 degrees about the view axis, so the 2D covariance has b != 0."""
+    n = len(scales)
+    means = np.zeros((n, 3), np.float32)
+    means[:, 2] = depth
+    half = np.radians(15.0)
+    return dict(
+        means=wp.array(means, dtype=wp.vec3, device=device, requires_grad=True),
+        quats=wp.array(np.tile([np.cos(half), 0.0, 0.0, np.sin(half)], (n, 1)).astype(np.float32), dtype=wp.vec4,
+                       device=device, requires_grad=True),
+        scales=wp.array(np.asarray(scales, np.float32)[:, None] * np.float32([1.0, 0.5, 1.0]), dtype=wp.vec3,
+                        device=device, requires_grad=True),
+        opacities=wp.array(np.asarray(opacities, np.float32), dtype=wp.float32, device=device, requires_grad=True),
+        colors=wp.array(np.ones((n, 3), np.float32), dtype=wp.vec3, device=device, requires_grad=True),
+    )
+
+
+def render_axis(scales, opacities, width=40, height=24, fx=1000.0, device="cpu"):
+    """Renders ``axis_inputs`` with a long lens (fx px), so that scale s is 250 s px."""
+    inputs = axis_inputs(scales, opacities, device=device)
+    return arc_warp.render_gaussians(*inputs.values(), one_camera(width, height, fx))
+
+
+def binned_pairs(out) -> set:
+    """(tile, Gaussian) pairs in the sorted bins of a render."""
+    ranges = out._bins.tile_ranges.numpy()
+    ids = out._bins.gauss_ids.numpy()
+    return {(t, int(ids[k])) for t, (s, e) in enumerate(ranges) for k in range(s, e)}
+
+
+# --- totals one sort cannot hold -------------------------------------------------------
+
+
+def test_4096_full_frame_total_refused_before_allocation(monkeypatch, device):
+    # 65,546 Gaussians each covering all 256 x 256 tiles: 4,295,622,656 intersections,
+    # which wrap to 655,360 in int32. The error must come before the key buffers exist.
+    n, size = 65_546, 4096
+    cam = one_camera(size, size)
+    means = np.tile(np.float32([0.0, 0.0, 4.0]), (n, 1))
+    args = [
+        wp.array(means, dtype=wp.vec3, device=device),
+        wp.array(np.tile(np.float32([1, 0, 0, 0]), (n, 1)), dtype=wp.vec4, device=device),
+        wp.array(np.full((n, 3), 100.0, np.float32), dtype=wp.vec3, device=device),
+        wp.array(np.full(n, 0.9, np.float32), dtype=wp.float32, device=device),
+        wp.array(np.ones((n, 3), np.float32), dtype=wp.vec3, device=device),
+    ]
+    real_empty = wp.empty
+
+    def guarded_empty(shape=0, *a, **k):
+        count = int(np.prod(shape))
+        if count > 2 * n:  # per-Gaussian buffers are fine; key buffers are not
+            raise AssertionError(f"allocated {count} entries before refusing the total")
+        return real_empty(shape, *a, **k)
+
+    monkeypatch.setattr(wp, "empty", guarded_empty)
+    with pytest.raises(ValueError, match=r"65546 Gaussians on a 4096x4096-pixel image .* make 4295622656 tile"):
+        arc_warp.render_gaussians(*args, cam)
+
+
+# --- huge, overflowing and NaN covariances ---------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [1e7, 1e8])
+def test_huge_scale_covers_the_image(scale, device):
+    # A finite but huge Gaussian (2.5e9 / 2.5e10 px std-dev: the radius exceeds int32, and
+    # at 1e8 a * c overflows float32) is flat over the image: alpha = opacity everywhere,
+    # every tile binned exactly once, radius clamped (never INT_MIN), gradients finite.
+    out = render_axis([scale], [0.5], device=device)
+    np.testing.assert_allclose(out.alpha.numpy(), 0.5, atol=1e-6)
+    assert out._bins.n_isects == out._bins.tiles_x * out._bins.tiles_y
+    assert binned_pairs(out) == {(t, 0) for t in range(out._bins.n_isects)}
+    radii = out.radii.numpy()[0]
+    assert 0 < radii[0] <= RADIUS_MAX and 0 < radii[1] <= RADIUS_MAX
+    cot = wp.array(np.ones((24, 40, 3), np.float32), dtype=wp.vec3, device=device)
+    grads = arc_warp.render_gaussians_backward(out, cot)
+    for name in ("means", "quats", "scales", "opacities", "colors"):
+        assert np.all(np.isfinite(getattr(grads, name).numpy())), name
+    assert grads.opacities.numpy()[0] == pytest.approx(3 * 40 * 24, rel=1e-4)
+
+
+def test_overflowing_covariance_is_culled():
+    # scale 1e20 is finite, but its covariance overflows float32 (Inf, and NaN from Inf * 0
+    # in the rotations): that Gaussian is culled, the other one renders as usual.
+    out = render_axis([1e20, 1e-4], [0.9, 0.9])
+    radii = out.radii.numpy()
+    assert radii[0].tolist() == [0, 0] and radii[1].min() > 0
+    assert {g for _, g in binned_pairs(out)} == {1}
+    alpha = out.alpha.numpy()
+    assert np.all(np.isfinite(alpha)) and 0.2 < alpha.max() < 0.91
+
+
+@pytest.mark.parametrize("field", ["scales", "quats", "opacities"])
+def test_nan_inputs_are_culled_by_the_projection(field):
+    # render_gaussians reports NaN inputs from the flags; until then the projection must
+    # cull them (no radius from int(NaN), no tiles) rather than count garbage.
+    from arc_warp._src.splat.project_ops import camera_params, project
+    from arc_warp._src.splat.validate import check_inputs
+
+    arrays = axis_inputs([0.01, 0.01], [0.9, 0.9])
+    values = getattr(arrays[field], "numpy")()
+    values[0] = np.nan
+    arrays[field] = wp.array(values, dtype=arrays[field].dtype, device="cpu")
+    inputs = check_inputs(*arrays.values(), arc_warp.RenderSettings())
+    flags = wp.zeros(8, dtype=wp.int32, device="cpu")
+    proj = project(inputs, camera_params(one_camera(40, 24)), 0.3, 3, 2, flags)
+    assert proj.radii.numpy()[0].tolist() == [0, 0] and proj.radii.numpy()[1].min() > 0
+    assert proj.tiles_per_gauss.numpy()[0] == 0
+
+
+# --- boxes -----------------------------------------------------------------------------
+
+
+@wp.kernel
+def boxes_kernel(xy: wp.array(dtype=wp.vec2), radius: wp.array(dtype=wp.vec2i), tiles_x: int, tiles_y: int,
+                 out: wp.array(dtype=wp.vec4i)):
+    i = wp.tid()
+    out[i] = tile_bbox(xy[i], radius[i], tiles_x, tiles_y)
+
+
+def test_tile_boxes_are_never_inverted():
+    vals = np.float32([-1e30, -3e9, -2.0**30, -1e5, -17.0, 0.0, 5.5, 63.9, 1e5, 2.0**30, 3e9, 1e30])
+    # negative radii (what int() of a huge float gave) must not invert a box either
+    rad = np.int32([-(2**31), -5, 0, 1, 7, 100, 2**20, int(RADIUS_MAX)])
+    xy = np.stack(np.meshgrid(vals, vals), -1).reshape(-1, 2)
+    xy = np.repeat(xy, len(rad), 0)
+    r = np.tile(np.stack([rad, rad[::-1]], 1), (len(vals) ** 2, 1))
+    out = wp.zeros(len(xy), dtype=wp.vec4i, device="cpu")
+    wp.launch(boxes_kernel, dim=len(xy), inputs=[wp.array(xy, dtype=wp.vec2, device="cpu"),
+              wp.array(r, dtype=wp.vec2i, device="cpu"), 4, 3], outputs=[out], device="cpu")
+    b = out.numpy()
+    assert np.all((0 <= b[:, 0]) & (b[:, 0] <= b[:, 2]) & (b[:, 2] <= 4))
+    assert np.all((0 <= b[:, 1]) & (b[:, 1] <= b[:, 3]) & (b[:, 3] <= 3))
+
+
+# --- tile-exact footprints -------------------------------------------------------------
+
+
+def box_tile_count(out) -> int:
+    """Intersections the opacity-aware boxes alone would make (the binning before tight tiles)."""
+    xy = out.means2d.numpy().reshape(-1, 2).astype(np.float64)
+    r = out.radii.numpy().reshape(-1, 2).astype(np.float64)
+    tx, ty = out._bins.tiles_x, out._bins.tiles_y
+    lo = np.clip(np.floor((xy - r) / TILE_SIZE), 0, [tx, ty])
+    hi = np.clip(np.ceil((xy + r) / TILE_SIZE), 0, [tx, ty])
+    n = np.prod(np.maximum(hi - lo, 0), axis=1)
+    return int(n[r[:, 0] > 0].sum())
+
+
+def elongated_scene(rng, n=300, width=160, height=96):
+    """Small and elongated Gaussians (axes 0.3 to 60 px), all opacities."""
+    from conftest import random_scene
+    return random_scene(rng, n=n, width=width, height=height, size_px_range=(0.3, 60.0),
+                        opacity_range=(0.006, 1.0), border_px=40.0)
+
+
+def test_every_pixel_above_the_cut_is_binned(rng, device):
+    # Dense float32 evaluation, written like the rasteriser: every pixel centre where a
+    # Gaussian passes alpha >= 1/255 lies in a tile that Gaussian is binned to. The key
+    # pass writes exactly what the count pass counted (no filler keys past the last tile).
+    for _ in range(3):
+        scene = elongated_scene(rng)
+        out = render_arc(scene, device)
+        pairs = binned_pairs(out)
+        assert len(pairs) == out._bins.n_isects
+        splats = out._project.splats.numpy()
+        geom = np.asarray(splats["geom"], np.float32)
+        conic = np.asarray(splats["conic"], np.float32)
+        radii = out.radii.numpy().reshape(-1, 2)
+        tx = out._bins.tiles_x
+        ys, xs = np.meshgrid(np.arange(scene.height, dtype=np.float32) + np.float32(0.5),
+                             np.arange(scene.width, dtype=np.float32) + np.float32(0.5), indexing="ij")
+        tiles = (ys.astype(int) // TILE_SIZE) * tx + xs.astype(int) // TILE_SIZE
+        checked = 0
+        for g in np.flatnonzero(radii[:, 0] > 0):
+            dx = geom[g, 0] - xs
+            dy = geom[g, 1] - ys
+            power = np.float32(0.5) * (conic[g, 0] * dx * dx + conic[g, 2] * dy * dy) + conic[g, 1] * dx * dy
+            alpha = geom[g, 2] * np.exp(-power)
+            hit = (power >= 0) & (alpha >= np.float32(ALPHA_MIN))
+            missing = {int(t) for t in np.unique(tiles[hit])} - {t for t, gg in pairs if gg == g}
+            assert not missing, f"Gaussian {g} passes 1/255 in unbinned tiles {sorted(missing)}"
+            checked += int(hit.sum())
+        assert checked > 10_000
+
+
+def test_tight_tiles_bin_fewer_and_render_the_same(rng):
+    # The reference is dense (no tiles), so agreement shows the skipped tiles held nothing;
+    # the scene is elongated enough that the footprint test drops many box tiles.
+    scene = robust_scene(rng, n=80, width=96, height=64, sh_degree=1, size_px_range=(0.3, 30.0),
+                         opacity_range=(0.02, 0.95))
+    out = render_arc(scene, "cpu")
+    boxed = box_tile_count(out)
+    assert out._bins.n_isects < 0.8 * boxed, (out._bins.n_isects, boxed)
+    with torch.no_grad():
+        ref = reference(scene, torch_params(scene))
+    assert_forward_close(arc_outputs(out), ref)
+    cot = cotangents(rng, scene)
+    assert_grads_close(arc_grads(out, cot, "cpu"), reference_grads(scene, cot))
+
+
+def test_tile_lists_are_front_to_back(rng, device):
+    # Depth sort, then a stable tile-only sort: each tile lists its Gaussians by (depth,
+    # index), as one sort of (tile, depth) keys would. Quantised depths make many ties.
+    scene = elongated_scene(rng, n=400)
+    scene.means[:] = np.round(scene.means * 4) / 4
+    out = render_arc(scene, device)
+    depth = np.asarray(out._project.splats.numpy()["geom"])[:, 3]
+    ids = out._bins.gauss_ids.numpy()
+    ties = 0
+    for s, e in out._bins.tile_ranges.numpy():
+        got = ids[s:e].tolist()
+        assert got == sorted(got, key=lambda g: (depth[g], g))
+        ties += len(got) - len(set(depth[got].tolist()))
+    assert ties > 10
+
+
+def test_image_too_large_to_index_is_refused():
+    # 50000^2 px = 9.8M tiles: the rasteriser's int32 thread ids (one per pixel) would wrap
+    from arc_warp._src.splat.bin_ops import tile_grid
+
+    assert tile_grid(46_336, 46_336) == (2896, 2896)
+    with pytest.raises(ValueError, match="50000x50000 image has 9765625 tiles"):
+        tile_grid(50_000, 50_000)
