@@ -62,7 +62,7 @@ def _train_rank(args) -> int:
     """`arc-warp train` in this process: alone, or as one rank of a process group described
     by torchrun's environment variables (rank 0 prints)."""
     quiet_warp()
-    from arc_warp_train.datasets import load_dataset
+    from arc_warp_train.datasets import dataset_kind, load_dataset
     from arc_warp_train.densify import DensifyConfig
     from arc_warp_train.trainer import TrainConfig, train
     from arc_warp_train.distributed import init_distributed
@@ -70,8 +70,7 @@ def _train_rank(args) -> int:
     dist = init_distributed(args.device)
     try:
         kw = {"downscale": args.downscale}
-        if args.format != "colmap" and os.path.isfile(os.path.join(args.data,
-                                                                   "transforms_train.json")):
+        if args.format != "colmap" and dataset_kind(args.data) == "nerf":
             kw["background"] = (1.0, 1.0, 1.0) if args.white_background else (0.0, 0.0, 0.0)
         dataset = load_dataset(args.data, args.format, **kw)
         dens = DensifyConfig(refine_stop=min(15000, args.steps // 2), absgrad=args.absgrad,
