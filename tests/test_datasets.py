@@ -173,3 +173,54 @@ def test_transforms_json_pinhole_intrinsics(tmp_path):
     view = load_dataset(str(tmp_path)).train[0]
     np.testing.assert_allclose(view.K, [[40, 0, 24], [0, 42, 18], [0, 0, 1]])
     _check_dot(view, poses)
+
+
+# ------------------------------------------------------------------ load-time errors
+
+
+def _write_transforms(root, meta):
+    (root / "transforms.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
+
+
+DATASET_ERRORS = {
+    # case: (how to spoil a good 3-frame transforms.json scene, error text)
+    "empty frames": (lambda root, meta: _write_transforms(root, {**meta, "frames": []}),
+                     "'frames' list is empty"),
+    "bad JSON": (lambda root, meta: _write_transforms(root, '{\n "frames": [\n  {,]}'),
+                 "transforms.json:3: invalid JSON"),
+    "number as text": (lambda root, meta: _write_transforms(
+        root, {**meta, "frames": [meta["frames"][0], {**meta["frames"][1], "fl_x": "4O"}]}),
+        "transforms.json: frame 1 (images/frame_00001.png): 'fl_x' must be a number, got '4O'"),
+    "zero focal": (lambda root, meta: _write_transforms(
+        root, {**meta, "frames": [meta["frames"][0], {**meta["frames"][1], "fl_y": 0.0}]}),
+        "frame 1 (images/frame_00001.png): focal lengths must be finite and > 0"),
+    "NaN pose": (lambda root, meta: _write_transforms(root, {**meta, "frames": [
+        meta["frames"][0], meta["frames"][1],
+        {**meta["frames"][2], "transform_matrix": [[float("nan")] * 4] * 4}]}),
+        "frame 2 (images/frame_00000.png): the camera pose has non-finite entries"),
+    "corrupt PNG": (lambda root, meta: (root / "images" / "frame_00001.png").write_bytes(
+        b"\x89PNG\r\n\x1a\ngarbage"), "frame_00001.png: cannot read the image"),
+}
+
+
+@pytest.mark.parametrize("case", list(DATASET_ERRORS))
+def test_transforms_errors_name_file_and_frame(tmp_path, case):
+    _transforms_scene(tmp_path)
+    meta = json.loads((tmp_path / "transforms.json").read_text())
+    spoil, expected = DATASET_ERRORS[case]
+    spoil(tmp_path, meta)
+    with pytest.raises(ValueError) as info:
+        load_dataset(str(tmp_path))
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_colmap_errors_name_the_model(tmp_path):
+    _colmap_scene(tmp_path, views=2, text=True)
+    cams = tmp_path / "sparse" / "0" / "cameras.txt"
+    good = cams.read_text()
+    cams.write_text(good.replace("SIMPLE_RADIAL 48 36 40", "SIMPLE_RADIAL 48 36 4O"))
+    with pytest.raises(ValueError, match=r"cameras.txt:\d+: '4O' is not a number"):
+        load_dataset(str(tmp_path))
+    cams.write_text(good.replace("SIMPLE_RADIAL 48 36 40", "SIMPLE_RADIAL 48 36 0"))
+    with pytest.raises(ValueError, match=r"sparse/0: camera 1 of image img_00.png has invalid"):
+        load_dataset(str(tmp_path))

@@ -1,16 +1,21 @@
 """3D Gaussian Splatting training loop on arc_warp (Adam, L1 + D-SSIM, densification)."""
 
+import contextlib
 import dataclasses
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from arc_warp.cli import prepare_output_dir
 from arc_warp.ply import write_ply
 
 from . import densify as dens
+from .checkpoint import check_checkpoint, dataset_fingerprint, read_checkpoint
 from .datasets import Dataset
 from .distributed import DistContext
 from .losses import mse_to_psnr, photometric_loss, psnr, ssim
@@ -78,6 +83,14 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree!r}")
 
 
+class TrainingInterrupted(Exception):
+    """Ctrl-C stopped training at `step`; a checkpoint to resume from was saved at `path`."""
+
+    def __init__(self, step: int, path: str):
+        super().__init__(f"interrupted at step {step}; checkpoint saved to {path}")
+        self.step, self.path = step, path
+
+
 @dataclass
 class TrainResult:
     """Final held-out metrics (PSNR dB, SSIM), Gaussian count, wall seconds, the
@@ -138,6 +151,7 @@ class Trainer:
         self.optimizers = make_optimizers(self.params, self._lrs(0))
         self.stats = dens.DensifyStats(len(points), self.device)
         self.step, self.history, self.train_log = 0, [], []
+        self.stop_requested = False  # set by a Ctrl-C handler: stop after the current step
         self._perm = torch.empty(0, dtype=torch.long)
         self._cursor = 0
         self._train = [self._tensors(v) for v in dataset.train]
@@ -249,7 +263,7 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not (cfg.progress and main),
                    dynamic_ncols=True, desc="train")
         window = []
-        while self.step < end:
+        while self.step < end and not self.stop_requested:
             loss, p = self.train_step()
             window.append((loss, p))
             bar.update(1)
@@ -289,6 +303,7 @@ class Trainer:
             "history": list(self.history),
             "train_log": list(self.train_log),
             "config": dataclasses.asdict(self.cfg),
+            "dataset": dataset_fingerprint(self.data),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -337,7 +352,10 @@ class Trainer:
         self.dist.check_consistent(tensors)
 
     def load_checkpoint(self, path) -> None:
-        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        """Resume from `path` after checking that it fits this run (checkpoint.py)."""
+        state = read_checkpoint(path)
+        check_checkpoint(state, path, self.data, self.cfg)
+        self.load_state_dict(state)
 
     def export(self) -> dict:
         """Write point_cloud.ply, test_views/<i>.png (ground truth | render), psnr.png and
@@ -372,9 +390,16 @@ def train(dataset: Dataset, cfg: TrainConfig, out_dir, resume=None,
     and writes, and every rank returns rank 0's result."""
     start = time.perf_counter()
     trainer = Trainer(dataset, cfg, out_dir, dist)
+    if trainer.dist.is_main:
+        prepare_output_dir(trainer.out_dir)  # fail now, not after training
     if resume is not None:
         trainer.load_checkpoint(resume)
-    trainer.train()
+    with _stop_on_ctrl_c(trainer):
+        trainer.train()
+    if trainer.stop_requested:
+        path = os.path.join(ensure_dir(trainer.out_dir), "checkpoint.pt")
+        trainer.save_checkpoint(path)
+        raise TrainingInterrupted(trainer.step, path)
     files, metrics = {}, None
     if trainer.dist.is_main:
         files, ev = trainer.export()
@@ -384,3 +409,23 @@ def train(dataset: Dataset, cfg: TrainConfig, out_dir, resume=None,
     metrics, history, files = trainer.dist.broadcast_object((metrics, trainer.history, files))
     return TrainResult(metrics[0], metrics[1], int(trainer.params["means"].shape[0]),
                        time.perf_counter() - start, list(history), files)
+
+
+@contextlib.contextmanager
+def _stop_on_ctrl_c(trainer: Trainer):
+    """While training a single process in the main thread, the first Ctrl-C asks the trainer
+    to stop after the current step (so a consistent checkpoint can be saved); a second one
+    interrupts at once."""
+    if trainer.dist.enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        trainer.stop_requested = True
+        signal.signal(signal.SIGINT, previous)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
