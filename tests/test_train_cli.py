@@ -260,3 +260,40 @@ def _alive(pid) -> bool:
             return f.read().split()[2] != "Z"  # a zombie has exited
     except FileNotFoundError:
         return False
+
+
+def test_outputs_full_size_labelled_with_per_view_metrics(data, tmp_path):
+    import json
+
+    from PIL import Image
+
+    from arc_warp_train.datasets import load_nerf_synthetic
+    from arc_warp_train.losses import psnr
+    from arc_warp_train.outputs import ERROR_GAIN, MIN_PANEL_WIDTH
+
+    out = tmp_path / "o"
+    assert main(["train", data, "-o", str(out), "--steps", "2", "--sh-degree", "0"] + TINY) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    dataset = load_nerf_synthetic(data, background=(1.0, 1.0, 1.0))
+    assert [v["name"] for v in metrics["views"]] == [v.name for v in dataset.test]
+    assert np.mean([v["psnr"] for v in metrics["views"]]) == pytest.approx(metrics["psnr"])
+    assert np.mean([v["ssim"] for v in metrics["views"]]) == pytest.approx(metrics["ssim"])
+
+    image = np.asarray(Image.open(out / "test_views" / metrics["views"][0]["image"]),
+                       np.float32) / 255.0
+    truth = dataset.test[0].image
+    scale = -(-MIN_PANEL_WIDTH // truth.shape[1])  # 16 px views are enlarged 6x
+    h, w = truth.shape[0] * scale, truth.shape[1] * scale
+    assert image.shape == (14 + h, 3 * w + 4, 3)
+    panels = [image[14:, k * (w + 2):k * (w + 2) + w] for k in range(3)]
+    # Panel 0 is the ground truth at full resolution (each pixel a scale x scale block).
+    np.testing.assert_allclose(panels[0][::scale, ::scale], truth, atol=0.5 / 255 + 1e-6)
+    # Panel 2 is the error of panel 1 against panel 0, and the label strip has ink.
+    err = np.clip(ERROR_GAIN * np.abs(panels[1] - panels[0]).mean(-1), 0, 1)
+    np.testing.assert_allclose(panels[2][..., 0], err, atol=ERROR_GAIN * 1.5 / 255)
+    assert image[:14].min() < 0.5
+    # The PSNR written for the view is the PSNR of the rendered panel.
+    import torch as t
+
+    got = psnr(t.as_tensor(panels[1][::scale, ::scale])[None], t.as_tensor(truth)[None])
+    assert got == pytest.approx(metrics["views"][0]["psnr"], abs=0.05)  # 8-bit rounding

@@ -20,7 +20,7 @@ from .datasets import Dataset
 from .distributed import DistContext
 from .losses import mse_to_psnr, photometric_loss, psnr, ssim
 from .model import init_params, make_optimizers, random_points, render_views, to_ply
-from .outputs import ensure_dir, plot_psnr, save_png, side_by_side, write_json
+from .outputs import comparison, ensure_dir, plot_psnr, save_png, write_json
 
 
 @dataclass
@@ -240,7 +240,8 @@ class Trainer:
             ps.append(psnr(colors, view[0]))
             ss.append(float(ssim(colors, view[0])))
             renders.append(colors[0].cpu().numpy())
-        return {"psnr": float(np.mean(ps)), "ssim": float(np.mean(ss)), "renders": renders}
+        return {"psnr": float(np.mean(ps)), "ssim": float(np.mean(ss)), "renders": renders,
+                "view_psnr": ps, "view_ssim": ss}
 
     def _record_eval(self):
         ev = self.evaluate()
@@ -358,8 +359,8 @@ class Trainer:
         self.load_state_dict(state)
 
     def export(self) -> dict:
-        """Write point_cloud.ply, test_views/<i>.png (ground truth | render), psnr.png and
-        metrics.json into out_dir; returns {kind: path} and the final metrics. Not
+        """Write point_cloud.ply, test_views/view_<i>.png (ground truth | render | error, full
+        size, labelled), psnr.png and metrics.json (means and per-view PSNR / SSIM) into out_dir; returns {kind: path} and the final metrics. Not
         collective: with several ranks call it on rank 0 only."""
         out = ensure_dir(self.out_dir)
         ev = self._record_eval()
@@ -369,16 +370,22 @@ class Trainer:
                  "images": os.path.join(out, "test_views")}
         write_ply(files["ply"], to_ply(self.params))
         ensure_dir(files["images"])
-        views = self._test or self._train
+        views, names = (self._test, self.data.test) if self._test else \
+            (self._train, self.data.train)
+        per_view = []
         for i, (view, render) in enumerate(zip(views, ev["renders"])):
             gt = view[0][0].cpu().numpy()
-            save_png(os.path.join(files["images"], f"view_{i:03d}.png"), side_by_side(gt, render))
+            save_png(os.path.join(files["images"], f"view_{i:03d}.png"),
+                     comparison(gt, render, ev["view_psnr"][i]))
+            per_view.append({"image": f"view_{i:03d}.png", "name": names[i].name,
+                             "psnr": ev["view_psnr"][i], "ssim": ev["view_ssim"][i]})
         plot_psnr(files["plot"], {
             "training view (mean of last steps)": [(e["step"], e["psnr"]) for e in self.train_log],
             "held-out views": [(e["step"], e["psnr"]) for e in self.history]})
         write_json(files["metrics"], {"step": self.step, "psnr": ev["psnr"], "ssim": ev["ssim"],
                                       "num_gaussians": int(self.params["means"].shape[0]),
-                                      "history": self.history, "source": self.data.source})
+                                      "views": per_view, "history": self.history,
+                                      "source": self.data.source})
         return files, ev
 
 
