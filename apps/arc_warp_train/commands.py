@@ -74,6 +74,10 @@ def cmd_train(args) -> int:
         return 2
     _torch_device(args.device)
     prepare_output_dir(args.output)
+    if args.viewer:
+        from arc_warp_train.viewer import require_viser
+
+        require_viser()
     if args.resume is not None:
         from arc_warp_train.checkpoint import read_checkpoint
 
@@ -143,13 +147,25 @@ def _train_rank(args) -> int:
                       f"would take roughly {hours:.0f} h. For a quick CPU run lower --steps "
                       "and --init-points or raise --downscale; or train on a GPU.",
                       file=sys.stderr)
+        viewer = on_step = None
+        if args.viewer and dist.is_main:
+            from arc_warp_train.viewer import GaussianSource, TrainingView, Viewer
+
+            viewer = Viewer(GaussianSource(), port=args.viewer_port, device=args.device,
+                            stats=("step", "PSNR", "Gaussians"))
+            on_step = TrainingView(viewer)
+            print(f"viewer: http://localhost:{viewer.port}")
         try:
-            result = train(dataset, cfg, args.output, resume=args.resume, dist=dist)
+            result = train(dataset, cfg, args.output, resume=args.resume, dist=dist,
+                           on_step=on_step)
         except TrainingInterrupted as stop:
             print(f"arc-warp train: {stop}\nresume with: "
                   f"{resume_command(getattr(args, 'argv', None) or sys.argv[1:], stop.path)}",
                   file=sys.stderr)
             return 130
+        finally:
+            if viewer is not None:
+                viewer.close()
         if dist.is_main:
             print(f"final test-view PSNR {result.psnr:.2f} dB, SSIM {result.ssim:.4f}, "
                   f"{result.num_gaussians} Gaussians, {result.wall_s:.0f} s")
@@ -234,6 +250,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--check-sync", action="store_true",
                    help="check at each evaluation and checkpoint that all processes hold "
                    "bitwise-equal parameters and optimizer state")
+    p.add_argument("--viewer", action="store_true",
+                   help="serve a live view of the model while training (viser; rank 0)")
+    p.add_argument("--viewer-port", type=positive_int, default=8080, help="viewer HTTP port")
     p.set_defaults(func=cmd_train)
 
 def add_demo_parser(sub) -> None:

@@ -152,6 +152,7 @@ class Trainer:
         self.stats = dens.DensifyStats(len(points), self.device)
         self.step, self.history, self.train_log = 0, [], []
         self.stop_requested = False  # set by a Ctrl-C handler: stop after the current step
+        self.on_step = None  # optional hook(trainer, step PSNR) after each step (the viewer)
         self._perm = torch.empty(0, dtype=torch.long)
         self._cursor = 0
         self._train = [self._tensors(v) for v in dataset.train]
@@ -267,6 +268,8 @@ class Trainer:
         while self.step < end and not self.stop_requested:
             loss, p = self.train_step()
             window.append((loss, p))
+            if self.on_step is not None:
+                self.on_step(self, p)
             bar.update(1)
             if self.step % cfg.log_every == 0 or self.step == end:
                 mean_loss = float(np.mean([w[0] for w in window]))
@@ -390,17 +393,19 @@ class Trainer:
 
 
 def train(dataset: Dataset, cfg: TrainConfig, out_dir, resume=None,
-          dist: DistContext = None) -> TrainResult:
+          dist: DistContext = None, on_step=None) -> TrainResult:
     """Train on `dataset` with `cfg`, optionally resuming from checkpoint `resume`, write the
     outputs (see Trainer.export) and a final checkpoint into `out_dir`. With several ranks
     (`dist`, default the current process group) call it on every rank: rank 0 evaluates
-    and writes, and every rank returns rank 0's result."""
+    and writes, and every rank returns rank 0's result. `on_step(trainer, psnr)` is
+    called after every step (e.g. viewer.TrainingView)."""
     start = time.perf_counter()
     trainer = Trainer(dataset, cfg, out_dir, dist)
     if trainer.dist.is_main:
         prepare_output_dir(trainer.out_dir)  # fail now, not after training
     if resume is not None:
         trainer.load_checkpoint(resume)
+    trainer.on_step = on_step
     with _stop_on_ctrl_c(trainer):
         trainer.train()
     if trainer.stop_requested:
