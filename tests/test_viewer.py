@@ -152,3 +152,35 @@ def test_viewer_in_headless_chromium(tmp_path):
         browser.kill()
         browser.wait()
         viewer.close()
+
+
+def test_train_viewer_publishes_model_and_stats(tmp_path, monkeypatch):
+    pytest.importorskip("torch", reason="arc-warp train needs torch")
+    import arc_warp_train.viewer as viewer_module
+    from arc_warp.cli import main
+    from arc_warp_train.synthetic import make_synthetic_dataset
+
+    made = []
+
+    class Recording(viewer_module.Viewer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            made.append(self)
+
+    monkeypatch.setattr(viewer_module, "Viewer", Recording)
+    make_synthetic_dataset(str(tmp_path / "d"), num_train=2, num_test=1, width=16, height=16,
+                           num_gaussians=40, device="cpu")
+    assert main(["train", str(tmp_path / "d"), "-o", str(tmp_path / "o"), "--steps", "4",
+                 "--init-points", "30", "--sh-degree", "1", "--eval-every", "4", "--device",
+                 "cpu", "--threads", "1", "--no-progress", "--viewer", "--viewer-port",
+                 str(_free_port())]) == 0
+    (viewer,) = made
+    gaussians, version = viewer.source.get()
+    assert version >= 1 and gaussians["sh"].shape[1:] == (1, 3)  # SH degree 0 is active at step 4
+    from arc_warp.ply import read_ply
+
+    final = read_ply(str(tmp_path / "o" / "point_cloud.ply")).activated()
+    np.testing.assert_allclose(gaussians["means"], final["means"])
+    assert viewer._stats["step"].value == "4 / 4"
+    assert viewer._stats["Gaussians"].value == str(len(final["means"]))
+    assert viewer._stats["PSNR"].value.endswith("dB (training view)")
