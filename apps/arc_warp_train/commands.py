@@ -124,7 +124,8 @@ def _train_rank(args) -> int:
         if args.format != "colmap" and dataset_kind(args.data) == "nerf":
             kw["background"] = (1.0, 1.0, 1.0) if args.white_background else (0.0, 0.0, 0.0)
         dataset = load_dataset(args.data, args.format, **kw)
-        dens = DensifyConfig(refine_stop=min(15000, args.steps // 2), absgrad=args.absgrad,
+        refine_stop = min(15000, args.steps // 2) if args.refine_stop is None else args.refine_stop
+        dens = DensifyConfig(refine_stop=refine_stop, absgrad=args.absgrad,
                              max_gaussians=args.max_gaussians)
         cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size or dist.world_size,
                           sh_degree=args.sh_degree, densify=dens, eval_every=args.eval_every,
@@ -229,6 +230,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--max-gaussians", type=positive_int, default=None,
                    help="cap on the Gaussian count (None: no cap)")
     p.add_argument("--absgrad", action="store_true", help="AbsGS densification statistic")
+    p.add_argument("--refine-stop", type=positive_int, default=None,
+                   help="last densification step (None: min(15000, steps / 2); INRIA's "
+                   "train.py densifies until 15000 whatever --iterations is)")
     p.add_argument("--eval-every", type=positive_int, default=5000,
                    help="steps between held-out evaluations")
     p.add_argument("--checkpoint-every", type=int, default=5000,
