@@ -184,3 +184,20 @@ def test_train_viewer_publishes_model_and_stats(tmp_path, monkeypatch):
     assert viewer._stats["step"].value == "4 / 4"
     assert viewer._stats["Gaussians"].value == str(len(final["means"]))
     assert viewer._stats["PSNR"].value.endswith("dB (training view)")
+
+
+def test_view_command_checks_the_ply_before_serving(tmp_path):
+    import argparse
+
+    from arc_warp_train.viewer import add_view_parser
+
+    parser = argparse.ArgumentParser(prog="arc-warp")
+    add_view_parser(parser.add_subparsers(dest="command"))
+    bad = tmp_path / "nan.ply"
+    n = 4
+    write_ply(bad, GaussianPly.from_activated(np.full((n, 3), np.nan), np.tile([1.0, 0, 0, 0], (n, 1)),
+                                              np.full((n, 3), 0.1), np.full(n, 0.5),
+                                              np.zeros((n, 1, 3))))
+    args = parser.parse_args(["view", str(bad), "--port", str(_free_port()), "--device", "cpu"])
+    with pytest.raises(ValueError, match="property x of vertex 0 is nan"):
+        args.func(args)

@@ -8,8 +8,6 @@ import os
 
 import numpy as np
 
-from arc_warp import write_png as save_png  # noqa: F401  (re-exported for the app)
-
 ERROR_GAIN = 4.0
 """The error panel shows mean |render - truth| over RGB times this gain (clipped to 1)."""
 

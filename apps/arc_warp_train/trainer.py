@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from arc_warp.cli import prepare_output_dir
+from arc_warp import write_png
 from arc_warp.ply import write_ply
 
 from . import densify as dens
@@ -20,7 +21,7 @@ from .datasets import Dataset
 from .distributed import DistContext
 from .losses import mse_to_psnr, photometric_loss, psnr, ssim
 from .model import init_params, make_optimizers, random_points, render_views, to_ply
-from .outputs import comparison, ensure_dir, plot_psnr, save_png, write_json
+from .outputs import comparison, ensure_dir, plot_psnr, write_json
 
 
 @dataclass
@@ -378,8 +379,8 @@ class Trainer:
         per_view = []
         for i, (view, render) in enumerate(zip(views, ev["renders"])):
             gt = view[0][0].cpu().numpy()
-            save_png(os.path.join(files["images"], f"view_{i:03d}.png"),
-                     comparison(gt, render, ev["view_psnr"][i]))
+            write_png(os.path.join(files["images"], f"view_{i:03d}.png"),
+                      comparison(gt, render, ev["view_psnr"][i]))
             per_view.append({"image": f"view_{i:03d}.png", "name": names[i].name,
                              "psnr": ev["view_psnr"][i], "ssim": ev["view_ssim"][i]})
         plot_psnr(files["plot"], {
