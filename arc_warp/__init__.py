@@ -4,6 +4,7 @@ __version__ = "0.2.0"
 
 from .ply import GaussianPly, PlyFormatError, read_ply, write_ply
 from .arc import MODES, Calibration, accumulator, calibrate, resolve_threshold, scatter_add, warp_plan, warp_reducer
+from ._src.png import write_png
 from .splat import Camera, GaussianGrads, RenderOutput, RenderSettings, render_gaussians, render_gaussians_backward
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "warp_plan",
     "warp_reducer",
     "write_ply",
+    "write_png",
 ]

@@ -10,9 +10,8 @@ is registered, so the command line grows with what is installed.
 import argparse
 import math
 import os
-import struct
 import sys
-import zlib
+import tempfile
 
 from importlib.metadata import entry_points
 
@@ -32,9 +31,9 @@ def _floats(text: str, count: int, name: str):
         values = tuple(float(v) for v in text.split(","))
     except ValueError:
         values = ()
-    if len(values) != count:
-        raise argparse.ArgumentTypeError(f"{name}: expected {count} comma-separated numbers, "
-                                         f"got {text!r}")
+    if len(values) != count or not all(math.isfinite(v) for v in values):
+        raise argparse.ArgumentTypeError(f"{name}: expected {count} comma-separated numbers "
+                                         f"(finite), got {text!r}")
     return values
 
 
@@ -42,26 +41,32 @@ def vec3(text):
     return _floats(text, 3, "vector")
 
 
+def unit_rgb(text):
+    """An RGB colour 'r,g,b' with each component in [0, 1]."""
+    rgb = _floats(text, 3, "colour")
+    if not all(0.0 <= v <= 1.0 for v in rgb):
+        raise argparse.ArgumentTypeError(f"colour components must lie in [0, 1], got {text!r}")
+    return rgb
+
+
 def positive_int(text):
-    value = int(text)
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
     return value
 
 
-def write_png(path, rgb: np.ndarray) -> None:
-    """Write an (H,W,3) float image in [0,1] (clipped) as an 8-bit RGB PNG (zlib only)."""
-    img = (np.clip(rgb, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    h, w = img.shape[:2]
-    raw = b"".join(b"\x00" + img[y].tobytes() for y in range(h))
-
-    def chunk(tag, data):
-        return (struct.pack(">I", len(data)) + tag + data
-                + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
-
-    with open(path, "wb") as f:
-        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-                + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
+def positive_float(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
+    return value
 
 
 def quiet_warp():
@@ -71,52 +76,111 @@ def quiet_warp():
     return wp
 
 
-def _orbit_eyes(center, radius, up, views, elevation_deg, fov_deg, distance):
-    """Camera positions on a circle around `center`, `elevation_deg` above the plane
-    normal to `up`, far enough for a sphere of `radius` to fit in the field of view."""
-    up = np.asarray(up, float) / np.linalg.norm(up)
-    helper = np.eye(3)[np.argmin(np.abs(up))]
-    a = np.cross(up, helper)
-    a /= np.linalg.norm(a)
-    b = np.cross(up, a)
+def warp_device(name):
+    """The Warp device called `name` (None: Warp's default), or ValueError saying why not."""
+    wp = quiet_warp()
+    if name is not None and str(name).startswith("cuda") and not wp.is_cuda_available():
+        raise ValueError(f"--device {name}: Warp finds no CUDA device on this machine; "
+                         "use --device cpu")
+    try:
+        return wp.get_device(name)
+    except (ValueError, RuntimeError) as exc:
+        raise ValueError(f"--device {name}: {exc}") from None
+
+
+def prepare_output_dir(path, option: str = "-o") -> str:
+    """Create folder `path` and check that a file can be written in it, before any work is
+    done; ValueError naming the folder and the reason otherwise."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"{option} {path}: a file of that name exists; give a folder")
+    try:
+        os.makedirs(path, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as exc:
+        raise ValueError(f"{option} {path}: cannot write there ({exc.strerror or exc}); "
+                         "pick a writable folder") from None
+    return path
+
+
+def _png_outputs(output: str, views: int) -> list:
+    """The PNG paths `render` will write, checked (extension, folder writable) up front."""
+    base, ext = os.path.splitext(output)
+    if os.path.isdir(output):
+        raise ValueError(f"-o {output} is a folder; give a file name such as "
+                         f"{os.path.join(output, 'render.png')}")
+    if ext.lower() not in (".png", ""):
+        raise ValueError(f"-o {output}: render writes PNG images only; use a .png name")
+    prepare_output_dir(os.path.dirname(output) or ".")
+    if views == 1:
+        return [output if ext else output + ".png"]
+    return [f"{base}_{k:03d}.png" for k in range(views)]
+
+
+def load_gaussians(path) -> dict:
+    """A 3DGS PLY -> activated arrays (see GaussianPly.activated), refusing files with no
+    Gaussians, SH degree > 3 or non-finite values (naming the property and vertex)."""
+    from arc_warp.ply import read_ply
+
+    ply = read_ply(path)
+    if ply.num_gaussians == 0:
+        raise ValueError(f"{path}: the PLY holds no Gaussians (0 vertices); nothing to render")
+    if ply.sh_degree > 3:
+        raise ValueError(f"{path}: SH degree {ply.sh_degree} is not supported (0..3)")
+    rest = ply.sh_rest.transpose(0, 2, 1).reshape(ply.num_gaussians, -1)  # file order
+    fields = [("x", "y", "z"), ("f_dc_0", "f_dc_1", "f_dc_2"),
+              tuple(f"f_rest_{i}" for i in range(rest.shape[1])), ("opacity",),
+              ("scale_0", "scale_1", "scale_2"), ("rot_0", "rot_1", "rot_2", "rot_3")]
+    for names, values in zip(fields, (ply.means, ply.sh_dc, rest, ply.opacity_logits[:, None],
+                                      ply.log_scales, ply.quats)):
+        bad = np.argwhere(~np.isfinite(values))
+        if len(bad):
+            row, col = bad[0]
+            raise ValueError(f"{path}: property {names[col]} of vertex {row} is "
+                             f"{values[row, col]}; fix or remove that Gaussian")
+    return ply.activated()
+
+
+def _fit(g) -> tuple:
+    """(centre, radius): the median of the means and the 90 % quantile of their distances."""
+    center = np.median(g["means"], axis=0).astype(float)
+    radius = float(np.quantile(np.linalg.norm(g["means"] - center, axis=1), 0.9)) or 1.0
+    return center, radius
+
+
+def orbit(center, radius, up, views, elevation_deg, fov_deg, distance, width, height):
+    """`views` cameras evenly around `center` at `elevation_deg`, at `distance` or far
+    enough for a sphere of `radius` to fit in the vertical field of view `fov_deg`."""
+    from arc_warp import Camera
+
     dist = distance or 1.15 * radius / math.sin(0.5 * math.radians(fov_deg))
-    el = math.radians(elevation_deg)
-    for k in range(views):
-        az = 2.0 * math.pi * k / views
-        yield center + dist * (math.cos(el) * (math.cos(az) * a + math.sin(az) * b)
-                               + math.sin(el) * up)
+    return Camera.orbit([2.0 * math.pi * k / views for k in range(views)],
+                        [math.radians(elevation_deg)] * views, dist, fov_deg, width, height,
+                        center, up)
 
 
 def cmd_render(args) -> int:
     wp = quiet_warp()
-    from arc_warp import Camera, RenderSettings, render_gaussians
-    from arc_warp.ply import read_ply
+    from arc_warp import RenderSettings, render_gaussians, write_png
 
-    ply = read_ply(args.ply)
-    if ply.sh_degree > 3:
-        print(f"{args.ply}: SH degree {ply.sh_degree} is not supported (0..3)", file=sys.stderr)
-        return 2
-    g = ply.activated()
-    center = np.median(g["means"], axis=0).astype(float)
-    radius = float(np.quantile(np.linalg.norm(g["means"] - center, axis=1), 0.9)) or 1.0
+    if not 0.0 < args.fov < 180.0:
+        raise ValueError(f"--fov {args.fov}: the field of view must lie in (0, 180) degrees")
+    paths = _png_outputs(args.output, args.views)
+    device = warp_device(args.device)
+    g = load_gaussians(args.ply)
+    center, radius = _fit(g)
     settings = RenderSettings(background=args.background, reduce=args.reduce)
-    out_base, ext = os.path.splitext(args.output)
-    written = []
-    with wp.ScopedDevice(args.device):
+    with wp.ScopedDevice(device):
         arrays = [wp.array(g[k], dtype=t) for k, t in (("means", wp.vec3), ("quats", wp.vec4),
                                                        ("scales", wp.vec3),
                                                        ("opacities", wp.float32),
                                                        ("sh", wp.vec3))]
-        eyes = _orbit_eyes(center, radius, args.up, args.views, args.elevation, args.fov,
-                           args.distance)
-        for k, eye in enumerate(eyes):
-            cam = Camera.look_at(eye, center, args.up, args.fov, args.width, args.height)
-            out = render_gaussians(*arrays, cam, settings)
-            path = args.output if args.views == 1 else f"{out_base}_{k:03d}{ext or '.png'}"
-            write_png(path, out.color.numpy())
-            written.append(path)
-    print(f"rendered {ply.num_gaussians} Gaussians ({args.width}x{args.height}) -> "
-          + ", ".join(written))
+        cams = orbit(center, radius, args.up, args.views, args.elevation, args.fov,
+                     args.distance, args.width, args.height)
+        for cam, path in zip(cams, paths):
+            write_png(path, render_gaussians(*arrays, cam, settings).color.numpy())
+    print(f"rendered {len(g['means'])} Gaussians ({args.width}x{args.height}) -> "
+          + ", ".join(paths))
     return 0
 
 
@@ -131,22 +195,19 @@ def _bench_cloud(n: int, seed: int):
 
 def cmd_bench(args) -> int:
     wp = quiet_warp()
-    from arc_warp import Camera, RenderSettings, render_gaussians, render_gaussians_backward
+    from arc_warp import RenderSettings, render_gaussians, render_gaussians_backward
     from arc_warp._src.arc.timing import median_time_ms
 
+    device = warp_device(args.device)
     if args.ply:
-        from arc_warp.ply import read_ply
-
-        g = read_ply(args.ply).activated()
+        g = load_gaussians(args.ply)
         host = (g["means"], g["quats"], g["scales"], g["opacities"], g["sh"])
-        center = np.median(g["means"], axis=0).astype(float)
-        radius = float(np.quantile(np.linalg.norm(g["means"] - center, axis=1), 0.9)) or 1.0
+        center, radius = _fit(g)
     else:
         host = _bench_cloud(args.num_gaussians, args.seed)
         center, radius = np.zeros(3), 1.0
-    eye = next(_orbit_eyes(center, radius, (0.0, 0.0, 1.0), 1, 20.0, 45.0, None))
-    cam = Camera.look_at(eye, center, (0.0, 0.0, 1.0), 45.0, args.width, args.height)
-    device = wp.get_device(args.device)
+    cam = orbit(center, radius, (0.0, 0.0, 1.0), 1, 20.0, 45.0, None, args.width,
+                args.height)[0]
     print(f"{host[0].shape[0]} Gaussians, {args.width}x{args.height}, device {device}, "
           f"median of {args.reps}")
     print(f"{'mode':>8} {'forward ms':>11} {'backward ms':>12}")
@@ -173,35 +234,46 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("render", help="render a 3DGS PLY file to PNG (core only, no torch)",
-                       description="Render a standard 3DGS PLY from cameras orbiting its centre.")
+                       description="Render a standard 3DGS PLY from cameras orbiting its centre.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("ply", help="3DGS PLY file (binary little-endian)")
     p.add_argument("-o", "--output", default="render.png",
-                   help="PNG path; with --views > 1 an index is appended (default render.png)")
-    p.add_argument("--width", type=positive_int, default=256)
-    p.add_argument("--height", type=positive_int, default=256)
+                   help="PNG path; with --views > 1 an index is appended")
+    p.add_argument("--width", type=positive_int, default=256,
+                   help="image width, pixels")
+    p.add_argument("--height", type=positive_int, default=256,
+                   help="image height, pixels")
     p.add_argument("--fov", type=float, default=40.0, help="vertical field of view, degrees")
     p.add_argument("--views", type=positive_int, default=1, help="cameras around the scene")
     p.add_argument("--elevation", type=float, default=25.0, help="camera elevation, degrees")
-    p.add_argument("--distance", type=float, default=None,
-                   help="camera distance to the scene centre (default: fit the scene)")
+    p.add_argument("--distance", type=positive_float, default=None,
+                   help="camera distance to the scene centre (> 0; None fits the scene)")
     p.add_argument("--up", type=vec3, default=(0.0, 0.0, 1.0), help="world up, e.g. 0,-1,0")
-    p.add_argument("--background", type=vec3, default=(0.0, 0.0, 0.0), help="RGB in [0,1]")
-    p.add_argument("--reduce", choices=REDUCE_MODES, default="arc")
-    p.add_argument("--device", default=None, help="warp device (default: warp's default)")
+    p.add_argument("--background", type=unit_rgb, default=(0.0, 0.0, 0.0),
+                   help="RGB, each in [0,1]")
+    p.add_argument("--reduce", choices=REDUCE_MODES, default="arc",
+                   help="backward reduction mode")
+    p.add_argument("--device", default=None, help="warp device (None: warp's default)")
     p.set_defaults(func=cmd_render)
 
     p = sub.add_parser("bench", help="time forward/backward per reduction mode (core only)",
                        description="Median forward and backward times of one render for each "
-                       "reduction mode, on a PLY or a random Gaussian cloud.")
+                       "reduction mode, on a PLY or a random Gaussian cloud.",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--ply", default=None, help="3DGS PLY to render (default: random cloud)")
-    p.add_argument("--num-gaussians", type=positive_int, default=20000)
-    p.add_argument("--width", type=positive_int, default=256)
-    p.add_argument("--height", type=positive_int, default=256)
+    p.add_argument("--num-gaussians", type=positive_int, default=20000,
+                   help="Gaussians in the random cloud")
+    p.add_argument("--width", type=positive_int, default=256,
+                   help="image width, pixels")
+    p.add_argument("--height", type=positive_int, default=256,
+                   help="image height, pixels")
     p.add_argument("--modes", default="atomic,warp,serial,arc",
                    help="comma-separated reduction modes")
-    p.add_argument("--reps", type=positive_int, default=10)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="warp device (default: warp's default)")
+    p.add_argument("--reps", type=positive_int, default=10,
+                   help="timed repetitions per mode")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed")
+    p.add_argument("--device", default=None, help="warp device (None: warp's default)")
     p.set_defaults(func=cmd_bench)
 
     for entry in sorted(entry_points(group=COMMAND_GROUP), key=lambda e: e.name):
@@ -213,9 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Entry point of the `arc-warp` script; returns the exit status."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # e.g. for a resume hint
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, OSError, ImportError) as exc:
+        # Every expected failure is one line naming the file or option and what to do.
         print(f"arc-warp {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

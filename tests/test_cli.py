@@ -61,7 +61,6 @@ def test_render_tiny_ply_matches_library_render(tmp_path, rng):
     import warp as wp
 
     from arc_warp import Camera, RenderSettings, render_gaussians
-    from arc_warp.cli import _orbit_eyes
     from arc_warp.ply import read_ply
 
     ply = tmp_path / "tiny.ply"
@@ -79,7 +78,10 @@ def test_render_tiny_ply_matches_library_render(tmp_path, rng):
     g = read_ply(ply).activated()
     center = np.median(g["means"], axis=0).astype(float)
     radius = float(np.quantile(np.linalg.norm(g["means"] - center, axis=1), 0.9))
-    eye = next(_orbit_eyes(center, radius, (0, 0, 1), 2, 25.0, 40.0, None))
+    # View 0: azimuth 0 along x (the axis least aligned with up z), 25 degrees up, at the
+    # distance that fits the 90 % radius (x 1.15) in the 40 degree field of view.
+    dist = 1.15 * radius / np.sin(np.radians(20.0))
+    eye = center + dist * np.array([np.cos(np.radians(25.0)), 0.0, np.sin(np.radians(25.0))])
     cam = Camera.look_at(eye, center, (0, 0, 1), 40.0, 24, 16)
     with wp.ScopedDevice("cpu"):
         arrays = [wp.array(g[k], dtype=t) for k, t in (
@@ -160,3 +162,112 @@ def test_train_tiny_dataset(tmp_path, capsys):
     assert "final test-view PSNR" in capsys.readouterr().out
     for name in ("point_cloud.ply", "psnr.png", "metrics.json", "checkpoint.pt"):
         assert (out / name).is_file(), name
+
+
+# ------------------------------------------------------------------ one-line errors
+
+
+def _ply_with(path, rng, n=5, **overrides):
+    """A tiny valid PLY with some raw fields replaced (e.g. a NaN); n=0: header only."""
+    from arc_warp.ply import GaussianPly
+
+    if n == 0:
+        props = ["x", "y", "z", "f_dc_0", "f_dc_1", "f_dc_2", "opacity", "scale_0", "scale_1",
+                 "scale_2", "rot_0", "rot_1", "rot_2", "rot_3"]
+        path.write_text("ply\nformat binary_little_endian 1.0\nelement vertex 0\n"
+                        + "".join(f"property float {p}\n" for p in props) + "end_header\n")
+        return str(path)
+
+    g = GaussianPly.from_activated(rng.normal(0, 0.3, (n, 3)), rng.normal(size=(n, 4)),
+                                   np.full((n, 3), 0.1), np.full(n, 0.5),
+                                   rng.normal(0, 0.5, (n, 4, 3)))
+    for name, value in overrides.items():
+        getattr(g, name)[...] = value(getattr(g, name)) if callable(value) else value
+    write_ply(path, g)
+    return str(path)
+
+
+def _nan_at(array, index=(2, 1)):
+    out = array.copy()
+    out[index] = np.nan
+    return out
+
+
+RENDER_ERRORS = {
+    # case: (extra argv after the PLY, the PLY's fault or None, text the error must contain)
+    "negative distance": (["--distance", "-3"], None, "expected a finite number > 0, got '-3'"),
+    "background above 1": (["--background", "2,2,2"], None, "must lie in [0, 1]"),
+    "jpeg name": (["-o", "{tmp}/x.jpg"], None, "writes PNG images only"),
+    "output is a folder": (["-o", "{tmp}"], None, "is a folder; give a file name"),
+    "output under /proc": (["-o", "/proc/x/r.png"], None, "cannot write there"),
+    "no CUDA": (["--device", "cuda"], None, "no CUDA device"),
+    "zero vertices": ([], "empty", "holds no Gaussians (0 vertices)"),
+    "NaN in a PLY": ([], "nan", "property scale_1 of vertex 2 is nan"),
+    "NaN in f_rest": ([], "nan_rest", "property f_rest_"),
+}
+
+
+@pytest.mark.parametrize("case", list(RENDER_ERRORS))
+def test_render_errors_are_one_line(case, tmp_path, rng, capsys):
+    import warp as wp
+
+    argv, fault, expected = RENDER_ERRORS[case]
+    if case == "no CUDA" and wp.is_cuda_available():
+        pytest.skip("this machine has CUDA")
+    if case == "output under /proc" and not os.path.isdir("/proc"):
+        pytest.skip("no /proc")
+    ply = tmp_path / "s.ply"
+    if fault == "empty":
+        _ply_with(ply, rng, n=0)
+    elif fault == "nan":
+        _ply_with(ply, rng, log_scales=_nan_at)
+    elif fault == "nan_rest":
+        _ply_with(ply, rng, sh_rest=lambda a: _nan_at(a, (1, 0, 2)))
+    else:
+        _ply_with(ply, rng)
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    try:
+        code = main(["render", str(ply), "--width", "8", "--height", "8", "--device", "cpu"]
+                    [:None if "--device" not in argv else -2] + argv)
+    except SystemExit as exc:  # argparse rejects bad option values with usage + exit 2
+        code = exc.code
+    err = capsys.readouterr().err
+    assert code == 2
+    assert expected in err, err
+    # One line, after argparse's usage lines for a bad option value.
+    assert "Traceback" not in err and expected in err.strip().splitlines()[-1]
+    assert not list(tmp_path.glob("*.png")) and not list(tmp_path.glob("*.jpg"))
+
+
+def test_bench_zero_vertex_ply_is_one_line(tmp_path, rng, capsys):
+    ply = _ply_with(tmp_path / "e.ply", rng, n=0)
+    assert main(["bench", "--ply", ply, "--device", "cpu"]) == 2
+    assert "holds no Gaussians" in capsys.readouterr().err
+
+
+def test_render_without_extension_writes_png(tmp_path, rng):
+    ply = _ply_with(tmp_path / "s.ply", rng)
+    assert main(["render", ply, "-o", str(tmp_path / "view"), "--width", "8", "--height", "8",
+                 "--device", "cpu"]) == 0
+    assert _read_png_rgb(tmp_path / "view.png").shape == (8, 8, 3)
+
+
+@pytest.mark.parametrize("command,argv", [("train", ["data", "--steps", "abc"]),
+                                          ("render", ["x.ply", "--views", "abc"]),
+                                          ("demo", ["--steps", "abc"])])
+def test_bad_integer_names_the_option_not_a_function(command, argv, capsys):
+    with pytest.raises(SystemExit) as info:
+        main([command] + argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "expected an integer >= 1, got 'abc'" in err and "positive_int" not in err
+
+
+@pytest.mark.parametrize("command", ["train", "render", "bench", "demo"])
+def test_help_shows_defaults(command, capsys):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(default: " in out
+    if command == "train":
+        assert "(default: 30000)" in out and "(default: arc_warp_train_out)" in out

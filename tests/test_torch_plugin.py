@@ -222,7 +222,8 @@ def test_inria_matches_rasterization(rng):
     # (1 ulp of fx moves a mean by ~1e-5 px, the image by < 1e-5).
     np.testing.assert_allclose(color.detach().numpy(),
                                rgba[0, ..., :3].permute(2, 0, 1).detach().numpy(), atol=1e-5)
-    np.testing.assert_array_equal(radii.numpy(), meta["radii"][0].amax(dim=1).numpy())
+    # radii are INRIA's (tests/test_inria_fidelity.py); every Gaussian we draw is visible.
+    assert torch.all(radii[(meta["radii"][0] > 0).all(-1)] > 0)
     ed, a = rgba[0, ..., 3].detach(), alphas[0, ..., 0].detach()
     np.testing.assert_allclose(invdepth[0].detach().numpy(),
                                torch.where(ed > 0, a / ed.clamp_min(1e-12), 0.0).numpy(),
@@ -387,8 +388,6 @@ def test_bad_inputs_raise(rng):
              cov3D_precomp=torch.zeros(8, 6))
     with pytest.raises(ValueError, match="exactly one"):
         rast(**base, shs=p["colors"], colors_precomp=p["colors"][:, 0])
-    with pytest.raises(NotImplementedError, match="antialiasing"):
-        GaussianRasterizer(settings._replace(antialiasing=True))(**base, shs=p["colors"])
     with pytest.raises(ValueError, match="viewmatrix"):
         GaussianRasterizer(settings._replace(viewmatrix=torch.eye(3)))(**base, shs=p["colors"])
 

@@ -87,9 +87,9 @@ def test_colmap_text_reader(tmp_path):
         "# Image list\n"
         f"1 {h} 0 0 {h} 1 2 3 1 b.png\n10.0 20.0 -1\n"
         "2 1 0 0 0 0 0 5 2 a.png\n\n"
-        "3 1 0 0 0 0 0 6 1 c.png\n1 2 3\n")
+        "3 1 0 0 0 0 0 6 1 c.png\n1 2 -1\n")
     (sparse / "points3D.txt").write_text(
-        "# 3D points\n1 0.5 1.5 2.5 255 0 51 0.1 1 0\n2 -1 0 1 0 255 0 0.2 2 0\n")
+        "# 3D points\n1 0.5 1.5 2.5 255 0 51 0.1\n2 -1 0 1 0 255 0 0.2\n")
 
     data = load_dataset(str(tmp_path), test_every=2)
     assert [v.name for v in data.train] == ["b.png"]  # sorted a, b, c; a and c held out
@@ -104,15 +104,15 @@ def test_colmap_text_reader(tmp_path):
     np.testing.assert_allclose(data.point_colors, [[1, 0, 0.2], [0, 1, 0]])
     np.testing.assert_allclose(b.image, 128 / 255)
 
-    (sparse / "cameras.txt").write_text("1 OPENCV 12 10 11 13 6 5 0.1 0 0 0\n")
-    with pytest.raises(ValueError, match="cameras.txt:1: camera model OPENCV"):
+    (sparse / "cameras.txt").write_text("1 PINHOLE 12 10 1x 13 6 5\n")
+    with pytest.raises(ValueError, match=r"cameras.txt:1: '1x' is not a number"):
         load_colmap(str(tmp_path))
 
 
 def test_dataset_errors(tmp_path):
     with pytest.raises(FileNotFoundError, match="dataset folder not found"):
         load_dataset(str(tmp_path / "missing"))
-    with pytest.raises(FileNotFoundError, match="no cameras.txt"):
+    with pytest.raises(FileNotFoundError, match="no cameras.bin or cameras.txt"):
         load_dataset(str(tmp_path))
     with pytest.raises(ValueError, match="downscale"):
         load_nerf_synthetic(str(tmp_path), downscale=0)

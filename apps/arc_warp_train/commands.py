@@ -6,11 +6,12 @@ neither torch nor the trainer: each command imports them when it runs and prints
 install what is missing.
 """
 
+import argparse
 import importlib
-import os
+import shlex
 import sys
 
-from arc_warp.cli import REDUCE_MODES, positive_int, quiet_warp
+from arc_warp.cli import REDUCE_MODES, positive_int, prepare_output_dir, quiet_warp
 
 INSTALL_HINT = "pip install -e '.[torch,app]' (from the arc_warp checkout)"
 
@@ -28,9 +29,59 @@ def _require_torch(command: str) -> bool:
     return True
 
 
+def _torch_device(name):
+    """Check a --device for torch before any work: ValueError when CUDA is asked for and
+    absent, or the name is not a device."""
+    import torch
+
+    try:
+        dev = torch.device(name) if name is not None else None
+    except RuntimeError as exc:
+        raise ValueError(f"--device {name}: {exc}") from None
+    if dev is not None and dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: torch finds no CUDA device on this machine; use "
+                         "--device cpu (or install a CUDA build of torch)")
+    if dev is not None and dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"--device {name}: only cuda and cpu devices are supported")
+
+
+# Rough CPU cost of one training step, measured on a 2-core x86 machine with arc_warp's
+# CPU kernels: per rendered pixel and per Gaussian (forward + backward + Adam).
+CPU_S_PER_PIXEL, CPU_S_PER_GAUSSIAN = 25e-6, 40e-6
+
+
+def cpu_time_estimate(dataset, steps: int, batch: int, gaussians: int) -> float:
+    """Seconds a CPU run of `steps` steps would roughly take (see CPU_S_PER_PIXEL)."""
+    pixels = sum(v.width * v.height for v in dataset.train) / len(dataset.train)
+    return steps * (batch * pixels * CPU_S_PER_PIXEL + gaussians * CPU_S_PER_GAUSSIAN)
+
+
+def resume_command(argv, checkpoint) -> str:
+    """The `arc-warp train ...` line that resumes from `checkpoint` with the same options."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--resume":
+            skip = True
+        elif not arg.startswith("--resume="):
+            out.append(arg)
+    return shlex.join(["arc-warp"] + out + ["--resume", str(checkpoint)])
+
+
 def cmd_train(args) -> int:
     if not _require_torch("train"):
         return 2
+    _torch_device(args.device)
+    prepare_output_dir(args.output)
+    if args.viewer:
+        from arc_warp_train.viewer import require_viser
+
+        require_viser()
+    if args.resume is not None:
+        from arc_warp_train.checkpoint import read_checkpoint
+
+        read_checkpoint(args.resume)  # integrity now; the fit to the run once data is read
     if args.gpus == 1:
         return _train_rank(args)  # one process, or one rank of torchrun's
     import torch
@@ -62,19 +113,19 @@ def _train_rank(args) -> int:
     """`arc-warp train` in this process: alone, or as one rank of a process group described
     by torchrun's environment variables (rank 0 prints)."""
     quiet_warp()
-    from arc_warp_train.datasets import load_dataset
+    from arc_warp_train.datasets import dataset_kind, load_dataset
     from arc_warp_train.densify import DensifyConfig
-    from arc_warp_train.trainer import TrainConfig, train
+    from arc_warp_train.trainer import TrainConfig, TrainingInterrupted, train
     from arc_warp_train.distributed import init_distributed
 
     dist = init_distributed(args.device)
     try:
         kw = {"downscale": args.downscale}
-        if args.format != "colmap" and os.path.isfile(os.path.join(args.data,
-                                                                   "transforms_train.json")):
+        if args.format != "colmap" and dataset_kind(args.data) == "nerf":
             kw["background"] = (1.0, 1.0, 1.0) if args.white_background else (0.0, 0.0, 0.0)
         dataset = load_dataset(args.data, args.format, **kw)
-        dens = DensifyConfig(refine_stop=min(15000, args.steps // 2), absgrad=args.absgrad,
+        refine_stop = min(15000, args.steps // 2) if args.refine_stop is None else args.refine_stop
+        dens = DensifyConfig(refine_stop=refine_stop, absgrad=args.absgrad,
                              max_gaussians=args.max_gaussians)
         cfg = TrainConfig(steps=args.steps, batch_size=args.batch_size or dist.world_size,
                           sh_degree=args.sh_degree, densify=dens, eval_every=args.eval_every,
@@ -88,7 +139,34 @@ def _train_rank(args) -> int:
             print(f"{dataset.source}: {len(dataset.train)} train / {len(dataset.test)} test "
                   f"views, scene scale {dataset.scene_scale:.3g}, {cfg.batch_size} views per "
                   f"step{ranks}")
-        result = train(dataset, cfg, args.output, resume=args.resume, dist=dist)
+        if dist.is_main and (args.device == "cpu" or (args.device is None and
+                                                     not torch_cuda_available())):
+            init = len(dataset.points) if dataset.points is not None else cfg.init_points
+            hours = cpu_time_estimate(dataset, cfg.steps, cfg.batch_size, init) / 3600.0
+            if hours > 1.0:
+                print(f"warning: training on the CPU; {cfg.steps} steps at this image size "
+                      f"would take roughly {hours:.0f} h. For a quick CPU run lower --steps "
+                      "and --init-points or raise --downscale; or train on a GPU.",
+                      file=sys.stderr)
+        viewer = on_step = None
+        if args.viewer and dist.is_main:
+            from arc_warp_train.viewer import GaussianSource, TrainingView, Viewer
+
+            viewer = Viewer(GaussianSource(), port=args.viewer_port, device=args.device,
+                            stats=("step", "PSNR", "Gaussians"))
+            on_step = TrainingView(viewer)
+            print(f"viewer: http://localhost:{viewer.port}")
+        try:
+            result = train(dataset, cfg, args.output, resume=args.resume, dist=dist,
+                           on_step=on_step)
+        except TrainingInterrupted as stop:
+            print(f"arc-warp train: {stop}\nresume with: "
+                  f"{resume_command(getattr(args, 'argv', None) or sys.argv[1:], stop.path)}",
+                  file=sys.stderr)
+            return 130
+        finally:
+            if viewer is not None:
+                viewer.close()
         if dist.is_main:
             print(f"final test-view PSNR {result.psnr:.2f} dB, SSIM {result.ssim:.4f}, "
                   f"{result.num_gaussians} Gaussians, {result.wall_s:.0f} s")
@@ -99,9 +177,17 @@ def _train_rank(args) -> int:
     return 0
 
 
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def cmd_demo(args) -> int:
     if not _require_torch("demo"):
         return 2
+    _torch_device(args.device)
+    prepare_output_dir(args.output)
     quiet_warp()
     if args.which == "image":
         from arc_warp_train.image_fit import run_image_demo
@@ -122,28 +208,41 @@ def cmd_demo(args) -> int:
 def add_train_parser(sub) -> None:
     """Entry point: adds `arc-warp train` to the core's subparsers."""
     p = sub.add_parser("train", help="train 3DGS on a dataset (needs torch)",
-                       description="Train 3D Gaussians on a NeRF-synthetic (transforms.json) "
-                       "or COLMAP text dataset; writes PLY, test-view PNGs, PSNR plot, "
+                       description="Train 3D Gaussians on a transforms.json "
+                       "(NeRF-synthetic, nerfstudio, instant-ngp) or COLMAP (binary or text, any camera model, undistorted on load) dataset; writes PLY, test-view PNGs, PSNR plot, "
                        f"checkpoint. Needs PyTorch ({INSTALL_HINT}). Multi-GPU: --gpus N, or "
-                       "torchrun --nproc_per_node N -m arc_warp.cli train ...")
+                       "torchrun --nproc_per_node N -m arc_warp.cli train ...",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("data", help="dataset folder")
     p.add_argument("-o", "--output", default="arc_warp_train_out", help="output folder")
-    p.add_argument("--format", choices=("auto", "nerf", "colmap"), default="auto")
-    p.add_argument("--steps", type=positive_int, default=30000)
-    p.add_argument("--sh-degree", type=int, choices=range(4), default=3)
-    p.add_argument("--downscale", type=positive_int, default=1, help="image downscale factor")
+    p.add_argument("--format", choices=("auto", "nerf", "colmap"), default="auto",
+                   help="dataset layout (auto: detect)")
+    p.add_argument("--steps", type=positive_int, default=30000,
+                   help="training steps")
+    p.add_argument("--sh-degree", type=int, choices=range(4), default=3,
+                   help="spherical-harmonics degree")
+    p.add_argument("--downscale", type=positive_int, default=1,
+                   help="image downscale factor; images_N folders are used when present")
     p.add_argument("--white-background", action="store_true",
                    help="composite NeRF-synthetic RGBA images on white (default black)")
     p.add_argument("--init-points", type=positive_int, default=100_000,
                    help="random initial points when the dataset has no point cloud")
-    p.add_argument("--max-gaussians", type=positive_int, default=None)
+    p.add_argument("--max-gaussians", type=positive_int, default=None,
+                   help="cap on the Gaussian count (None: no cap)")
     p.add_argument("--absgrad", action="store_true", help="AbsGS densification statistic")
-    p.add_argument("--eval-every", type=positive_int, default=5000)
-    p.add_argument("--checkpoint-every", type=int, default=5000)
+    p.add_argument("--refine-stop", type=positive_int, default=None,
+                   help="last densification step (None: min(15000, steps / 2); INRIA's "
+                   "train.py densifies until 15000 whatever --iterations is)")
+    p.add_argument("--eval-every", type=positive_int, default=5000,
+                   help="steps between held-out evaluations")
+    p.add_argument("--checkpoint-every", type=int, default=5000,
+                   help="steps between checkpoints (0: only at the end; Ctrl-C also saves one)")
     p.add_argument("--resume", default=None, help="checkpoint.pt to resume from")
-    p.add_argument("--reduce", choices=REDUCE_MODES, default="arc")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="torch device (default cuda if available)")
+    p.add_argument("--reduce", choices=REDUCE_MODES, default="arc",
+                   help="backward reduction mode")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed")
+    p.add_argument("--device", default=None, help="torch device (None: cuda if available)")
     p.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--gpus", type=positive_int, default=1,
@@ -151,10 +250,13 @@ def add_train_parser(sub) -> None:
                    "cpu, CPU processes (gloo). Under torchrun leave at 1")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="training views per step over all processes, split evenly among them "
-                   "(default: one per process)")
+                   "(None: one per process)")
     p.add_argument("--check-sync", action="store_true",
                    help="check at each evaluation and checkpoint that all processes hold "
                    "bitwise-equal parameters and optimizer state")
+    p.add_argument("--viewer", action="store_true",
+                   help="serve a live view of the model while training (viser; rank 0)")
+    p.add_argument("--viewer-port", type=positive_int, default=8080, help="viewer HTTP port")
     p.set_defaults(func=cmd_train)
 
 def add_demo_parser(sub) -> None:
@@ -164,12 +266,15 @@ def add_demo_parser(sub) -> None:
                        "multi-view dataset and train 3DGS on it from random points; writes "
                        "ground truth | render PNGs, the PSNR plot and the PLY. 'image': fit "
                        "Gaussians to a photograph bundled with matplotlib. Fixed seed. Needs "
-                       f"PyTorch and the app extras ({INSTALL_HINT}).")
-    p.add_argument("which", nargs="?", choices=("scene", "image"), default="scene")
+                       f"PyTorch and the app extras ({INSTALL_HINT}).",
+                       formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("which", nargs="?", choices=("scene", "image"), default="scene",
+                   help="what to fit")
     p.add_argument("-o", "--output", default="arc_warp_demo_out", help="output folder")
     p.add_argument("--steps", type=positive_int, default=None,
-                   help="training steps (default 2000 for scene, 500 for image)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default=None, help="torch device (default cuda if available)")
+                   help="training steps (None: 2000 for scene, 500 for image)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="random seed")
+    p.add_argument("--device", default=None, help="torch device (None: cuda if available)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_demo)

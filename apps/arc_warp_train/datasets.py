@@ -1,4 +1,5 @@
-"""Multi-view dataset readers: NeRF-synthetic (transforms.json) and COLMAP text models.
+"""Multi-view dataset readers: transforms.json (NeRF-synthetic, nerfstudio, instant-ngp)
+and COLMAP models (binary or text, through pycolmap; see colmap.py).
 
 Cameras come out in the OpenCV/gsplat convention (x right, y down, z forward) as
 4x4 float64 world_to_camera matrices and 3x3 pixel intrinsics. Images are float32 RGB
@@ -58,16 +59,22 @@ class Dataset:
         return radius if radius > 0 else 1.0
 
 
-def _load_image(path: str, background, downscale: int) -> np.ndarray:
-    from PIL import Image  # app extra
+def load_image(path: str, background, downscale: int) -> np.ndarray:
+    """Image file -> (H,W,3) float32 in [0,1]: RGBA composited over `background`, shrunk by
+    the integer `downscale` (box filter). Errors name the file."""
+    from PIL import Image, UnidentifiedImageError  # app extra
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"image not found: {path}")
-    with Image.open(path) as im:
-        im = im.convert("RGBA")
-        if downscale > 1:
-            im = im.resize((im.width // downscale, im.height // downscale), Image.BOX)
-        rgba = np.asarray(im, dtype=np.float32) / 255.0
+    try:
+        with Image.open(path) as im:
+            im = im.convert("RGBA")
+            if downscale > 1:
+                im = im.resize((im.width // downscale, im.height // downscale), Image.BOX)
+            rgba = np.asarray(im, dtype=np.float32) / 255.0
+    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+        raise ValueError(f"{path}: cannot read the image ({exc}); replace or remove the "
+                         "file") from None
     alpha = rgba[..., 3:]
     return rgba[..., :3] * alpha + np.asarray(background, np.float32) * (1.0 - alpha)
 
@@ -78,199 +85,208 @@ def _check_downscale(downscale) -> int:
     return int(downscale)
 
 
+def _checked_view(name, image, K, world_to_camera, where) -> View:
+    """View after checking that K has finite positive focal lengths and the pose is a
+    finite rigid transform; `where` (file, frame) names the culprit."""
+    K = np.asarray(K, np.float64)
+    if not np.all(np.isfinite(K)) or K[0, 0] <= 0 or K[1, 1] <= 0:
+        raise ValueError(f"{where}: focal lengths must be finite and > 0, got fx={K[0, 0]:g}, "
+                         f"fy={K[1, 1]:g}")
+    w2c = np.asarray(world_to_camera, np.float64)
+    if not np.all(np.isfinite(w2c)):
+        raise ValueError(f"{where}: the camera pose has non-finite entries")
+    if abs(abs(np.linalg.det(w2c[:3, :3])) - 1.0) > 1e-3:
+        raise ValueError(f"{where}: the camera rotation is not orthonormal "
+                         f"(det {np.linalg.det(w2c[:3, :3]):.4g})")
+    return View(name, image, K, w2c)
+
+
+def llff_split(views, test_every: int):
+    """(train, test): views sorted by name, every `test_every`-th from the first held out
+    (the LLFF hold-out of INRIA and gsplat); a single view is used for both."""
+    views = sorted(views, key=lambda v: v.name)
+    if len(views) == 1:
+        return views, []
+    return ([v for i, v in enumerate(views) if i % test_every],
+            [v for i, v in enumerate(views) if not i % test_every])
+
+
 # ----------------------------------------------------------------------------------------
-# NeRF-synthetic
+# transforms.json: NeRF-synthetic (transforms_{train,test}.json) and nerfstudio/instant-ngp
 
 
-def _nerf_split(root, split, background, downscale, meta_root):
-    path = os.path.join(root, f"transforms_{split}.json")
-    with open(path) as f:
-        meta = json.load(f)
+def _read_json(path):
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: invalid JSON ({exc.msg})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("frames"), list):
         raise ValueError(f"{path}: expected a JSON object with a 'frames' list")
+    if not meta["frames"]:
+        raise ValueError(f"{path}: the 'frames' list is empty; add posed frames")
+    return meta
+
+
+def _number(frame, meta, key, where, default=None):
+    """frame[key], else meta[key], else `default`, as a float; errors name file and frame."""
+    value = frame.get(key, meta.get(key, default))
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{where}: '{key}' must be a number, got {value!r}")
+    return float(value)
+
+
+_DISTORTION = {"OPENCV": ("k1", "k2", "p1", "p2"), "OPENCV_FISHEYE": ("k1", "k2", "k3", "k4")}
+
+
+def _frame_camera(frame, meta, where, image_size, downscale):
+    """(pycolmap camera or None, K) of one frame at the size of its loaded image."""
+    h, w = image_size
+    src_w = _number(frame, meta, "w", where, w * downscale)
+    src_h = _number(frame, meta, "h", where, h * downscale)
+    fx = _number(frame, meta, "fl_x", where)
+    if fx is None:
+        angle = _number(frame, meta, "camera_angle_x", where)
+        if angle is None:
+            raise ValueError(f"{where}: needs 'camera_angle_x' or 'fl_x'")
+        fx = 0.5 * src_w / np.tan(0.5 * angle)
+    fy = _number(frame, meta, "fl_y", where)
+    if fy is None:
+        angle = _number(frame, meta, "camera_angle_y", where)
+        fy = fx if angle is None else 0.5 * src_h / np.tan(0.5 * angle)
+    cx = _number(frame, meta, "cx", where, 0.5 * src_w)
+    cy = _number(frame, meta, "cy", where, 0.5 * src_h)
+    sx, sy = w / src_w, h / src_h
+    K = np.array([[fx * sx, 0.0, cx * sx], [0.0, fy * sy, cy * sy], [0.0, 0.0, 1.0]])
+    model = frame.get("camera_model", meta.get("camera_model", "OPENCV"))
+    if model not in _DISTORTION and model not in ("PINHOLE", "SIMPLE_PINHOLE"):
+        raise ValueError(f"{where}: camera_model {model!r} is not supported (OPENCV, "
+                         "OPENCV_FISHEYE or PINHOLE)")
+    coeffs = [_number(frame, meta, k, where, 0.0) for k in _DISTORTION.get(model, ())]
+    if not any(coeffs):
+        return None, K
+    from .colmap import pycolmap
+
+    pc = pycolmap()
+    camera = pc.Camera.create_from_model_name(0, model, 1.0, w, h)
+    camera.params = [K[0, 0], K[1, 1], K[0, 2], K[1, 2], *coeffs]
+    return camera, K
+
+
+def _transforms_views(path, root, background, downscale):
+    """Views of one transforms*.json file (camera-to-world in the Blender/OpenGL axes)."""
+    from .colmap import image_folder, undistort
+
+    meta = _read_json(path)
     views = []
     for i, frame in enumerate(meta["frames"]):
-        if "file_path" not in frame or "transform_matrix" not in frame:
-            raise ValueError(f"{path}: frame {i} needs 'file_path' and 'transform_matrix'")
-        file = os.path.normpath(os.path.join(root, frame["file_path"]))
+        where = f"{path}: frame {i}"
+        if not isinstance(frame, dict) or "file_path" not in frame \
+                or "transform_matrix" not in frame:
+            raise ValueError(f"{where} needs 'file_path' and 'transform_matrix'")
+        rel = os.path.normpath(frame["file_path"])
+        parts = rel.split(os.sep, 1)
+        factor = downscale
+        if len(parts) == 2 and parts[0] == "images":  # nerfstudio's images_N folders
+            folder, factor = image_folder(root, downscale)
+            file = os.path.join(folder, parts[1])
+        else:
+            file = os.path.join(root, rel)
         if not os.path.splitext(file)[1]:
             file += ".png"
-        image = _load_image(file, background, downscale)
-        h, w = image.shape[:2]
-        src_w = frame.get("w", meta.get("w", w * downscale))
-        src_h = frame.get("h", meta.get("h", h * downscale))
-        fx = frame.get("fl_x", meta.get("fl_x"))
-        if fx is None:
-            if "camera_angle_x" not in meta:
-                raise ValueError(f"{path}: needs 'camera_angle_x' or 'fl_x'")
-            fx = 0.5 * src_w / np.tan(0.5 * meta["camera_angle_x"])
-        fy = frame.get("fl_y", meta.get("fl_y"))
-        if fy is None:
-            fy = 0.5 * src_h / np.tan(0.5 * meta["camera_angle_y"]) if "camera_angle_y" in meta \
-                else fx
-        cx = frame.get("cx", meta.get("cx", 0.5 * src_w))
-        cy = frame.get("cy", meta.get("cy", 0.5 * src_h))
-        sx, sy = w / src_w, h / src_h
-        K = np.array([[fx * sx, 0.0, cx * sx], [0.0, fy * sy, cy * sy], [0.0, 0.0, 1.0]])
-        c2w = np.array(frame["transform_matrix"], dtype=np.float64)
+        where = f"{path}: frame {i} ({frame['file_path']})"
+        try:
+            c2w = np.array(frame["transform_matrix"], dtype=np.float64)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: transform_matrix must be 4x4 numbers") from None
         if c2w.shape != (4, 4):
-            raise ValueError(f"{path}: frame {i} transform_matrix must be 4x4, got {c2w.shape}")
+            raise ValueError(f"{where}: transform_matrix must be 4x4, got shape {c2w.shape}")
+        if not np.all(np.isfinite(c2w)):
+            raise ValueError(f"{where}: the camera pose has non-finite entries")
+        image = load_image(file, background, factor)
+        camera, K = _frame_camera(frame, meta, where, image.shape[:2], downscale)
+        if camera is not None:
+            image, K = undistort(image, camera, file)
         c2w[:3, 1:3] *= -1.0  # OpenGL/Blender (y up, z back) -> OpenCV (y down, z forward)
-        views.append(View(os.path.relpath(file, meta_root), image, K, np.linalg.inv(c2w)))
+        views.append(_checked_view(os.path.relpath(file, root), image, K, np.linalg.inv(c2w),
+                                   where))
     return views
 
 
 def load_nerf_synthetic(root, background=(1.0, 1.0, 1.0), downscale: int = 1,
                         test_every: int = 8) -> Dataset:
-    """Read `root`/transforms_train.json and transforms_test.json (or transforms_val.json).
+    """Read a transforms.json dataset: NeRF-synthetic (`root`/transforms_train.json with
+    transforms_test.json or transforms_val.json) or nerfstudio / instant-ngp (one
+    `root`/transforms.json, every `test_every`-th frame by name held out).
 
     Frames: 'file_path' (extension optional, '.png' assumed) and a camera-to-world
     'transform_matrix' in the Blender convention. Intrinsics: 'camera_angle_x' (and
-    optional 'camera_angle_y'), or 'fl_x'/'fl_y'/'cx'/'cy'/'w'/'h' at top level or per
-    frame. RGBA images are composited over `background`. Without a test or val file,
-    every `test_every`-th training frame is held out. No point cloud.
+    optional 'camera_angle_y'), or 'fl_x'/'fl_y'/'cx'/'cy'/'w'/'h', at top level or per
+    frame. Distortion 'k1','k2','p1','p2' (OPENCV, or 'k1'..'k4' with camera_model
+    OPENCV_FISHEYE) is undistorted on load with pycolmap. RGBA images are composited over
+    `background`. Paths under images/ use images_N when it exists for downscale N. No
+    point cloud.
     """
     downscale = _check_downscale(downscale)
-    if not os.path.isfile(os.path.join(root, "transforms_train.json")):
-        raise FileNotFoundError(f"{root}: no transforms_train.json (not a NeRF-synthetic layout)")
-    train = _nerf_split(root, "train", background, downscale, root)
-    held = next((s for s in ("test", "val")
-                 if os.path.isfile(os.path.join(root, f"transforms_{s}.json"))), None)
-    if held is not None:
-        test = _nerf_split(root, held, background, downscale, root)
+    split = os.path.join(root, "transforms_train.json")
+    single = os.path.join(root, "transforms.json")
+    if os.path.isfile(split):
+        train = _transforms_views(split, root, background, downscale)
+        held = next((s for s in ("test", "val")
+                     if os.path.isfile(os.path.join(root, f"transforms_{s}.json"))), None)
+        if held is not None:
+            test = _transforms_views(os.path.join(root, f"transforms_{held}.json"), root,
+                                     background, downscale)
+        else:
+            train, test = llff_split(train, test_every)
+        source = f"nerf_synthetic:{root}"
+    elif os.path.isfile(single):
+        train, test = llff_split(_transforms_views(single, root, background, downscale),
+                                 test_every)
+        source = f"transforms:{root}"
     else:
-        test = train[::test_every]
-        train = [v for i, v in enumerate(train) if i % test_every]
-    return Dataset(train, test, background=tuple(float(b) for b in background),
-                   source=f"nerf_synthetic:{root}")
+        raise FileNotFoundError(f"{root}: no transforms_train.json or transforms.json "
+                                "(not a NeRF-synthetic or nerfstudio layout)")
+    return Dataset(train, test, background=tuple(float(b) for b in background), source=source)
 
 
 # ----------------------------------------------------------------------------------------
-# COLMAP text model
+# COLMAP
 
 
-def _colmap_lines(path):
-    with open(path) as f:
-        for number, line in enumerate(f, 1):
-            text = line.strip()
-            if text and not text.startswith("#"):
-                yield number, text
+def load_colmap(root, downscale: int = 1, test_every: int = 8) -> Dataset:
+    """Read a COLMAP model, binary or text, from `root`/sparse/0, `root`/sparse or `root`,
+    with images in `root`/images (or `root`/images_N for downscale N when that folder
+    exists; otherwise images are shrunk by a box filter). Any perspective or fisheye
+    camera model is undistorted on load (pycolmap). Images sorted by name; every
+    `test_every`-th from the first is held out (LLFF style, as INRIA and gsplat)."""
+    from .colmap import colmap_views
 
-
-def _parse_error(path, number, problem):
-    return ValueError(f"{path}:{number}: {problem}")
-
-
-def read_colmap_cameras(path) -> dict:
-    """cameras.txt -> {camera_id: (width, height, fx, fy, cx, cy)}; PINHOLE and SIMPLE_PINHOLE
-    only (undistorted images, as 3DGS requires)."""
-    cams = {}
-    for number, text in _colmap_lines(path):
-        w = text.split()
-        if len(w) < 5:
-            raise _parse_error(path, number, "expected CAMERA_ID MODEL WIDTH HEIGHT PARAMS[]")
-        model, params = w[1], [float(p) for p in w[4:]]
-        if model == "PINHOLE" and len(params) == 4:
-            fx, fy, cx, cy = params
-        elif model == "SIMPLE_PINHOLE" and len(params) == 3:
-            fx, cx, cy = params
-            fy = fx
-        else:
-            raise _parse_error(path, number, f"camera model {model} with {len(params)} params is "
-                               "not supported; undistort the images (colmap image_undistorter) "
-                               "to get PINHOLE cameras")
-        cams[int(w[0])] = (int(w[2]), int(w[3]), fx, fy, cx, cy)
-    return cams
-
-
-def quat_wxyz_to_rotmat(q) -> np.ndarray:
-    """(4,) wxyz quaternion (any norm) -> (3,3) rotation matrix, float64."""
-    w, x, y, z = np.asarray(q, np.float64) / np.linalg.norm(q)
-    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
-                     [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
-                     [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
-
-
-def read_colmap_images(path) -> list:
-    """images.txt -> [(name, camera_id, world_to_camera (4,4))] sorted by name. Each image
-    has two lines: IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME, then its 2D points
-    (possibly empty, so blank lines count here)."""
-    out = []
-    with open(path) as f:
-        lines = [(i, line.strip()) for i, line in enumerate(f, 1) if not line.startswith("#")]
-    for k in range(0, len(lines), 2):
-        number, text = lines[k]
-        if not text:
-            continue
-        w = text.split()
-        if len(w) < 10:
-            raise _parse_error(path, number, "expected IMAGE_ID QW QX QY QZ TX TY TZ CAMERA_ID NAME")
-        w2c = np.eye(4)
-        w2c[:3, :3] = quat_wxyz_to_rotmat([float(v) for v in w[1:5]])
-        w2c[:3, 3] = [float(v) for v in w[5:8]]
-        out.append((" ".join(w[9:]), int(w[8]), w2c))
-    return sorted(out, key=lambda item: item[0])
-
-
-def read_colmap_points(path):
-    """points3D.txt -> (points (M,3) float32, colors (M,3) float32 in [0,1])."""
-    xyz, rgb = [], []
-    for number, text in _colmap_lines(path):
-        w = text.split()
-        if len(w) < 7:
-            raise _parse_error(path, number, "expected POINT3D_ID X Y Z R G B ERROR TRACK[]")
-        xyz.append([float(v) for v in w[1:4]])
-        rgb.append([int(v) for v in w[4:7]])
-    return (np.asarray(xyz, np.float32).reshape(-1, 3),
-            np.asarray(rgb, np.float32).reshape(-1, 3) / 255.0)
-
-
-def _find_colmap_model(root):
-    for sub in (os.path.join("sparse", "0"), "sparse", ""):
-        folder = os.path.join(root, sub)
-        if os.path.isfile(os.path.join(folder, "cameras.txt")):
-            return folder
-        if os.path.isfile(os.path.join(folder, "cameras.bin")):
-            raise ValueError(f"{folder}: binary COLMAP model found; convert it with "
-                             "`colmap model_converter --output_type TXT`")
-    raise FileNotFoundError(f"{root}: no cameras.txt in sparse/0, sparse or the root "
-                            "(not a COLMAP text layout)")
-
-
-def load_colmap(root, downscale: int = 1, test_every: int = 8, images_dir: str = "images") -> Dataset:
-    """Read a COLMAP text model (cameras.txt, images.txt, points3D.txt) found in
-    `root`/sparse/0, `root`/sparse or `root`, with images in `root`/`images_dir`.
-    Images sorted by name; every `test_every`-th (from the first) is held out (LLFF style).
-    `downscale` shrinks images (box filter) and intrinsics by an integer factor."""
     downscale = _check_downscale(downscale)
-    model = _find_colmap_model(root)
-    cams = read_colmap_cameras(os.path.join(model, "cameras.txt"))
-    entries = read_colmap_images(os.path.join(model, "images.txt"))
-    points_file = os.path.join(model, "points3D.txt")
-    points, colors = read_colmap_points(points_file) if os.path.isfile(points_file) else (None, None)
-    if not entries:
-        raise ValueError(f"{model}/images.txt lists no images")
-    views = []
-    for name, cam_id, w2c in entries:
-        if cam_id not in cams:
-            raise ValueError(f"{model}/images.txt: image {name} uses unknown camera {cam_id}")
-        width, height, fx, fy, cx, cy = cams[cam_id]
-        image = _load_image(os.path.join(root, images_dir, name), (0.0, 0.0, 0.0), downscale)
-        sx, sy = image.shape[1] / width, image.shape[0] / height
-        K = np.array([[fx * sx, 0.0, cx * sx], [0.0, fy * sy, cy * sy], [0.0, 0.0, 1.0]])
-        views.append(View(name, image, K, w2c))
-    test = views[::test_every] if len(views) > 1 else []
-    train = [v for i, v in enumerate(views) if i % test_every or len(views) == 1]
-    return Dataset(train, test, points, colors, source=f"colmap:{root}")
+    model, entries, points, colors = colmap_views(
+        root, downscale, lambda path, factor: load_image(path, (0.0, 0.0, 0.0), factor))
+    views = [_checked_view(name, image, K, w2c, f"{model}: image {name}")
+             for name, image, K, w2c in entries]
+    train, test = llff_split(views, test_every)
+    return Dataset(train, test, points if len(points) else None,
+                   colors if len(points) else None, source=f"colmap:{root}")
+
+
+def dataset_kind(root) -> str:
+    """'nerf' when `root` holds transforms_train.json or transforms.json, else 'colmap'."""
+    return "nerf" if any(os.path.isfile(os.path.join(root, f)) for f in (
+        "transforms_train.json", "transforms.json")) else "colmap"
 
 
 def load_dataset(root, kind: str = "auto", **kwargs) -> Dataset:
-    """Load `root` as kind 'nerf' (transforms.json), 'colmap' (text model) or 'auto'
-    (whichever layout is present). `kwargs` go to the reader."""
+    """Load `root` as kind 'nerf' (transforms*.json), 'colmap' (binary or text model) or
+    'auto' (whichever layout is present). `kwargs` go to the reader."""
     if kind not in ("auto", "nerf", "colmap"):
         raise ValueError(f"dataset kind must be 'auto', 'nerf' or 'colmap', got {kind!r}")
     if not os.path.isdir(root):
         raise FileNotFoundError(f"dataset folder not found: {root}")
-    if kind == "nerf" or (kind == "auto" and os.path.isfile(os.path.join(root, "transforms_train.json"))):
+    if kind == "nerf" or (kind == "auto" and dataset_kind(root) == "nerf"):
         return load_nerf_synthetic(root, **kwargs)
     return load_colmap(root, **kwargs)

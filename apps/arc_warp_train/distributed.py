@@ -11,7 +11,9 @@ MASTER_PORT) or with `launch(fn, N)`, which does the same without torchrun.
 """
 
 import os
+import signal
 import socket
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -208,7 +210,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _child(index: int, fn, nprocs: int, port: int, args: tuple) -> None:
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def die_with_parent(parent_pid: int) -> None:
+    """Linux: have the kernel send SIGTERM to this process when its parent dies (even by
+    SIGKILL), so spawned workers never outlive the launcher; elsewhere a no-op."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
+    if os.getppid() != parent_pid:  # the parent died before the call above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _child(index: int, fn, nprocs: int, port: int, args: tuple, parent_pid: int) -> None:
+    die_with_parent(parent_pid)
     os.environ.update({"RANK": str(index), "LOCAL_RANK": str(index),
                        "WORLD_SIZE": str(nprocs), "LOCAL_WORLD_SIZE": str(nprocs),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -220,9 +240,11 @@ def launch(fn, nprocs: int, args: tuple = ()) -> None:
     sets for one node (RANK = LOCAL_RANK = 0..nprocs-1, WORLD_SIZE, MASTER_ADDR 127.0.0.1,
     a free MASTER_PORT); `fn` calls `init_distributed` itself. `fn` and `args` must be
     picklable (a module-level function). Blocks until all finish; if one raises, the others
-    are terminated and torch.multiprocessing.ProcessRaisedException is raised here."""
+    are terminated and torch.multiprocessing.ProcessRaisedException is raised here. On
+    Linux the workers get SIGTERM when this process dies, even by SIGKILL."""
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise ValueError(f"launch: nprocs must be an int >= 1, got {nprocs!r}")
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # inherited by the children
-    torch.multiprocessing.start_processes(_child, args=(fn, nprocs, free_port(), args),
+    torch.multiprocessing.start_processes(_child, args=(fn, nprocs, free_port(), args,
+                                                        os.getpid()),
                                           nprocs=nprocs, join=True, start_method="spawn")

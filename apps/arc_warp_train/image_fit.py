@@ -108,14 +108,17 @@ def fit_image(target: np.ndarray, num_gaussians: int = 1500, steps: int = 500, l
 def run_image_demo(out_dir="arc_warp_demo_out", width: int = 64, steps: int = 500,
                    num_gaussians: int = 1500, seed: int = 0, device=None, progress: bool = True,
                    log=print) -> ImageFitResult:
-    """Fit the sample photograph and write image_fit.png (target | fit) and
+    """Fit the sample photograph and write image_fit.png (target | fit | error, labelled) and
     image_fit_psnr.png into `out_dir`."""
-    from .outputs import ensure_dir, plot_psnr, save_png, side_by_side
+    from arc_warp import write_png
+
+    from .outputs import comparison, ensure_dir, plot_psnr
 
     result = fit_image(load_photo(width), num_gaussians, steps, seed=seed, device=device,
                        progress=progress)
     ensure_dir(out_dir)
-    save_png(os.path.join(out_dir, "image_fit.png"), side_by_side(result.target, result.render))
+    write_png(os.path.join(out_dir, "image_fit.png"),
+              comparison(result.target, result.render, result.psnr))
     plot_psnr(os.path.join(out_dir, "image_fit_psnr.png"), {"fit": result.history},
               title="image fit PSNR")
     log(f"image fit: {result.num_gaussians} Gaussians, {steps} steps, PSNR {result.psnr:.2f} dB, "

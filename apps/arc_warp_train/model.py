@@ -12,8 +12,7 @@ import numpy as np
 import torch
 
 from arc_warp.ply import GaussianPly
-
-SH_C0 = 0.28209479177387814  # rgb = SH_C0 * sh0 + 0.5
+from arc_warp.splat import SH_C0  # rgb = SH_C0 * sh0 + 0.5
 PARAM_NAMES = ("means", "quats", "scales", "opacities", "sh0", "shN")
 
 
@@ -95,17 +94,3 @@ def to_ply(params: dict) -> GaussianPly:
     means = np32("means")
     return GaussianPly(means, np.zeros_like(means), np32("sh0")[:, 0, :], np32("shN"),
                        np32("opacities"), np32("scales"), np32("quats"))
-
-
-def from_ply(ply: GaussianPly, sh_degree: int = None, device="cpu") -> dict:
-    """3DGS PLY record -> parameters; `sh_degree` pads (zeros) or truncates the higher SH."""
-    rest = ply.sh_rest
-    if sh_degree is not None:
-        k = (sh_degree + 1) ** 2 - 1
-        rest = np.concatenate([rest, np.zeros((rest.shape[0], max(k - rest.shape[1], 0), 3),
-                                              np.float32)], axis=1)[:, :k]
-    raw = {"means": ply.means, "quats": ply.quats, "scales": ply.log_scales,
-           "opacities": ply.opacity_logits, "sh0": ply.sh_dc[:, None, :], "shN": rest}
-    return {name: torch.nn.Parameter(torch.as_tensor(np.ascontiguousarray(raw[name]),
-                                                     device=device))
-            for name in PARAM_NAMES}

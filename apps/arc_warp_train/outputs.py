@@ -1,25 +1,58 @@
-"""Training outputs: PNG images, side-by-side comparisons, the PSNR plot, metrics JSON."""
+"""Training outputs: labelled comparison images, the PSNR plot, metrics JSON.
+
+PNGs are written by the core's `arc_warp.write_png`; pillow only draws the labels.
+"""
 
 import json
 import os
 
 import numpy as np
 
+ERROR_GAIN = 4.0
+"""The error panel shows mean |render - truth| over RGB times this gain (clipped to 1)."""
 
-def save_png(path, image: np.ndarray) -> None:
-    """Write an (H,W,3) float image in [0,1] (clipped) as an 8-bit RGB PNG."""
-    from PIL import Image
-
-    rgb = (np.clip(np.asarray(image, np.float32), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
-    Image.fromarray(rgb, "RGB").save(path)
+MIN_PANEL_WIDTH = 96
+"""Panels narrower than this are enlarged by a whole factor (nearest pixel) for the labels
+to fit; larger images are shown at their own size."""
 
 
-def side_by_side(left: np.ndarray, right: np.ndarray, gap: int = 2) -> np.ndarray:
-    """Two (H,W,3) images joined horizontally with a white `gap`-pixel separator."""
-    if left.shape != right.shape:
-        raise ValueError(f"side_by_side: shapes differ, {left.shape} vs {right.shape}")
-    sep = np.ones((left.shape[0], gap, 3), np.float32)
-    return np.concatenate([left, sep, right], axis=1)
+def error_image(truth: np.ndarray, render: np.ndarray) -> np.ndarray:
+    """(H,W,3) grey image of ERROR_GAIN x the per-pixel mean absolute RGB error."""
+    err = np.abs(np.asarray(render, np.float32) - np.asarray(truth, np.float32)).mean(-1)
+    return np.repeat(np.clip(ERROR_GAIN * err, 0.0, 1.0)[..., None], 3, axis=-1)
+
+
+def labelled_row(images, labels, gap: int = 2) -> np.ndarray:
+    """(H,W,3) float images in [0,1], shown side by side at full resolution (or a whole
+    multiple, see MIN_PANEL_WIDTH) with `labels` in a caption strip above each, drawn in
+    pillow's default font -> one (H',W',3) float32 image."""
+    from PIL import Image, ImageDraw
+
+    if len(images) != len(labels) or not images:
+        raise ValueError(f"labelled_row: {len(images)} images for {len(labels)} labels")
+    shape = images[0].shape
+    if any(im.shape != shape for im in images):
+        raise ValueError(f"labelled_row: shapes differ, {[im.shape for im in images]}")
+    scale = max(1, -(-MIN_PANEL_WIDTH // shape[1]))
+    panels = [np.repeat(np.repeat(np.asarray(im, np.float32), scale, 0), scale, 1)
+              for im in images]
+    h, w = panels[0].shape[:2]
+    caption = 14
+    canvas = Image.new("RGB", (len(panels) * (w + gap) - gap, h + caption), "white")
+    draw = ImageDraw.Draw(canvas)
+    for k, (panel, label) in enumerate(zip(panels, labels)):
+        x = k * (w + gap)
+        rgb = (np.clip(panel, 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
+        canvas.paste(Image.fromarray(rgb, "RGB"), (x, caption))
+        draw.text((x + 2, 1), label, fill="black")
+    return np.asarray(canvas, np.float32) / 255.0
+
+
+def comparison(truth: np.ndarray, render: np.ndarray, psnr_db: float = None) -> np.ndarray:
+    """Ground truth | render | error, labelled (the render's PSNR in its label if given)."""
+    render_label = "render" if psnr_db is None else f"render {psnr_db:.2f} dB"
+    return labelled_row([truth, render, error_image(truth, render)],
+                        ["ground truth", render_label, f"|error| x{ERROR_GAIN:g}"])
 
 
 def plot_psnr(path, curves: dict, title: str = "PSNR over training") -> None:

@@ -14,8 +14,7 @@ import warp as wp
 
 from arc_warp import Camera, RenderSettings, render_gaussians
 from arc_warp.ply import GaussianPly, write_ply
-
-SH_C0 = 0.28209479177387814  # degree-0 real SH constant: rgb = SH_C0 * f_dc + 0.5
+from arc_warp.splat import SH_C0  # rgb = SH_C0 * f_dc + 0.5
 
 
 @dataclass
@@ -138,16 +137,10 @@ def orbit_cameras(count: int, width: int, height: int, radius: float = 4.0,
     """`count` cameras on a sphere of `radius` looking at the origin (z up): azimuths step by
     the golden angle (offset by `phase` radians), elevations sweep `elevation_deg`."""
     golden = math.pi * (3.0 - math.sqrt(5.0))
-    cams = []
-    for k in range(count):
-        az = phase + k * golden
-        t = 0.5 if count == 1 else k / (count - 1)
-        el = math.radians(elevation_deg[0] + t * (elevation_deg[1] - elevation_deg[0]))
-        eye = radius * np.array([math.cos(el) * math.cos(az), math.cos(el) * math.sin(az),
-                                 math.sin(el)])
-        cams.append(Camera.look_at(eye, (0.0, 0.0, 0.0), (0.0, 0.0, 1.0), fov_y_deg,
-                                   width, height))
-    return cams
+    sweep = [0.5 if count == 1 else k / (count - 1) for k in range(count)]
+    return Camera.orbit([phase + k * golden for k in range(count)],
+                        [math.radians(elevation_deg[0] + t * (elevation_deg[1] - elevation_deg[0]))
+                         for t in sweep], radius, fov_y_deg, width, height)
 
 
 def render_rgba(scene: GaussianScene, camera: Camera, device=None) -> np.ndarray:

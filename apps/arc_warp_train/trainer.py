@@ -1,21 +1,27 @@
 """3D Gaussian Splatting training loop on arc_warp (Adam, L1 + D-SSIM, densification)."""
 
+import contextlib
 import dataclasses
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from arc_warp.cli import prepare_output_dir
+from arc_warp import write_png
 from arc_warp.ply import write_ply
 
 from . import densify as dens
+from .checkpoint import check_checkpoint, dataset_fingerprint, read_checkpoint
 from .datasets import Dataset
 from .distributed import DistContext
 from .losses import mse_to_psnr, photometric_loss, psnr, ssim
 from .model import init_params, make_optimizers, random_points, render_views, to_ply
-from .outputs import ensure_dir, plot_psnr, save_png, side_by_side, write_json
+from .outputs import comparison, ensure_dir, plot_psnr, write_json
 
 
 @dataclass
@@ -78,6 +84,14 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree!r}")
 
 
+class TrainingInterrupted(Exception):
+    """Ctrl-C stopped training at `step`; a checkpoint to resume from was saved at `path`."""
+
+    def __init__(self, step: int, path: str):
+        super().__init__(f"interrupted at step {step}; checkpoint saved to {path}")
+        self.step, self.path = step, path
+
+
 @dataclass
 class TrainResult:
     """Final held-out metrics (PSNR dB, SSIM), Gaussian count, wall seconds, the
@@ -138,6 +152,8 @@ class Trainer:
         self.optimizers = make_optimizers(self.params, self._lrs(0))
         self.stats = dens.DensifyStats(len(points), self.device)
         self.step, self.history, self.train_log = 0, [], []
+        self.stop_requested = False  # set by a Ctrl-C handler: stop after the current step
+        self.on_step = None  # optional hook(trainer, step PSNR) after each step (the viewer)
         self._perm = torch.empty(0, dtype=torch.long)
         self._cursor = 0
         self._train = [self._tensors(v) for v in dataset.train]
@@ -226,7 +242,8 @@ class Trainer:
             ps.append(psnr(colors, view[0]))
             ss.append(float(ssim(colors, view[0])))
             renders.append(colors[0].cpu().numpy())
-        return {"psnr": float(np.mean(ps)), "ssim": float(np.mean(ss)), "renders": renders}
+        return {"psnr": float(np.mean(ps)), "ssim": float(np.mean(ss)), "renders": renders,
+                "view_psnr": ps, "view_ssim": ss}
 
     def _record_eval(self):
         ev = self.evaluate()
@@ -249,9 +266,11 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not (cfg.progress and main),
                    dynamic_ncols=True, desc="train")
         window = []
-        while self.step < end:
+        while self.step < end and not self.stop_requested:
             loss, p = self.train_step()
             window.append((loss, p))
+            if self.on_step is not None:
+                self.on_step(self, p)
             bar.update(1)
             if self.step % cfg.log_every == 0 or self.step == end:
                 mean_loss = float(np.mean([w[0] for w in window]))
@@ -289,6 +308,7 @@ class Trainer:
             "history": list(self.history),
             "train_log": list(self.train_log),
             "config": dataclasses.asdict(self.cfg),
+            "dataset": dataset_fingerprint(self.data),
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -337,11 +357,14 @@ class Trainer:
         self.dist.check_consistent(tensors)
 
     def load_checkpoint(self, path) -> None:
-        self.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+        """Resume from `path` after checking that it fits this run (checkpoint.py)."""
+        state = read_checkpoint(path)
+        check_checkpoint(state, path, self.data, self.cfg)
+        self.load_state_dict(state)
 
     def export(self) -> dict:
-        """Write point_cloud.ply, test_views/<i>.png (ground truth | render), psnr.png and
-        metrics.json into out_dir; returns {kind: path} and the final metrics. Not
+        """Write point_cloud.ply, test_views/view_<i>.png (ground truth | render | error, full
+        size, labelled), psnr.png and metrics.json (means and per-view PSNR / SSIM) into out_dir; returns {kind: path} and the final metrics. Not
         collective: with several ranks call it on rank 0 only."""
         out = ensure_dir(self.out_dir)
         ev = self._record_eval()
@@ -351,30 +374,45 @@ class Trainer:
                  "images": os.path.join(out, "test_views")}
         write_ply(files["ply"], to_ply(self.params))
         ensure_dir(files["images"])
-        views = self._test or self._train
+        views, names = (self._test, self.data.test) if self._test else \
+            (self._train, self.data.train)
+        per_view = []
         for i, (view, render) in enumerate(zip(views, ev["renders"])):
             gt = view[0][0].cpu().numpy()
-            save_png(os.path.join(files["images"], f"view_{i:03d}.png"), side_by_side(gt, render))
+            write_png(os.path.join(files["images"], f"view_{i:03d}.png"),
+                      comparison(gt, render, ev["view_psnr"][i]))
+            per_view.append({"image": f"view_{i:03d}.png", "name": names[i].name,
+                             "psnr": ev["view_psnr"][i], "ssim": ev["view_ssim"][i]})
         plot_psnr(files["plot"], {
             "training view (mean of last steps)": [(e["step"], e["psnr"]) for e in self.train_log],
             "held-out views": [(e["step"], e["psnr"]) for e in self.history]})
         write_json(files["metrics"], {"step": self.step, "psnr": ev["psnr"], "ssim": ev["ssim"],
                                       "num_gaussians": int(self.params["means"].shape[0]),
-                                      "history": self.history, "source": self.data.source})
+                                      "views": per_view, "history": self.history,
+                                      "source": self.data.source})
         return files, ev
 
 
 def train(dataset: Dataset, cfg: TrainConfig, out_dir, resume=None,
-          dist: DistContext = None) -> TrainResult:
+          dist: DistContext = None, on_step=None) -> TrainResult:
     """Train on `dataset` with `cfg`, optionally resuming from checkpoint `resume`, write the
     outputs (see Trainer.export) and a final checkpoint into `out_dir`. With several ranks
     (`dist`, default the current process group) call it on every rank: rank 0 evaluates
-    and writes, and every rank returns rank 0's result."""
+    and writes, and every rank returns rank 0's result. `on_step(trainer, psnr)` is
+    called after every step (e.g. viewer.TrainingView)."""
     start = time.perf_counter()
     trainer = Trainer(dataset, cfg, out_dir, dist)
+    if trainer.dist.is_main:
+        prepare_output_dir(trainer.out_dir)  # fail now, not after training
     if resume is not None:
         trainer.load_checkpoint(resume)
-    trainer.train()
+    trainer.on_step = on_step
+    with _stop_on_ctrl_c(trainer):
+        trainer.train()
+    if trainer.stop_requested:
+        path = os.path.join(ensure_dir(trainer.out_dir), "checkpoint.pt")
+        trainer.save_checkpoint(path)
+        raise TrainingInterrupted(trainer.step, path)
     files, metrics = {}, None
     if trainer.dist.is_main:
         files, ev = trainer.export()
@@ -384,3 +422,23 @@ def train(dataset: Dataset, cfg: TrainConfig, out_dir, resume=None,
     metrics, history, files = trainer.dist.broadcast_object((metrics, trainer.history, files))
     return TrainResult(metrics[0], metrics[1], int(trainer.params["means"].shape[0]),
                        time.perf_counter() - start, list(history), files)
+
+
+@contextlib.contextmanager
+def _stop_on_ctrl_c(trainer: Trainer):
+    """While training a single process in the main thread, the first Ctrl-C asks the trainer
+    to stop after the current step (so a consistent checkpoint can be saved); a second one
+    interrupts at once."""
+    if trainer.dist.enabled or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        trainer.stop_requested = True
+        signal.signal(signal.SIGINT, previous)
+
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

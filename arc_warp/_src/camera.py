@@ -137,6 +137,37 @@ class Camera:
         w2c[:3, 3] = -w2c[:3, :3] @ eye
         return cls.from_fov(fov_y_deg, width, height, w2c, near, far)
 
+    @classmethod
+    def orbit(
+        cls,
+        azimuths,  # (C,) radians, measured in the plane normal to `up`
+        elevations,  # (C,) radians above that plane
+        distance: float,  # world units from `center`
+        fov_y_deg: float,
+        width: int,
+        height: int,
+        center=(0.0, 0.0, 0.0),
+        up=(0.0, 0.0, 1.0),
+    ) -> list[Camera]:
+        """Cameras on a sphere of radius ``distance`` around ``center``, each looking at it.
+
+        Azimuth 0 lies along the world axis least aligned with ``up`` (x for a z-up world),
+        azimuth pi/2 along ``up`` x that axis (y for z up)."""
+        center, up = _as_vec3(center, "center"), _as_vec3(up, "up")
+        if not (math.isfinite(distance) and distance > 0):
+            raise ValueError(f"orbit distance must be a finite number > 0, got {distance!r}")
+        up = up / np.linalg.norm(up)
+        helper = np.eye(3)[np.argmin(np.abs(up))]
+        a = helper - (helper @ up) * up
+        a /= np.linalg.norm(a)
+        b = np.cross(up, a)
+        cams = []
+        for az, el in zip(azimuths, elevations):
+            direction = math.cos(el) * (math.cos(az) * a + math.sin(az) * b) + math.sin(el) * up
+            cams.append(cls.look_at(center + distance * direction, center, up, fov_y_deg,
+                                    width, height))
+        return cams
+
     @staticmethod
     def batch(cameras) -> tuple[Camera, ...]:
         """A batch of cameras: a tuple of :class:`Camera`. ``render_gaussians`` given a

@@ -17,6 +17,11 @@ from ._autograd import Means2dSink, check_tensor, render_camera
 
 # INRIA culls Gaussians whose view-space depth is <= 0.2 (in_frustum in its CUDA code).
 INRIA_NEAR = 0.2
+# INRIA's screen-space tiles (BLOCK_X, BLOCK_Y): a Gaussian whose 3-sigma square touches
+# no tile of the image gets radius 0.
+INRIA_BLOCK = 16
+# INRIA's 2D dilation (computeCov2D) and the eigenvalue floor of its radius computation.
+INRIA_DILATION, INRIA_EIG_FLOOR = 0.3, 0.1
 
 
 class GaussianRasterizationSettings(NamedTuple):
@@ -26,8 +31,9 @@ class GaussianRasterizationSettings(NamedTuple):
     background tensor. scale_modifier: multiplies every scale. viewmatrix: [4, 4] TRANSPOSED
     world-to-view matrix (INRIA's column-major `world_view_transform`), OpenCV axes.
     projmatrix, campos, prefiltered, debug: accepted for compatibility and not used (the
-    projection comes from tanfov, the camera centre from viewmatrix). antialiasing: must be
-    False. reduce / threshold (arc_warp extras, optional): see arc_warp.RenderSettings.
+    projection comes from tanfov, the camera centre from viewmatrix). antialiasing: the
+    Mip-Splatting 2D filter (opacity x sqrt(det S / det(S + 0.3 I)), as INRIA's current
+    rasterizer). reduce / threshold (arc_warp extras, optional): see arc_warp.RenderSettings.
     """
 
     image_height: int
@@ -65,12 +71,67 @@ def _camera(s: GaussianRasterizationSettings) -> Camera:
                   world_to_camera=world_to_camera, near=INRIA_NEAR)
 
 
+@torch.no_grad()
+def inria_radii(means3D: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
+                camera: Camera, tanfovx: float, tanfovy: float) -> torch.Tensor:
+    """[N] int32 radii as INRIA's preprocess defines them: ceil(3 sqrt(lambda_max)) of the
+    2D covariance after its +0.3 dilation (lambda = mid +- sqrt(max(0.1, mid^2 - det))),
+    0 where INRIA culls: view depth <= 0.2, a singular 2D covariance, or a 3-sigma square
+    that touches no 16x16 tile of the image (in INRIA's pixel coordinates, centres at
+    integers). means3D [N,3], scales [N,3] linear (scale_modifier applied), rotations
+    [N,4] wxyz."""
+    dev = means3D.device
+    w2c = torch.tensor(camera.world_to_camera, dtype=torch.float32, device=dev)
+    rot = w2c[:3, :3]
+    t = means3D.float() @ rot.T + w2c[:3, 3]
+    z = t[:, 2]
+    safe_z = torch.where(z > INRIA_NEAR, z, torch.ones_like(z))
+    limx, limy = 1.3 * tanfovx, 1.3 * tanfovy
+    tx = torch.clamp(t[:, 0] / safe_z, -limx, limx) * safe_z
+    ty = torch.clamp(t[:, 1] / safe_z, -limy, limy) * safe_z
+    zero = torch.zeros_like(z)
+    jac = torch.stack([
+        torch.stack([camera.fx / safe_z, zero, -camera.fx * tx / safe_z ** 2], -1),
+        torch.stack([zero, camera.fy / safe_z, -camera.fy * ty / safe_z ** 2], -1)], -2)
+    q = torch.nn.functional.normalize(rotations.float(), dim=-1)
+    w, x, y, zq = q.unbind(-1)
+    r3 = torch.stack([
+        1 - 2 * (y * y + zq * zq), 2 * (x * y - w * zq), 2 * (x * zq + w * y),
+        2 * (x * y + w * zq), 1 - 2 * (x * x + zq * zq), 2 * (y * zq - w * x),
+        2 * (x * zq - w * y), 2 * (y * zq + w * x), 1 - 2 * (x * x + y * y)], -1).reshape(-1, 3, 3)
+    m = rot @ (r3 * scales.float()[:, None, :])
+    cov2d = jac @ (m @ m.transpose(1, 2)) @ jac.transpose(1, 2)
+    a = cov2d[:, 0, 0] + INRIA_DILATION
+    b = cov2d[:, 0, 1]
+    c = cov2d[:, 1, 1] + INRIA_DILATION
+    det = a * c - b * b
+    mid = 0.5 * (a + c)
+    spread = torch.sqrt(torch.clamp(mid * mid - det, min=INRIA_EIG_FLOOR))
+    radius = torch.ceil(3.0 * torch.sqrt(torch.maximum(mid + spread, mid - spread)))
+    # INRIA's ndc2Pix puts pixel centres at integers: half a pixel left of ours.
+    px = camera.fx * t[:, 0] / safe_z + camera.cx - 0.5
+    py = camera.fy * t[:, 1] / safe_z + camera.cy - 0.5
+    grid_x = (camera.width + INRIA_BLOCK - 1) // INRIA_BLOCK
+    grid_y = (camera.height + INRIA_BLOCK - 1) // INRIA_BLOCK
+
+    def tiles(lo, hi, grid):  # getRect: C casts truncate toward zero, then clamp
+        first = torch.clamp(torch.trunc(lo / INRIA_BLOCK), 0, grid)
+        last = torch.clamp(torch.trunc((hi + INRIA_BLOCK - 1) / INRIA_BLOCK), 0, grid)
+        return last - first
+
+    touched = tiles(px - radius, px + radius, grid_x) * tiles(py - radius, py + radius, grid_y)
+    visible = (z > INRIA_NEAR) & (det != 0) & (touched > 0) & torch.isfinite(radius)
+    return torch.where(visible, radius, torch.zeros_like(radius)).to(torch.int32)
+
+
 class GaussianRasterizer(nn.Module):
     """INRIA-compatible rasterizer module on arc_warp (CPU or CUDA tensors).
 
     Differences from diff_gaussian_rasterization:
     - cov3D_precomp is not supported (NotImplementedError): pass scales and rotations.
-    - antialiasing=True is not supported (NotImplementedError).
+    - The rasteriser culls by arc_warp's opacity-aware extent; the returned radii and
+      their visibility (radii > 0) are nevertheless INRIA's (see inria_radii), so its
+      densification (visibility filter, max_radii2D, pruning) behaves as with INRIA's.
     - The third output is INRIA's inverse depth, computed as alpha / expected_depth
       (= alpha^2 / sum_i w_i z_i); it equals INRIA's sum_i w_i / z_i wherever one depth
       dominates a pixel and differs (harmonic vs arithmetic mean) across overlapping layers.
@@ -100,8 +161,9 @@ class GaussianRasterizer(nn.Module):
                 cov3D_precomp: Optional[torch.Tensor] = None):  # unsupported
         """Render one camera. Returns (color [3, H, W], radii [N] int32, invdepth [1, H, W]).
 
-        color includes the background bg; radii is the larger screen-space extent in pixels
-        (0 = culled, so `radii > 0` is INRIA's visibility filter). In backward,
+        color includes the background bg; radii is INRIA's ceil(3 sqrt(lambda_max)) of the
+        dilated 2D covariance in pixels, 0 where INRIA culls (`radii > 0` is INRIA's
+        visibility filter; see inria_radii). In backward,
         means2D.grad[:, :2] receives dL/d(projected mean) in INRIA's NDC-scaled units
         (pixel gradient times W/2, H/2), so INRIA's densification thresholds carry over;
         further columns get 0.
@@ -116,9 +178,6 @@ class GaussianRasterizer(nn.Module):
                 "pipe.compute_cov3D_python = False)")
         if scales is None or rotations is None:
             raise ValueError("Please provide both scales and rotations (cov3D_precomp is not supported)")
-        if s.antialiasing:
-            raise NotImplementedError("arc_warp_torch.inria: antialiasing=True is not supported; "
-                                      "set raster_settings.antialiasing=False")
         camera = _camera(s)
         means3D = check_tensor("means3D", means3D, (None, 3))
         device, n = means3D.device, means3D.shape[0]
@@ -146,11 +205,14 @@ class GaussianRasterizer(nn.Module):
                 raise ValueError(f"means2D: expected device {device}, got {means2D.device}")
             sink = Means2dSink(means2D, scale=(0.5 * camera.width, 0.5 * camera.height))
         settings = RenderSettings(sh_degree=sh_degree, background=(0.0, 0.0, 0.0),
-                                  reduce=s.reduce, threshold=s.threshold)
+                                  reduce=s.reduce, threshold=s.threshold,
+                                  antialiased=bool(s.antialiasing))
         r = render_camera(means3D, rotations, scales, opacities, colors, camera, settings, sink)
 
         color = (r.color + (1.0 - r.alpha)[..., None] * bg).permute(2, 0, 1)
         has_depth = r.depth > 0.0
         invdepth = torch.where(has_depth, r.alpha * r.alpha / torch.where(has_depth, r.depth, 1.0),
                                torch.zeros_like(r.depth))
-        return color, r.radii.amax(dim=1), invdepth[None]
+        radii = inria_radii(means3D, scales, rotations, camera, float(s.tanfovx),
+                            float(s.tanfovy))
+        return color, radii, invdepth[None]

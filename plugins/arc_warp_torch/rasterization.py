@@ -77,6 +77,7 @@ def rasterization(
     threshold: Optional[int] = None,
     absgrad: bool = False,
     render_mode: str = "RGB",
+    rasterize_mode: str = "classic",
 ) -> Tuple[torch.Tensor, torch.Tensor, dict]:
     """Differentiable 3D Gaussian splatting of N Gaussians into C cameras (gsplat-like).
 
@@ -114,6 +115,8 @@ def rasterization(
             [C, N, 2] during backward (gsplat's absgrad densification).
         render_mode: "RGB", "D" (accumulated depth sum w_i z_i), "ED" (expected depth,
             D / alpha, 0 where alpha is 0), "RGB+D" or "RGB+ED" (depth as a 4th channel).
+        rasterize_mode: "classic", or "antialiased" for the Mip-Splatting 2D filter (each
+            opacity times sqrt(det S / det(S + 0.3 I)), S the 2D covariance), as gsplat.
 
     Inputs may be float16/32/64 on "cpu" or "cuda" (all Gaussian tensors on one device);
     they are cast to float32 only when needed, and gradients come back in their dtype.
@@ -169,8 +172,11 @@ def rasterization(
 
     inputs = (means, quats, scales, opacities, colors)
     need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+    if rasterize_mode not in ("classic", "antialiased"):
+        raise ValueError(f"rasterize_mode: expected 'classic' or 'antialiased', got {rasterize_mode!r}")
     settings = RenderSettings(sh_degree=sh_degree, background=(0.0, 0.0, 0.0), reduce=reduce,
-                              threshold=threshold, absgrad=absgrad and need_grad)
+                              threshold=threshold, absgrad=absgrad and need_grad,
+                              antialiased=rasterize_mode == "antialiased")
     means2d = torch.zeros((c, n, 2), dtype=torch.float32, device=device, requires_grad=need_grad)
     renders = []
     for i, camera in enumerate(cameras):

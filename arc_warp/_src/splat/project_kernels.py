@@ -59,8 +59,44 @@ def count_tiles(geom: wp.vec4, conic: wp.vec4, radius: wp.vec2i, tiles_x: int, t
     return n
 
 
-@wp.kernel(enable_backward=False)
-def project_fwd(
+@wp.func
+def aa_compensation(cov2d: wp.mat22, eps2d: float) -> float:
+    """sqrt(det(cov2d) / det(cov2d + eps2d I)): the opacity factor of the antialiased
+    (Mip-Splatting) 2D filter, which keeps a Gaussian's integral when it is dilated."""
+    det_orig = cov2d[0, 0] * cov2d[1, 1] - cov2d[0, 1] * cov2d[1, 0]
+    det = (cov2d[0, 0] + eps2d) * (cov2d[1, 1] + eps2d) - cov2d[0, 1] * cov2d[1, 0]
+    return wp.sqrt(wp.max(0.0, det_orig / det))
+
+
+@functools.cache
+def make_project_fwd(antialiased: bool):
+    """Projection forward; ``antialiased`` scales each opacity by ``aa_compensation``."""
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def project_fwd(
+        means: wp.array(dtype=wp.vec3),
+        quats: wp.array(dtype=wp.vec4),
+        scales: wp.array(dtype=wp.vec3),
+        opacities: wp.array(dtype=float),
+        cam: CameraParams,
+        eps2d: float,
+        tiles_x: int,
+        tiles_y: int,
+        means2d: wp.array(dtype=wp.vec2),
+        splats: wp.array(dtype=Splat2D),
+        radii: wp.array(dtype=wp.vec2i),
+        tiles_per_gauss: wp.array(dtype=wp.int64),
+        bad: wp.array(dtype=wp.int32),
+    ):
+        project_one(wp.tid(), means, quats, scales, opacities, cam, eps2d, tiles_x, tiles_y, means2d,
+                    splats, radii, tiles_per_gauss, bad, wp.static(antialiased))
+
+    return project_fwd
+
+
+@wp.func
+def project_one(
+    i: int,
     means: wp.array(dtype=wp.vec3),
     quats: wp.array(dtype=wp.vec4),
     scales: wp.array(dtype=wp.vec3),
@@ -74,6 +110,7 @@ def project_fwd(
     radii: wp.array(dtype=wp.vec2i),
     tiles_per_gauss: wp.array(dtype=wp.int64),
     bad: wp.array(dtype=wp.int32),
+    antialiased: bool,  # a compile-time constant (wp.static) in each kernel variant
 ):
     """Culls (each test written so that NaN culls) and projects Gaussian ``i``.
 
@@ -81,7 +118,6 @@ def project_fwd(
     ``RADIUS_MAX`` before the int cast, so such a Gaussian covers the whole image; a
     covariance that overflows float32 (NaN/Inf entries) is culled.
     """
-    i = wp.tid()
     mean = means[i]
     quat = quats[i]
     scale = scales[i]
@@ -127,6 +163,10 @@ def project_fwd(
         conic = wp.vec4(c1 * inv_det, -b1 * inv_det, a1 * inv_det, 0.0)
     if not (det > 0.0):
         return
+    if antialiased:
+        opacity = opacity * aa_compensation(cov2d, eps2d)
+        if opacity < ALPHA_MIN:
+            return
 
     # opacity-aware extent (gsplat / arXiv 2402.00525 B.2); the box is not differentiated
     extend = wp.min(EXTEND_MAX, wp.sqrt(2.0 * wp.log(opacity / ALPHA_MIN)))
@@ -153,11 +193,12 @@ def project_fwd(
 
 
 @functools.cache
-def make_project_bwd(n_coeffs: int, absgrad: bool):
+def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False):
     """Per-Gaussian backward of the colour and projection stages in one pass.
 
     Reads the packed rasteriser gradient once; the colour part is ``make_color_vjp``
     (``n_coeffs`` = 0: plain RGB ``colors`` (N,), else (N, K) SH coefficients).
+    ``antialiased``: the rasteriser's opacity was ``opacities * aa_compensation``.
     """
     grad_t = grad_vector(absgrad)
     color_t = wp.array(dtype=wp.vec3) if n_coeffs == 0 else wp.array2d(dtype=wp.vec3)
@@ -170,7 +211,9 @@ def make_project_bwd(n_coeffs: int, absgrad: bool):
         quats: wp.array(dtype=wp.vec4),
         scales: wp.array(dtype=wp.vec3),
         colors: color_t,
+        opacities: wp.array(dtype=float),
         cam: CameraParams,
+        eps2d: float,
         radii: wp.array(dtype=wp.vec2i),
         splats: wp.array(dtype=Splat2D),
         raster_grads: wp.array(dtype=grad_t),
@@ -188,7 +231,8 @@ def make_project_bwd(n_coeffs: int, absgrad: bool):
         g = raster_grads[i]
         mean = means[i]
         v_xy = wp.vec2(g[G_XY], g[G_XY + 1])
-        v_opacities[i] = v_opacities[i] + g[G_OPACITY]
+        if wp.static(not antialiased):
+            v_opacities[i] = v_opacities[i] + g[G_OPACITY]
         v_means2d[i] = v_means2d[i] + v_xy
         if wp.static(absgrad):
             v_means2d_abs[i] = v_means2d_abs[i] + wp.vec2(g[G_ABS], g[G_ABS + 1])
@@ -208,6 +252,19 @@ def make_project_bwd(n_coeffs: int, absgrad: bool):
         lim = fov_limits(cam.fx, cam.fy, cam.cx, cam.cy, cam.width, cam.height)
         jac = persp_jacobian(p, cam.fx, cam.fy, lim)
 
+        if wp.static(antialiased):
+            # opacity' = opacity * sqrt(r), r = det(S) / det(S + eps I), S = cov2d
+            cov2d = jac * cov_c * wp.transpose(jac)
+            comp = aa_compensation(cov2d, eps2d)
+            v_opacities[i] = v_opacities[i] + g[G_OPACITY] * comp
+            if comp > 0.0:
+                det_orig = cov2d[0, 0] * cov2d[1, 1] - cov2d[0, 1] * cov2d[1, 0]
+                det = (cov2d[0, 0] + eps2d) * (cov2d[1, 1] + eps2d) - cov2d[0, 1] * cov2d[1, 0]
+                v_r = g[G_OPACITY] * opacities[i] * 0.5 / (comp * det * det)
+                off = -v_r * cov2d[0, 1] * (det - det_orig)
+                v_cov2d += wp.mat22(
+                    v_r * (cov2d[1, 1] * det - det_orig * (cov2d[1, 1] + eps2d)), off,
+                    off, v_r * (cov2d[0, 0] * det - det_orig * (cov2d[0, 0] + eps2d)))
         v_cov_c = wp.transpose(jac) * v_cov2d * jac
         v_jac = (v_cov2d + wp.transpose(v_cov2d)) * jac * cov_c
         rz = 1.0 / p[2]

@@ -5,7 +5,7 @@ import warp as wp
 
 from arc_warp._src.camera import Camera
 from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
-from arc_warp._src.splat.project_kernels import make_project_bwd, project_fwd
+from arc_warp._src.splat.project_kernels import make_project_bwd, make_project_fwd
 from arc_warp._src.splat.records import GaussianGrads, GaussianInputs, ProjectResult
 
 
@@ -28,9 +28,16 @@ def camera_params(camera: Camera) -> CameraParams:
 
 
 def project(
-    inputs: GaussianInputs, cam: CameraParams, eps2d: float, tiles_x: int, tiles_y: int, bad: wp.array
+    inputs: GaussianInputs,
+    cam: CameraParams,
+    eps2d: float,
+    tiles_x: int,
+    tiles_y: int,
+    bad: wp.array,
+    antialiased: bool = False,
 ) -> ProjectResult:
-    """Screen-space splats, radii and tile counts; flags non-finite inputs in ``bad``."""
+    """Screen-space splats, radii and tile counts; flags non-finite inputs in ``bad``.
+    ``antialiased``: splat opacities carry the 2D filter's compensation."""
     n = inputs.count
     device = inputs.means.device
     result = ProjectResult(
@@ -41,7 +48,7 @@ def project(
         rgb=inputs.colors if inputs.sh_coeffs == 0 else wp.empty(n, dtype=wp.vec3, device=device),
     )
     wp.launch(
-        project_fwd,
+        make_project_fwd(antialiased),
         dim=n,
         inputs=[inputs.means, inputs.quats, inputs.scales, inputs.opacities, cam, eps2d, tiles_x, tiles_y],
         outputs=[result.means2d, result.splats, result.radii, result.tiles_per_gauss, bad],
@@ -60,18 +67,22 @@ def project_backward(
     grads: GaussianGrads,
     means2d_grad: wp.array | None,
     means2d_absgrad: wp.array | None,
+    eps2d: float = 0.3,
+    antialiased: bool = False,
 ):
     """Adds the projection's and the colour stage's shares of the gradients into ``grads``
     (and the 2D mean grads), in one pass over the Gaussians."""
     wp.launch(
-        make_project_bwd(inputs.sh_coeffs, absgrad),
+        make_project_bwd(inputs.sh_coeffs, absgrad, antialiased),
         dim=inputs.count,
         inputs=[
             inputs.means,
             inputs.quats,
             inputs.scales,
             inputs.colors,
+            inputs.opacities,
             cam,
+            eps2d,
             proj.radii,
             proj.splats,
             raster_grads,

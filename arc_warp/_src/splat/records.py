@@ -34,6 +34,10 @@ class RenderSettings:
         threshold: ARC threshold (lanes on one address before a warp reduction);
             ``None`` asks ``arc_warp`` for the calibrated value of the device.
         eps2d: dilation added to the 2D covariance diagonal, pixels^2.
+        antialiased: the antialiased 2D filter (Mip-Splatting; gsplat's
+            ``rasterize_mode="antialiased"``, INRIA's ``antialiasing=True``): each opacity is
+            scaled by sqrt(det(cov2d) / det(cov2d + eps2d I)), so dilation keeps a small
+            Gaussian's integral instead of brightening it.
         absgrad: also accumulate ``|dL/dmean2d|`` per pixel and Gaussian (gsplat's
             absgrad densification) into ``RenderOutput.means2d_absgrad``; costs two
             more accumulated values per Gaussian in the rasteriser backward.
@@ -45,6 +49,7 @@ class RenderSettings:
     threshold: int | None = None
     eps2d: float = 0.3
     absgrad: bool = False
+    antialiased: bool = False
 
     def __post_init__(self):
         if self.sh_degree is not None and (

@@ -92,7 +92,7 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings) -
     tiles_x, tiles_y = tile_grid(camera.width, camera.height)
     cam = camera_params(camera)
     flags = wp.zeros(1 + len(BAD_SLOTS), dtype=wp.int32, device=device)
-    proj = project(inputs, cam, settings.eps2d, tiles_x, tiles_y, flags)
+    proj = project(inputs, cam, settings.eps2d, tiles_x, tiles_y, flags, settings.antialiased)
     if inputs.count > 0:
         compute_colors(inputs, cam, proj, flags)  # flags bad colours before the readback
         cum_tiles, host_flags = count_intersections(proj, flags)
@@ -207,6 +207,7 @@ def render_gaussians_backward(
     )
     cam = out._cam
     project_backward(
-        inputs, cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad, out.means2d_absgrad
+        inputs, cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad, out.means2d_absgrad,
+        settings.eps2d, settings.antialiased
     )
     return grads

@@ -1,0 +1,226 @@
+"""Real-capture readers: COLMAP binary models with distorted cameras (written by pycolmap),
+images_N folders, the LLFF hold-out, nerfstudio / instant-ngp transforms.json with OPENCV
+distortion, and the load-time errors that name the file and frame."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch", reason="the trainer needs torch")
+PIL_Image = pytest.importorskip("PIL.Image", reason="datasets need pillow (arc-warp[app])")
+pycolmap = pytest.importorskip("pycolmap", reason="COLMAP models need pycolmap (arc-warp[colmap])")
+
+from arc_warp_train.datasets import load_dataset  # noqa: E402
+
+W, H = 48, 36
+POINT = np.array([0.25, -0.15, 2.0])  # a 3D point every test camera sees
+
+
+def _rotation(angle):
+    c, s = np.cos(angle), np.sin(angle)
+    return np.array([[c, 0, s], [0, 1, 0], [-s, 0, c]])
+
+
+def _dot_image(uv, w, h):
+    """Black RGB image with a bright 3x3 dot centred on pixel coordinate `uv`."""
+    img = np.zeros((h, w, 3), np.uint8)
+    x, y = int(np.floor(uv[0])), int(np.floor(uv[1]))
+    img[max(y - 1, 0):y + 2, max(x - 1, 0):x + 2] = 255
+    return img
+
+
+def _bright_centre(image):
+    """Intensity-weighted centre (x, y) of the pixel centres of an (H,W,3) image, in
+    pixel coordinates where pixel (i, j) covers [j, j+1) x [i, i+1)."""
+    weight = image.mean(axis=2) ** 2
+    ys, xs = np.mgrid[:image.shape[0], :image.shape[1]]
+    return np.array([(weight * (xs + 0.5)).sum(), (weight * (ys + 0.5)).sum()]) / weight.sum()
+
+
+def _colmap_scene(root, model="SIMPLE_RADIAL", params=(40.0, 24.0, 18.0, -0.15), views=9,
+                  text=False, downscaled=None):
+    """A COLMAP model written by pycolmap: `views` images looking at POINT, each a dot
+    drawn where the distorted camera sees POINT (so an undistorted load must put it at
+    K @ POINT); optional images_N copies at 1/N size."""
+    rec = pycolmap.Reconstruction()
+    cam = pycolmap.Camera.create_from_model_name(1, model, float(params[0]), W, H)
+    cam.params = list(params)
+    rec.add_camera_with_trivial_rig(cam)
+    os.makedirs(root / "images")
+    poses = {}
+    for i in range(views):
+        R = _rotation(0.02 * (i - views / 2))
+        t = np.array([0.03 * i, 0.0, 0.0])
+        pose = pycolmap.Rigid3d(pycolmap.Rotation3d(R), t)
+        name = f"img_{(i * 7) % views:02d}.png"  # names out of id order
+        rec.add_image_with_trivial_frame(
+            pycolmap.Image(name=name, camera_id=1, image_id=i + 1), pose)
+        p_cam = R @ POINT + t
+        uv = cam.img_from_cam(p_cam[None])[0]
+        PIL_Image.fromarray(_dot_image(uv, W, H)).save(root / "images" / name)
+        if downscaled:
+            os.makedirs(root / f"images_{downscaled}", exist_ok=True)
+            small = cam.__class__(model=cam.model, width=W, height=H, params=cam.params)
+            small.rescale(W // downscaled, H // downscaled)
+            PIL_Image.fromarray(_dot_image(small.img_from_cam(p_cam[None])[0],
+                                           W // downscaled, H // downscaled)).save(
+                root / f"images_{downscaled}" / name)
+        poses[name] = (R, t)
+    for k, p in enumerate(np.random.default_rng(0).normal(size=(7, 3))):
+        rec.add_point3D(p, pycolmap.Track(), np.array([10 * k, 20, 30], np.uint8))
+    sparse = root / "sparse" / "0"
+    os.makedirs(sparse)
+    (rec.write_text if text else rec.write_binary)(str(sparse))
+    return poses
+
+
+def _check_dot(view, poses):
+    R, t = poses[view.name]
+    np.testing.assert_allclose(view.world_to_camera[:3, :3], R, atol=1e-9)
+    np.testing.assert_allclose(view.world_to_camera[:3, 3], t, atol=1e-9)
+    uvw = view.K @ (R @ POINT + t)
+    # The dot is 3 px wide and resampled once: its centre moves by well under a pixel.
+    np.testing.assert_allclose(_bright_centre(view.image), uvw[:2] / uvw[2], atol=0.75)
+
+
+@pytest.mark.parametrize("text", [False, True], ids=["binary", "text"])
+def test_colmap_simple_radial_undistorted_with_llff_holdout(tmp_path, text):
+    poses = _colmap_scene(tmp_path, text=text)
+    data = load_dataset(str(tmp_path))
+    names = sorted(poses)
+    assert [v.name for v in data.test] == [names[0], names[8]]  # every 8th by name
+    assert [v.name for v in data.train] == names[1:8]
+    for view in data.train + data.test:
+        assert view.image.shape != (H, W, 3)  # resampled to the undistorted pinhole size
+        _check_dot(view, poses)
+    assert data.points.shape == (7, 3)
+    np.testing.assert_allclose(data.point_colors[3], [30 / 255, 20 / 255, 30 / 255])
+
+
+@pytest.mark.parametrize("model,params", [
+    ("OPENCV", (40.0, 42.0, 24.0, 18.0, -0.1, 0.02, 0.003, -0.002)),
+    ("OPENCV_FISHEYE", (40.0, 40.0, 24.0, 18.0, 0.05, 0.01, 0.0, 0.0)),
+    ("PINHOLE", (40.0, 42.0, 24.5, 17.5))])
+def test_colmap_camera_models(tmp_path, model, params):
+    poses = _colmap_scene(tmp_path, model, params, views=2)
+    data = load_dataset(str(tmp_path))
+    for view in data.train + data.test:
+        _check_dot(view, poses)
+    if model == "PINHOLE":  # passed through untouched
+        assert data.train[0].image.shape == (H, W, 3)
+
+
+def test_colmap_spherical_model_refused_by_name(tmp_path):
+    _colmap_scene(tmp_path, "EQUIRECTANGULAR", (W, H), views=1)
+    with pytest.raises(ValueError, match="camera model EQUIRECTANGULAR cannot be undistorted"):
+        load_dataset(str(tmp_path))
+
+
+def test_colmap_images_n_folder_used_for_downscale(tmp_path):
+    poses = _colmap_scene(tmp_path, views=2, downscaled=2)
+    # Blank the full-size images: only images_2 can supply the dots.
+    for name in poses:
+        PIL_Image.fromarray(np.zeros((H, W, 3), np.uint8)).save(tmp_path / "images" / name)
+    data = load_dataset(str(tmp_path), downscale=2)
+    for view in data.train + data.test:
+        assert view.image.shape[1] <= W // 2
+        _check_dot(view, poses)
+
+
+def _transforms_scene(root, per_frame=False, distortion=None, frames=3):
+    """nerfstudio-style transforms.json (OpenGL camera-to-world) with a dot per image drawn
+    by the OPENCV camera; returns {name: (R, t)} world-to-camera in OpenCV axes."""
+    os.makedirs(root / "images")
+    intr = {"fl_x": 40.0, "fl_y": 42.0, "cx": 24.0, "cy": 18.0, "w": W, "h": H}
+    dist = distortion or {}
+    cam = pycolmap.Camera.create_from_model_name(0, "OPENCV", 1.0, W, H)
+    cam.params = [40.0, 42.0, 24.0, 18.0, *(dist.get(k, 0.0) for k in ("k1", "k2", "p1", "p2"))]
+    meta = {} if per_frame else {**intr, **dist}
+    meta["frames"], poses = [], {}
+    for i in reversed(range(frames)):  # listed out of name order
+        R, t = _rotation(0.03 * i), np.array([0.0, 0.02 * i, 0.0])
+        w2c = np.eye(4)
+        w2c[:3, :3], w2c[:3, 3] = R, t
+        c2w = np.linalg.inv(w2c)
+        c2w[:3, 1:3] *= -1.0  # OpenCV -> OpenGL axes
+        name = f"images/frame_{i:05d}.png"
+        PIL_Image.fromarray(_dot_image(cam.img_from_cam((R @ POINT + t)[None])[0], W, H)).save(
+            root / name)
+        frame = {"file_path": name, "transform_matrix": c2w.tolist()}
+        if per_frame:
+            frame.update(intr, **dist)
+        meta["frames"].append(frame)
+        poses[name] = (R, t)
+    (root / "transforms.json").write_text(json.dumps(meta))
+    return poses
+
+
+@pytest.mark.parametrize("per_frame", [False, True], ids=["scene", "frame"])
+def test_transforms_json_opencv_undistorted(tmp_path, per_frame):
+    dist = {"k1": -0.12, "k2": 0.02, "p1": 0.002, "p2": -0.003}
+    poses = _transforms_scene(tmp_path, per_frame, dist, frames=9)
+    data = load_dataset(str(tmp_path))
+    assert data.source.startswith("transforms:")
+    assert [v.name for v in data.test] == ["images/frame_00000.png", "images/frame_00008.png"]
+    for view in data.train + data.test:
+        _check_dot(view, poses)
+
+
+def test_transforms_json_pinhole_intrinsics(tmp_path):
+    poses = _transforms_scene(tmp_path)
+    view = load_dataset(str(tmp_path)).train[0]
+    np.testing.assert_allclose(view.K, [[40, 0, 24], [0, 42, 18], [0, 0, 1]])
+    _check_dot(view, poses)
+
+
+# ------------------------------------------------------------------ load-time errors
+
+
+def _write_transforms(root, meta):
+    (root / "transforms.json").write_text(meta if isinstance(meta, str) else json.dumps(meta))
+
+
+DATASET_ERRORS = {
+    # case: (how to spoil a good 3-frame transforms.json scene, error text)
+    "empty frames": (lambda root, meta: _write_transforms(root, {**meta, "frames": []}),
+                     "'frames' list is empty"),
+    "bad JSON": (lambda root, meta: _write_transforms(root, '{\n "frames": [\n  {,]}'),
+                 "transforms.json:3: invalid JSON"),
+    "number as text": (lambda root, meta: _write_transforms(
+        root, {**meta, "frames": [meta["frames"][0], {**meta["frames"][1], "fl_x": "4O"}]}),
+        "transforms.json: frame 1 (images/frame_00001.png): 'fl_x' must be a number, got '4O'"),
+    "zero focal": (lambda root, meta: _write_transforms(
+        root, {**meta, "frames": [meta["frames"][0], {**meta["frames"][1], "fl_y": 0.0}]}),
+        "frame 1 (images/frame_00001.png): focal lengths must be finite and > 0"),
+    "NaN pose": (lambda root, meta: _write_transforms(root, {**meta, "frames": [
+        meta["frames"][0], meta["frames"][1],
+        {**meta["frames"][2], "transform_matrix": [[float("nan")] * 4] * 4}]}),
+        "frame 2 (images/frame_00000.png): the camera pose has non-finite entries"),
+    "corrupt PNG": (lambda root, meta: (root / "images" / "frame_00001.png").write_bytes(
+        b"\x89PNG\r\n\x1a\ngarbage"), "frame_00001.png: cannot read the image"),
+}
+
+
+@pytest.mark.parametrize("case", list(DATASET_ERRORS))
+def test_transforms_errors_name_file_and_frame(tmp_path, case):
+    _transforms_scene(tmp_path)
+    meta = json.loads((tmp_path / "transforms.json").read_text())
+    spoil, expected = DATASET_ERRORS[case]
+    spoil(tmp_path, meta)
+    with pytest.raises(ValueError) as info:
+        load_dataset(str(tmp_path))
+    assert expected in str(info.value) and "\n" not in str(info.value)
+
+
+def test_colmap_errors_name_the_model(tmp_path):
+    _colmap_scene(tmp_path, views=2, text=True)
+    cams = tmp_path / "sparse" / "0" / "cameras.txt"
+    good = cams.read_text()
+    cams.write_text(good.replace("SIMPLE_RADIAL 48 36 40", "SIMPLE_RADIAL 48 36 4O"))
+    with pytest.raises(ValueError, match=r"cameras.txt:\d+: '4O' is not a number"):
+        load_dataset(str(tmp_path))
+    cams.write_text(good.replace("SIMPLE_RADIAL 48 36 40", "SIMPLE_RADIAL 48 36 0"))
+    with pytest.raises(ValueError, match=r"sparse/0: camera 1 of image img_00.png has invalid"):
+        load_dataset(str(tmp_path))
