@@ -4,7 +4,7 @@ __version__ = "0.1.0"
 
 from .ply import GaussianPly, PlyFormatError, read_ply, write_ply
 from .arc import MODES, Calibration, accumulator, calibrate, resolve_threshold, scatter_add, warp_plan, warp_reducer
-from .splat import Camera, GaussianGrads, RenderOutput, RenderSettings, render_gaussians, render_gaussians_backward
+from .splat import Camera, GaussianGrads, RenderOutput, RenderSettings, render_gaussians, render_gaussians_backward, Workspace
 
 __all__ = [
     "MODES",
@@ -24,5 +24,6 @@ __all__ = [
     "scatter_add",
     "warp_plan",
     "warp_reducer",
+    "Workspace",
     "write_ply",
 ]

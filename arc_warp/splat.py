@@ -3,5 +3,6 @@
 from ._src.camera import Camera
 from ._src.splat.records import GaussianGrads, RenderOutput, RenderSettings
 from ._src.splat.render import render_gaussians, render_gaussians_backward
+from ._src.splat.workspace import Workspace
 
-__all__ = ["Camera", "GaussianGrads", "RenderOutput", "RenderSettings", "render_gaussians", "render_gaussians_backward"]
+__all__ = ["Camera", "GaussianGrads", "RenderOutput", "RenderSettings", "render_gaussians", "render_gaussians_backward", "Workspace"]

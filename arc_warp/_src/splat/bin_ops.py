@@ -7,6 +7,7 @@ import warp.utils
 from arc_warp._src.splat.bin_kernels import copy_last, tile_ranges, write_keys
 from arc_warp._src.splat.geometry_funcs import TILE_SIZE
 from arc_warp._src.splat.records import BinResult, ProjectResult
+from arc_warp._src.splat.workspace import Frame
 
 
 def tile_grid(width: int, height: int) -> tuple[int, int]:
@@ -14,29 +15,32 @@ def tile_grid(width: int, height: int) -> tuple[int, int]:
     return (width + TILE_SIZE - 1) // TILE_SIZE, (height + TILE_SIZE - 1) // TILE_SIZE
 
 
-def count_intersections(proj: ProjectResult, flags: wp.array) -> tuple[wp.array, np.ndarray]:
+def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame) -> tuple[wp.array, np.ndarray]:
     """Inclusive scan of the per-Gaussian tile counts, and ``flags`` read back to the host.
 
     ``flags[0]`` receives the intersection total, so this single readback (the one host
     sync of the forward) returns the sort size together with the input-check flags.
     """
     device = proj.radii.device
-    cum_tiles = wp.empty_like(proj.tiles_per_gauss)
+    cum_tiles = frame.array("cum_tiles", proj.tiles_per_gauss.shape, wp.int32)
     wp.utils.array_scan(proj.tiles_per_gauss, cum_tiles, inclusive=True)
     wp.launch(copy_last, dim=1, inputs=[cum_tiles], outputs=[flags], device=device, record_tape=False)
     return cum_tiles, flags.numpy()
 
 
 def sort_intersections(
-    proj: ProjectResult, cum_tiles: wp.array, n_isects: int, tiles_x: int, tiles_y: int
+    proj: ProjectResult, cum_tiles: wp.array, n_isects: int, tiles_x: int, tiles_y: int, frame: Frame
 ) -> BinResult:
-    """Keys ``tile << 32 | depth bits`` sorted stably (equal keys keep Gaussian order)."""
+    """Keys ``tile << 32 | depth bits`` sorted stably (equal keys keep Gaussian order).
+
+    The sort buffers come from ``frame`` with spare capacity, so a count that varies a
+    little between steps reuses them."""
     device = proj.radii.device
     n_tiles = tiles_x * tiles_y
     # radix_sort_pairs works in place and needs room for 2 * count
-    keys = wp.empty(2 * n_isects, dtype=wp.int64, device=device)
-    gauss_ids = wp.empty(2 * n_isects, dtype=wp.int32, device=device)
-    ranges = wp.zeros(n_tiles, dtype=wp.vec2i, device=device)
+    keys = frame.capacity("sort_keys", 2 * n_isects, wp.int64)
+    gauss_ids = frame.capacity("sort_ids", 2 * n_isects, wp.int32)
+    ranges = frame.array("tile_ranges", n_tiles, wp.vec2i, zero=True)
     if n_isects > 0:
         wp.launch(
             write_keys,

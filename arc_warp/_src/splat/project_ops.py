@@ -7,6 +7,7 @@ from arc_warp._src.camera import Camera
 from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
 from arc_warp._src.splat.project_kernels import make_project_bwd, project_fwd
 from arc_warp._src.splat.records import GaussianGrads, GaussianInputs, ProjectResult
+from arc_warp._src.splat.workspace import Frame
 
 
 def camera_params(camera: Camera) -> CameraParams:
@@ -28,17 +29,28 @@ def camera_params(camera: Camera) -> CameraParams:
 
 
 def project(
-    inputs: GaussianInputs, cam: CameraParams, eps2d: float, tiles_x: int, tiles_y: int, bad: wp.array
+    inputs: GaussianInputs,
+    cam: CameraParams,
+    eps2d: float,
+    tiles_x: int,
+    tiles_y: int,
+    bad: wp.array,
+    frame: Frame,
+    means2d: wp.array,  # (N,) vec2, output
+    radii: wp.array,  # (N,) vec2i, output
 ) -> ProjectResult:
-    """Screen-space splats, radii and tile counts; flags non-finite inputs in ``bad``."""
+    """Screen-space splats, radii and tile counts; flags non-finite inputs in ``bad``.
+
+    Scratch comes from ``frame``; ``means2d`` and ``radii`` are the caller's outputs."""
     n = inputs.count
     device = inputs.means.device
+    means2d.zero_()  # culled entries keep 0
     result = ProjectResult(
-        means2d=wp.zeros(n, dtype=wp.vec2, device=device),
-        splats=wp.empty(n, dtype=Splat2D, device=device),  # culled entries are never read
-        radii=wp.empty(n, dtype=wp.vec2i, device=device),
-        tiles_per_gauss=wp.empty(n, dtype=wp.int32, device=device),
-        rgb=inputs.colors if inputs.sh_coeffs == 0 else wp.empty(n, dtype=wp.vec3, device=device),
+        means2d=means2d,
+        splats=frame.array("splats", n, Splat2D),  # culled entries are never read
+        radii=radii,
+        tiles_per_gauss=frame.array("tiles_per_gauss", n, wp.int32),
+        rgb=inputs.colors if inputs.sh_coeffs == 0 else frame.array("rgb", n, wp.vec3),
     )
     wp.launch(
         project_fwd,

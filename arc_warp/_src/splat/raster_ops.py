@@ -5,19 +5,25 @@ import warp as wp
 from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, grad_vector
 from arc_warp._src.splat.raster_kernels import make_raster_bwd, raster_fwd
 from arc_warp._src.splat.records import BinResult, ProjectResult, RasterImages
+from arc_warp._src.splat.workspace import Frame
 
 
-def rasterize(proj: ProjectResult, bins: BinResult, width: int, height: int, background) -> RasterImages:
-    """Composites the binned splats front to back into (H, W) images."""
+def rasterize(
+    proj: ProjectResult, bins: BinResult, width: int, height: int, background, frame: Frame, outputs: dict
+) -> RasterImages:
+    """Composites the binned splats front to back into (H, W) images.
+
+    ``outputs`` holds the caller's (H, W) ``color``, ``alpha``, ``depth`` and
+    ``expected_depth`` arrays; the backward's state comes from ``frame``."""
     device = proj.radii.device
     shape = (height, width)
     images = RasterImages(
-        color=wp.empty(shape, dtype=wp.vec3, device=device),
-        alpha=wp.empty(shape, dtype=float, device=device),
-        depth=wp.empty(shape, dtype=float, device=device),
-        expected_depth=wp.empty(shape, dtype=float, device=device),
-        final_t=wp.empty(shape, dtype=float, device=device),
-        last_ids=wp.empty(shape, dtype=wp.int32, device=device),
+        color=outputs["color"],
+        alpha=outputs["alpha"],
+        depth=outputs["depth"],
+        expected_depth=outputs["expected_depth"],
+        final_t=frame.array("final_t", shape, float),
+        last_ids=frame.array("last_ids", shape, wp.int32),
     )
     wp.launch(
         raster_fwd,
@@ -59,10 +65,12 @@ def raster_backward(
     mode: str,
     absgrad: bool,
     threshold: int,
+    frame: Frame,
 ) -> wp.array:
-    """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents."""
+    """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents,
+    in a zeroed buffer of ``frame``."""
     device = proj.radii.device
-    raster_grads = wp.zeros(proj.radii.shape[0], dtype=grad_vector(absgrad), device=device)
+    raster_grads = frame.array("raster_grads", proj.radii.shape[0], grad_vector(absgrad), zero=True)
     if bins.n_isects == 0:
         return raster_grads
     height, width = images.alpha.shape

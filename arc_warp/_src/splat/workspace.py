@@ -1,0 +1,94 @@
+"""Device buffers kept across renders, so a training step allocates no new Warp arrays."""
+
+from __future__ import annotations
+
+import weakref
+
+import warp as wp
+
+from arc_warp._src.arc.calibrate import resolve_threshold
+
+
+class Frame:
+    """The buffers of one render in flight: its forward state, scratch and outputs.
+
+    Buffers are looked up by name; one is (re)allocated only when its shape or dtype
+    changes, so renders of one size reuse them. A frame is leased to one
+    :class:`RenderOutput` and returns to its :class:`Workspace` when that output is
+    garbage collected (its backward can no longer run), so two renders alive at once
+    never share buffers.
+    """
+
+    def __init__(self, workspace: Workspace):
+        self._workspace = workspace
+        self._arrays: dict[str, wp.array] = {}
+        self.launches: dict = {}  # recorded wp.Launch objects of this frame, by stage
+
+    def array(self, name: str, shape, dtype, zero: bool = False) -> wp.array:
+        """The buffer ``name`` with exactly ``shape`` and ``dtype``; ``zero`` memsets it."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        a = self._arrays.get(name)
+        if a is None or a.shape != shape or a.dtype != dtype:
+            a = self._workspace._allocate(shape, dtype, zero)
+            self._arrays[name] = a
+        elif zero:
+            a.zero_()
+        return a
+
+    def zeros_once(self, name: str, shape, dtype) -> wp.array:
+        """A read-only zero buffer: zeroed when allocated, never written afterwards."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        a = self._arrays.get(name)
+        if a is None or a.shape != shape or a.dtype != dtype:
+            a = self._workspace._allocate(shape, dtype, True)
+            self._arrays[name] = a
+        return a
+
+    def capacity(self, name: str, count: int, dtype) -> wp.array:
+        """A 1D buffer ``name`` of at least ``count`` entries (grown by 1.5x, never shrunk),
+        for sizes that vary from call to call such as the tile-sort buffers."""
+        a = self._arrays.get(name)
+        if a is None or a.shape[0] < count or a.dtype != dtype:
+            a = self._workspace._allocate((max(count + count // 2, 1),), dtype, False)
+            self._arrays[name] = a
+        return a
+
+
+class Workspace:
+    """Buffers and settings of repeated renders on one device (explicit state, no globals).
+
+    Pass it to :func:`render_gaussians` (``workspace=``). Renders of the same N and
+    image size then allocate nothing: each takes a :class:`Frame` from the free list
+    and the frame goes back when the render's output is dropped.
+
+    Args:
+        device: Warp device (default: the current one).
+        threshold: ARC threshold to use when ``RenderSettings.threshold`` is None;
+            ``None`` resolves the calibrated value of the device HERE, once (on a GPU
+            that was never calibrated this runs the calibration), so that no step ever
+            calibrates lazily (which would also break graph capture).
+
+    Attributes:
+        allocations: number of Warp arrays this workspace has allocated so far; a
+            repeated forward + backward of one size leaves it unchanged.
+        threshold: the resolved ARC threshold.
+    """
+
+    def __init__(self, device=None, threshold: int | None = None):
+        self.device = wp.get_device(device)
+        self.threshold = resolve_threshold(self.device, threshold)
+        self.allocations = 0
+        self._free: list[Frame] = []
+
+    def _allocate(self, shape: tuple, dtype, zero: bool) -> wp.array:
+        self.allocations += 1
+        maker = wp.zeros if zero else wp.empty
+        return maker(shape, dtype=dtype, device=self.device)
+
+    def acquire(self) -> Frame:
+        """A free frame, or a new one."""
+        return self._free.pop() if self._free else Frame(self)
+
+    def release_with(self, owner, frame: Frame) -> None:
+        """Return ``frame`` to the pool when ``owner`` (the render's output) is collected."""
+        weakref.finalize(owner, self._free.append, frame)
