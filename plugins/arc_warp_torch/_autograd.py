@@ -46,7 +46,38 @@ class RenderContext:
                 and wp.get_mempool_release_threshold(wdev) == 0):
             wp.set_mempool_release_threshold(wdev, pool_release_fraction)
         self.workspace = Workspace(wdev, threshold)
+        self._wdevice = wdev
         self._streams = {}
+        self._views = {}  # (pointer, shape, dtype) -> non-owning wp.array
+        self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
+
+    def view(self, t: torch.Tensor, dtype) -> wp.array:
+        """Zero-copy Warp view of a float32/int32 contiguous tensor whose last axis packs
+        `dtype` (a vector type) or not (a scalar type).
+
+        The view does NOT keep `t` alive: the caller keeps `t` alive while Warp uses it
+        (torch saves what the backward reads). Owning views (`wp.from_torch`) held by
+        the autograd context would make a cycle through the outputs' grad_fn that
+        garbage collection cannot break, pinning every step's buffers. Views are cached
+        by pointer, shape and dtype, so a tensor that reuses memory reuses its view and
+        prepared launches need not repack it."""
+        key = (t.data_ptr(), t.shape, dtype)
+        a = self._views.get(key)
+        if a is None:
+            if len(self._views) >= 512:  # bounded: pointers of freed tensors pile up
+                self._views.clear()
+            shape = tuple(t.shape[:-1]) if wp.types.type_is_vector(dtype) else tuple(t.shape)
+            a = wp.array(ptr=t.data_ptr(), dtype=dtype, shape=shape, device=self._wdevice)
+            self._views[key] = a
+        return a
+
+    def torch_view(self, a: wp.array) -> torch.Tensor:
+        """Torch view of a workspace array (cached: workspace arrays live as long as it)."""
+        key = (a.ptr, a.shape, a.dtype)
+        t = self._torch_views.get(key)
+        if t is None:
+            t = self._torch_views[key] = wp.to_torch(a, requires_grad=False)
+        return t
 
     def stream(self):
         """Context in which Warp launches on torch's current stream (no-op on the CPU)."""
@@ -144,14 +175,6 @@ IMAGE_DTYPES = (wp.vec3, wp.float32, wp.float32, wp.float32)
 IMAGE_NAMES = ("color", "alpha", "depth", "expected_depth")
 
 
-def _to_warp(t: torch.Tensor, dtype) -> wp.array:
-    """Zero-copy Warp view of a float32 contiguous tensor whose last axis packs `dtype`.
-
-    requires_grad=False: gradients come from render_gaussians_backward, and Warp must not
-    attach .grad buffers to the caller's tensors."""
-    return wp.from_torch(t, dtype=dtype, requires_grad=False)
-
-
 class _RaiseOnDoubleBackward(torch.autograd.Function):
     """Identity on a gradient tensor whose own backward raises a clear error."""
 
@@ -185,10 +208,10 @@ class _RenderGaussians(torch.autograd.Function):
         inputs = (means, quats, scales, opacities, colors)
         outs = []
         with context.stream():
-            arrays = [_to_warp(t, dt) for t, dt in zip(inputs, INPUT_DTYPES)]
-            wimages = [_to_warp(t, dt) for t, dt in zip(images, IMAGE_DTYPES)]
-            wm2d = _to_warp(means2d_out, wp.vec2)
-            wradii = wp.from_torch(radii, dtype=wp.vec2i)
+            arrays = [context.view(t, dt) for t, dt in zip(inputs, INPUT_DTYPES)]
+            wimages = [context.view(t, dt) for t, dt in zip(images, IMAGE_DTYPES)]
+            wm2d = context.view(means2d_out, wp.vec2)
+            wradii = context.view(radii, wp.vec2i)
             for i, camera in enumerate(cameras):
                 targets = {name: img[i] for name, img in zip(IMAGE_NAMES, wimages)}
                 targets["means2d"], targets["radii"] = wm2d[i], wradii[i]
@@ -197,6 +220,9 @@ class _RenderGaussians(torch.autograd.Function):
         # Saved only so torch raises if anything the Warp backward reads was modified in place.
         ctx.save_for_backward(*inputs, *images)
         ctx.outs, ctx.sink, ctx.context = outs, sink, context
+        # The backward reads these through non-owning views (see RenderContext.view); the
+        # caller may drop them first. Neither has a grad_fn, so this makes no cycle.
+        ctx.keep_alive = (means2d_out, radii)
         return (*images, radii)
 
     @staticmethod
@@ -213,7 +239,7 @@ class _RenderGaussians(torch.autograd.Function):
         with torch.no_grad():
             grads, means2d_grad = _warp_backward(ctx.context, ctx.outs, saved[:5], ctx.sink,
                                                  (g_color, g_alpha, g_depth, g_expected_depth))
-        result = [None] * 5
+        result = [None] * 6  # context, cameras, settings, means2d_out, sink, sink_tensor
         if ctx.sink is not None and ctx.needs_input_grad[5]:
             result[5] = wrap(means2d_grad)
         for i, g in enumerate(grads):
@@ -230,9 +256,9 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
     flat = torch.zeros(sum(sizes), dtype=torch.float32, device=inputs[0].device)
     torch_grads = tuple(part.view_as(t) for part, t in zip(flat.split(sizes), inputs))
     with context.stream():
-        wg = [None if g is None else _to_warp(g.to(torch.float32).contiguous(), dt)
-              for g, dt in zip(output_grads, IMAGE_DTYPES)]
-        into = GaussianGrads(*(_to_warp(g, dt) for g, dt in zip(torch_grads, INPUT_DTYPES)))
+        output_grads = [None if g is None else g.to(torch.float32).contiguous() for g in output_grads]
+        wg = [None if g is None else context.view(g, dt) for g, dt in zip(output_grads, IMAGE_DTYPES)]
+        into = GaussianGrads(*(context.view(g, dt) for g, dt in zip(torch_grads, INPUT_DTYPES)))
         for i, out in enumerate(outs):
             # The renderer accumulates into these; a second backward (retain_graph) starts at 0.
             for buf in (out.means2d_grad, out.means2d_absgrad):
@@ -246,7 +272,7 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
     m2d = target.new_zeros(target.shape) if target.shape[-1] > 2 else target.new_empty(target.shape)
     batched = m2d.view(c, n, target.shape[-1])
     for i, out in enumerate(outs):
-        batched[i, :, :2] = wp.to_torch(out.means2d_grad, requires_grad=False)
+        batched[i, :, :2] = context.torch_view(out.means2d_grad)
     _scale(batched, sink.scale)
     if sink.absgrad_owner is not None:
         owner = sink.absgrad_owner
@@ -254,7 +280,7 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
             owner.absgrad = torch.zeros_like(owner, requires_grad=False)
         absgrad = owner.absgrad.view(c, n, owner.shape[-1])
         for i, out in enumerate(outs):
-            part = wp.to_torch(out.means2d_absgrad, requires_grad=False)
+            part = context.torch_view(out.means2d_absgrad)
             for axis in (0, 1):
                 absgrad[i, :, axis] += part[:, axis] * sink.scale[axis]
     return torch_grads, m2d

@@ -24,7 +24,7 @@ def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame) -> t
     device = proj.radii.device
     cum_tiles = frame.array("cum_tiles", proj.tiles_per_gauss.shape, wp.int32)
     wp.utils.array_scan(proj.tiles_per_gauss, cum_tiles, inclusive=True)
-    wp.launch(copy_last, dim=1, inputs=[cum_tiles], outputs=[flags], device=device, record_tape=False)
+    frame.launch(copy_last, 1, [cum_tiles, flags])
     return cum_tiles, flags.numpy()
 
 
@@ -42,16 +42,20 @@ def sort_intersections(
     gauss_ids = frame.capacity("sort_ids", 2 * n_isects, wp.int32)
     ranges = frame.array("tile_ranges", n_tiles, wp.vec2i, zero=True)
     if n_isects > 0:
-        wp.launch(
+        frame.launch(
             write_keys,
-            dim=proj.radii.shape[0],
-            inputs=[proj.splats, proj.radii, proj.tiles_per_gauss, cum_tiles, tiles_x, tiles_y],
-            outputs=[keys, gauss_ids],
-            device=device,
-            record_tape=False,
+            proj.radii.shape[0],
+            [
+                proj.splats,
+                proj.radii,
+                proj.tiles_per_gauss,
+                cum_tiles,
+                tiles_x,
+                tiles_y,
+                keys,
+                gauss_ids,
+            ],
         )
         wp.utils.radix_sort_pairs(keys, gauss_ids, n_isects, 0, 32 + n_tiles.bit_length())
-        wp.launch(
-            tile_ranges, dim=n_isects, inputs=[keys, n_isects], outputs=[ranges], device=device, record_tape=False
-        )
+        frame.launch(tile_ranges, n_isects, [keys, n_isects, ranges])
     return BinResult(tiles_x=tiles_x, tiles_y=tiles_y, n_isects=n_isects, gauss_ids=gauss_ids, tile_ranges=ranges)

@@ -52,13 +52,24 @@ def project(
         tiles_per_gauss=frame.array("tiles_per_gauss", n, wp.int32),
         rgb=inputs.colors if inputs.sh_coeffs == 0 else frame.array("rgb", n, wp.vec3),
     )
-    wp.launch(
+    frame.launch(
         project_fwd,
-        dim=n,
-        inputs=[inputs.means, inputs.quats, inputs.scales, inputs.opacities, cam, eps2d, tiles_x, tiles_y],
-        outputs=[result.means2d, result.splats, result.radii, result.tiles_per_gauss, bad],
-        device=device,
-        record_tape=False,
+        n,
+        [
+            inputs.means,
+            inputs.quats,
+            inputs.scales,
+            inputs.opacities,
+            cam,
+            eps2d,
+            tiles_x,
+            tiles_y,
+            result.means2d,
+            result.splats,
+            result.radii,
+            result.tiles_per_gauss,
+            bad,
+        ],
     )
     return result
 
@@ -72,13 +83,14 @@ def project_backward(
     grads: GaussianGrads,
     means2d_grad: wp.array | None,
     means2d_absgrad: wp.array | None,
+    frame: Frame,
 ):
     """Adds the projection's and the colour stage's shares of the gradients into ``grads``
     (and the 2D mean grads), in one pass over the Gaussians."""
-    wp.launch(
+    frame.launch(
         make_project_bwd(inputs.sh_coeffs, absgrad),
-        dim=inputs.count,
-        inputs=[
+        inputs.count,
+        [
             inputs.means,
             inputs.quats,
             inputs.scales,
@@ -87,8 +99,6 @@ def project_backward(
             proj.radii,
             proj.splats,
             raster_grads,
-        ],
-        outputs=[
             grads.means,
             grads.quats,
             grads.scales,
@@ -97,6 +107,4 @@ def project_backward(
             means2d_grad,
             means2d_absgrad,
         ],
-        device=inputs.means.device,
-        record_tape=False,
     )

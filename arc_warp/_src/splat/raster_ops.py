@@ -25,10 +25,10 @@ def rasterize(
         final_t=frame.array("final_t", shape, float),
         last_ids=frame.array("last_ids", shape, wp.int32),
     )
-    wp.launch(
+    frame.launch(
         raster_fwd,
-        dim=bins.tiles_x * bins.tiles_y * BLOCK_PIXELS,
-        inputs=[
+        bins.tiles_x * bins.tiles_y * BLOCK_PIXELS,
+        [
             bins.gauss_ids,
             bins.tile_ranges,
             proj.splats,
@@ -37,8 +37,6 @@ def rasterize(
             height,
             bins.tiles_x,
             wp.vec3(*background),
-        ],
-        outputs=[
             images.color,
             images.alpha,
             images.depth,
@@ -47,8 +45,6 @@ def rasterize(
             images.last_ids,
         ],
         block_dim=BLOCK_PIXELS,
-        device=device,
-        record_tape=False,
     )
     return images
 
@@ -74,10 +70,10 @@ def raster_backward(
     if bins.n_isects == 0:
         return raster_grads
     height, width = images.alpha.shape
-    wp.launch(
+    frame.launch(
         make_raster_bwd(mode, absgrad),
-        dim=bins.tiles_x * bins.tiles_y * BLOCK_PIXELS,
-        inputs=[
+        bins.tiles_x * bins.tiles_y * BLOCK_PIXELS,
+        [
             bins.gauss_ids,
             bins.tile_ranges,
             proj.splats,
@@ -94,10 +90,8 @@ def raster_backward(
             v_depth,
             v_expected_depth,
             threshold,
+            raster_grads,
         ],
-        outputs=[raster_grads],
         block_dim=BLOCK_PIXELS,
-        device=device,
-        record_tape=False,
     )
     return raster_grads

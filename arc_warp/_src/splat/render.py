@@ -166,7 +166,7 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings, f
         output("radii", n, wp.vec2i),
     )
     if n > 0:
-        compute_colors(inputs, cam, proj, flags)  # flags bad colours before the readback
+        compute_colors(inputs, cam, proj, flags, frame)  # flags bad colours before the readback
         cum_tiles, host_flags = count_intersections(proj, flags, frame)
         raise_on_flags(host_flags)
         bins = sort_intersections(proj, cum_tiles, int(host_flags[0]), tiles_x, tiles_y, frame)
@@ -285,6 +285,6 @@ def render_gaussians_backward(
     )
     cam = out._cam
     project_backward(
-        inputs, cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad, out.means2d_absgrad
+        inputs, cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad, out.means2d_absgrad, frame
     )
     return grads

@@ -9,6 +9,18 @@ import warp as wp
 from arc_warp._src.arc.calibrate import resolve_threshold
 
 
+_REPACK = object()  # signature of an argument that is always repacked (structs, vectors)
+
+
+def _signature(arg):
+    """What must be unchanged for a packed launch argument to be reused."""
+    if isinstance(arg, wp.array):
+        return (arg.ptr, arg.shape, arg.strides)
+    if arg is None or isinstance(arg, (bool, int, float)):
+        return arg
+    return _REPACK
+
+
 class Frame:
     """The buffers of one render in flight: its forward state, scratch and outputs.
 
@@ -22,7 +34,7 @@ class Frame:
     def __init__(self, workspace: Workspace):
         self._workspace = workspace
         self._arrays: dict[str, wp.array] = {}
-        self.launches: dict = {}  # recorded wp.Launch objects of this frame, by stage
+        self._launches: dict = {}  # kernel -> [wp.Launch, dim, argument signatures]
 
     def array(self, name: str, shape, dtype, zero: bool = False) -> wp.array:
         """The buffer ``name`` with exactly ``shape`` and ``dtype``; ``zero`` memsets it."""
@@ -43,6 +55,30 @@ class Frame:
             a = self._workspace._allocate(shape, dtype, True)
             self._arrays[name] = a
         return a
+
+    def launch(self, kernel, dim, args: list, block_dim: int | None = None) -> None:
+        """``wp.launch(kernel, dim, inputs=args)`` on the current stream, prepared once per
+        frame and replayed: later calls repack only the arguments that changed (an array
+        whose pointer, shape and strides are the same is not repacked). ``dim`` is an int."""
+        if dim == 0:
+            return  # Warp records no command for an empty launch
+        record = self._launches.get(kernel)
+        if record is None:
+            cmd = wp.launch(kernel, dim=dim, inputs=args, device=self._workspace.device, block_dim=block_dim,
+                            record_cmd=True, record_tape=False)
+            cmd.fwd_args = None  # kept by Warp only for APIC capture; would pin the first call's arrays
+            self._launches[kernel] = [cmd, dim, [_signature(a) for a in args]]
+        else:
+            cmd, old_dim, signatures = record
+            if dim != old_dim:
+                cmd.set_dim(dim)
+                record[1] = dim
+            for i, arg in enumerate(args):
+                sig = _signature(arg)
+                if sig is _REPACK or sig != signatures[i]:
+                    cmd.set_param_at_index(i, arg)
+                    signatures[i] = sig
+        cmd.launch()
 
     def capacity(self, name: str, count: int, dtype) -> wp.array:
         """A 1D buffer ``name`` of at least ``count`` entries (grown by 1.5x, never shrunk),
