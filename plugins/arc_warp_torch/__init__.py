@@ -8,7 +8,9 @@ Tensors are shared with Warp without copies, on torch's current CUDA stream; gra
 come from arc_warp's hand-written (ARC-reduced) backward through torch.autograd.
 """
 
+from ._autograd import RenderContext, default_context
 from .inria import GaussianRasterizationSettings, GaussianRasterizer
 from .rasterization import RENDER_MODES, rasterization
 
-__all__ = ["RENDER_MODES", "GaussianRasterizationSettings", "GaussianRasterizer", "rasterization"]
+__all__ = ["RENDER_MODES", "GaussianRasterizationSettings", "GaussianRasterizer", "RenderContext",
+           "default_context", "rasterization"]

@@ -22,7 +22,7 @@ def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame) -> t
     sync of the forward) returns the sort size together with the input-check flags.
     """
     device = proj.radii.device
-    cum_tiles = frame.array("cum_tiles", proj.tiles_per_gauss.shape, wp.int32)
+    cum_tiles = frame.shared.array("cum_tiles", proj.tiles_per_gauss.shape, wp.int32)
     wp.utils.array_scan(proj.tiles_per_gauss, cum_tiles, inclusive=True)
     frame.launch(copy_last, 1, [cum_tiles, flags])
     return cum_tiles, flags.numpy()
@@ -38,7 +38,7 @@ def sort_intersections(
     device = proj.radii.device
     n_tiles = tiles_x * tiles_y
     # radix_sort_pairs works in place and needs room for 2 * count
-    keys = frame.capacity("sort_keys", 2 * n_isects, wp.int64)
+    keys = frame.shared.capacity("sort_keys", 2 * n_isects, wp.int64)
     gauss_ids = frame.capacity("sort_ids", 2 * n_isects, wp.int32)
     ranges = frame.array("tile_ranges", n_tiles, wp.vec2i, zero=True)
     if n_isects > 0:

@@ -66,7 +66,7 @@ def raster_backward(
     """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents,
     in a zeroed buffer of ``frame``."""
     device = proj.radii.device
-    raster_grads = frame.array("raster_grads", proj.radii.shape[0], grad_vector(absgrad), zero=True)
+    raster_grads = frame.shared.array("raster_grads", proj.radii.shape[0], grad_vector(absgrad), zero=True)
     if bins.n_isects == 0:
         return raster_grads
     height, width = images.alpha.shape

@@ -159,7 +159,7 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings, f
         return frame.array(name, shape, dtype) if given is None else given
 
     images_out = {name: output(name, shape, dtype) for name, dtype in IMAGE_OUTPUTS.items()}
-    flags = frame.array("flags", 1 + len(BAD_SLOTS), wp.int32, zero=True)
+    flags = frame.shared.array("flags", 1 + len(BAD_SLOTS), wp.int32, zero=True)
     proj = project(
         inputs, cam, settings.eps2d, tiles_x, tiles_y, flags, frame,
         output("means2d", n, wp.vec2),
@@ -250,7 +250,7 @@ def render_gaussians_backward(
         if value is not None:
             return check_array(value, name, dtype, 2, shape, device)
         # one read-only zero image per dtype serves every missing cotangent
-        return frame.zeros_once(f"zero_{dtype.__name__}", shape, dtype)
+        return frame.shared.zeros_once(f"zero_{dtype.__name__}", shape, dtype)
 
     v_color = cotangent(grad_color, "grad_color", wp.vec3)
     v_alpha = cotangent(grad_alpha, "grad_alpha", wp.float32)

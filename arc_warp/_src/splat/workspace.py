@@ -9,6 +9,7 @@ import warp as wp
 from arc_warp._src.arc.calibrate import resolve_threshold
 
 
+_PYTHON_DTYPES = {float: wp.float32, int: wp.int32, bool: wp.bool}  # as wp.array stores them
 _REPACK = object()  # signature of an argument that is always repacked (structs, vectors)
 
 
@@ -31,14 +32,18 @@ class Frame:
     never share buffers.
     """
 
-    def __init__(self, workspace: Workspace):
+    def __init__(self, workspace: Workspace, shared: Frame | None = None):
         self._workspace = workspace
+        # buffers used only within one call (sort keys, scans, flags, gradient scratch),
+        # shared by all frames of the workspace: work on one stream is ordered
+        self.shared = self if shared is None else shared
         self._arrays: dict[str, wp.array] = {}
         self._launches: dict = {}  # kernel -> [wp.Launch, dim, argument signatures]
 
     def array(self, name: str, shape, dtype, zero: bool = False) -> wp.array:
         """The buffer ``name`` with exactly ``shape`` and ``dtype``; ``zero`` memsets it."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dtype = _PYTHON_DTYPES.get(dtype, dtype)
         a = self._arrays.get(name)
         if a is None or a.shape != shape or a.dtype != dtype:
             a = self._workspace._allocate(shape, dtype, zero)
@@ -50,6 +55,7 @@ class Frame:
     def zeros_once(self, name: str, shape, dtype) -> wp.array:
         """A read-only zero buffer: zeroed when allocated, never written afterwards."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dtype = _PYTHON_DTYPES.get(dtype, dtype)
         a = self._arrays.get(name)
         if a is None or a.shape != shape or a.dtype != dtype:
             a = self._workspace._allocate(shape, dtype, True)
@@ -94,8 +100,12 @@ class Workspace:
     """Buffers and settings of repeated renders on one device (explicit state, no globals).
 
     Pass it to :func:`render_gaussians` (``workspace=``). Renders of the same N and
-    image size then allocate nothing: each takes a :class:`Frame` from the free list
-    and the frame goes back when the render's output is dropped.
+    image size then allocate nothing: each takes a :class:`Frame` (the state its
+    backward needs) from the free list and the frame goes back when the render's output
+    is dropped; buffers used only within one call are shared by all frames. A training
+    loop that still holds the previous step's output while rendering the next one
+    (``colors = rasterization(...)`` rebinds only after the call) alternates between
+    two frames, so it allocates in its first two steps and never after.
 
     Args:
         device: Warp device (default: the current one).
@@ -115,6 +125,7 @@ class Workspace:
         self.threshold = resolve_threshold(self.device, threshold)
         self.allocations = 0
         self._free: list[Frame] = []
+        self._shared = Frame(self)
 
     def _allocate(self, shape: tuple, dtype, zero: bool) -> wp.array:
         self.allocations += 1
@@ -123,7 +134,7 @@ class Workspace:
 
     def acquire(self) -> Frame:
         """A free frame, or a new one."""
-        return self._free.pop() if self._free else Frame(self)
+        return self._free.pop() if self._free else Frame(self, self._shared)
 
     def release_with(self, owner, frame: Frame) -> None:
         """Return ``frame`` to the pool when ``owner`` (the render's output) is collected."""
