@@ -14,7 +14,7 @@ from . import densify as dens
 from .datasets import Dataset
 from .distributed import DistContext
 from .losses import mse_to_psnr, photometric_loss, psnr, ssim
-from .model import init_params, make_optimizers, random_points, render_views, to_ply
+from .model import OPTIMIZERS, init_params, make_optimizers, random_points, render_views, to_ply
 from .outputs import ensure_dir, plot_psnr, save_png, side_by_side, write_json
 
 
@@ -34,6 +34,10 @@ class TrainConfig:
     to torch.set_num_threads (1 is fastest for tiny images on a busy machine). check_sync:
     with several ranks, verify at every evaluation and checkpoint that parameters, Adam
     state and RNG states are bitwise equal on all ranks (RuntimeError if not).
+    optimizer: "adam" (torch.optim.Adam, the default until the GPU benchmark ranks them),
+    "fused_adam" (one Warp kernel per parameter, torch Adam's updates up to float32
+    rounding) or "sparse_adam" (that kernel over the Gaussians visible in the step's views
+    only); see model.make_optimizers.
     """
 
     steps: int = 30000
@@ -62,6 +66,7 @@ class TrainConfig:
     progress: bool = True
     cpu_threads: int = None
     check_sync: bool = False
+    optimizer: str = "adam"
 
     def __post_init__(self):
         if isinstance(self.densify, dict):
@@ -74,6 +79,9 @@ class TrainConfig:
                 or self.checkpoint_every < 0:
             raise ValueError("TrainConfig.checkpoint_every must be an int >= 0, got "
                              f"{self.checkpoint_every!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got "
+                             f"{self.optimizer!r}")
         if not 0 <= self.sh_degree <= 3:
             raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree!r}")
 
@@ -135,7 +143,9 @@ class Trainer:
         # Ranks build the same model from the same seeds; the broadcast also covers a
         # GPU kNN (scale init) whose bits could differ between processes.
         self.dist.broadcast_(*self.params.values())
-        self.optimizers = make_optimizers(self.params, self._lrs(0))
+        self.optimizers = make_optimizers(self.params, self._lrs(0), cfg.optimizer)
+        self._background = torch.as_tensor(dataset.background, dtype=torch.float32,
+                                           device=self.device)
         self.stats = dens.DensifyStats(len(points), self.device)
         self.step, self.history, self.train_log = 0, [], []
         self._perm = torch.empty(0, dtype=torch.long)
@@ -144,10 +154,10 @@ class Trainer:
         self._test = [self._tensors(v) for v in dataset.test]
 
     def _tensors(self, view):
-        dev = self.device
-        return (torch.as_tensor(view.image, device=dev)[None],
-                torch.as_tensor(view.world_to_camera, dtype=torch.float32, device=dev)[None],
-                torch.as_tensor(view.K, dtype=torch.float32, device=dev)[None])
+        # cameras stay on the host: the renderer reads them there without a device sync
+        return (torch.as_tensor(view.image, device=self.device)[None],
+                torch.as_tensor(view.world_to_camera, dtype=torch.float32)[None],
+                torch.as_tensor(view.K, dtype=torch.float32)[None])
 
     def _lrs(self, step: int) -> dict:
         c = self.cfg
@@ -162,7 +172,7 @@ class Trainer:
     def render(self, view_tensors, sh_degree: int, absgrad: bool = False):
         image, viewmat, K = view_tensors
         return render_views(self.params, viewmat, K, image.shape[2], image.shape[1],
-                            sh_degree, self.data.background, self.cfg.reduce, absgrad)
+                            sh_degree, self._background, self.cfg.reduce, absgrad)
 
     def _next_views(self, count: int) -> list:
         """The next `count` training-view indices: an endless sequence of random
@@ -176,9 +186,11 @@ class Trainer:
             self._cursor += 1
         return out
 
-    def train_step(self) -> tuple:
+    def train_step(self) -> torch.Tensor:
         """One optimisation step on the next batch_size training views (this rank renders
-        its contiguous share) -> (loss, PSNR) over the whole batch."""
+        its contiguous share) -> [2] device tensor (loss, MSE) over the whole batch. Nothing
+        in a step waits for the device except refinement steps; read the metrics at the
+        logging interval (`metrics_of`)."""
         cfg = self.cfg
         views = self._next_views(cfg.batch_size)
         start = self.dist.rank * self.local_batch
@@ -200,10 +212,17 @@ class Trainer:
                 grad2d = means2d.absgrad if absgrad else means2d.grad
             self.stats.accumulate(grad2d, meta["radii"], colors.shape[2], colors.shape[1])
         mse = ((colors.detach().clamp(0.0, 1.0) - image) ** 2).mean()
-        loss_mean, mse_mean = self.dist.average_gradients(
-            self.params, torch.stack([loss.detach(), mse])).tolist()
+        extras = [torch.stack([loss.detach(), mse])]
+        sparse = cfg.optimizer == "sparse_adam"
+        if sparse:  # visible in any view of any rank: all ranks update the same rows
+            extras.append((meta["radii"] > 0).all(dim=-1).any(dim=0).to(mse.dtype))
+        averaged = self.dist.average_gradients(self.params, torch.cat(extras))
+        n = self.params["means"].shape[0]
         for opt in self.optimizers.values():
-            opt.step()
+            if sparse:
+                opt.step(averaged[2:] > 0, n)
+            else:
+                opt.step()
             opt.zero_grad(set_to_none=True)
         if dens.refines_at(cfg.densify, self.step):
             # Each rank holds the statistics of its own views; decide on the sums.
@@ -211,7 +230,14 @@ class Trainer:
         dens.step_post_backward(self.params, self.optimizers, self.stats, cfg.densify,
                                 self.step, self.scene_scale, self.densify_gen)
         self.step += 1
-        return loss_mean, mse_to_psnr(mse_mean)
+        return averaged[:2]
+
+    @staticmethod
+    def metrics_of(steps: list) -> tuple:
+        """(mean loss, mean PSNR) of `train_step` results; reads them back (one sync)."""
+        values = torch.stack(steps).tolist()
+        return (float(np.mean([v[0] for v in values])),
+                float(np.mean([mse_to_psnr(v[1]) for v in values])))
 
     @torch.no_grad()
     def evaluate(self, views=None) -> dict:
@@ -250,12 +276,10 @@ class Trainer:
                    dynamic_ncols=True, desc="train")
         window = []
         while self.step < end:
-            loss, p = self.train_step()
-            window.append((loss, p))
+            window.append(self.train_step())
             bar.update(1)
             if self.step % cfg.log_every == 0 or self.step == end:
-                mean_loss = float(np.mean([w[0] for w in window]))
-                mean_psnr = float(np.mean([w[1] for w in window]))
+                mean_loss, mean_psnr = self.metrics_of(window)
                 self.train_log.append({"step": self.step, "loss": mean_loss, "psnr": mean_psnr})
                 bar.set_postfix(loss=f"{mean_loss:.4f}", psnr=f"{mean_psnr:.2f}",
                                 n=int(self.params["means"].shape[0]))
@@ -295,7 +319,7 @@ class Trainer:
         self.step = int(state["step"])
         self.params = {k: torch.nn.Parameter(v.to(self.device).contiguous())
                        for k, v in state["params"].items()}
-        self.optimizers = make_optimizers(self.params, self._lrs(self.step))
+        self.optimizers = make_optimizers(self.params, self._lrs(self.step), self.cfg.optimizer)
         for k, opt in self.optimizers.items():
             opt.load_state_dict(state["optimizers"][k])
         stats = {k: v.to(self.device) for k, v in state["stats"].items()}
