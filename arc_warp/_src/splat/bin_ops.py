@@ -21,7 +21,6 @@ def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame) -> t
     ``flags[0]`` receives the intersection total, so this single readback (the one host
     sync of the forward) returns the sort size together with the input-check flags.
     """
-    device = proj.radii.device
     cum_tiles = frame.shared.array("cum_tiles", proj.tiles_per_gauss.shape, wp.int32)
     wp.utils.array_scan(proj.tiles_per_gauss, cum_tiles, inclusive=True)
     frame.launch(copy_last, 1, [cum_tiles, flags])
@@ -35,7 +34,6 @@ def sort_intersections(
 
     The sort buffers come from ``frame`` with spare capacity, so a count that varies a
     little between steps reuses them."""
-    device = proj.radii.device
     n_tiles = tiles_x * tiles_y
     # radix_sort_pairs works in place and needs room for 2 * count
     keys = frame.shared.capacity("sort_keys", 2 * n_isects, wp.int64)

@@ -43,7 +43,6 @@ def project(
 
     Scratch comes from ``frame``; ``means2d`` and ``radii`` are the caller's outputs."""
     n = inputs.count
-    device = inputs.means.device
     means2d.zero_()  # culled entries keep 0
     result = ProjectResult(
         means2d=means2d,

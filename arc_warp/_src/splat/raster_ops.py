@@ -15,7 +15,6 @@ def rasterize(
 
     ``outputs`` holds the caller's (H, W) ``color``, ``alpha``, ``depth`` and
     ``expected_depth`` arrays; the backward's state comes from ``frame``."""
-    device = proj.radii.device
     shape = (height, width)
     images = RasterImages(
         color=outputs["color"],
@@ -65,7 +64,6 @@ def raster_backward(
 ) -> wp.array:
     """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents,
     in a zeroed buffer of ``frame``."""
-    device = proj.radii.device
     raster_grads = frame.shared.array("raster_grads", proj.radii.shape[0], grad_vector(absgrad), zero=True)
     if bins.n_isects == 0:
         return raster_grads
