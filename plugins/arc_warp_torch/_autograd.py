@@ -50,6 +50,19 @@ class RenderContext:
         self._streams = {}
         self._views = {}  # (pointer, shape, dtype) -> non-owning wp.array
         self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
+        self.cameras = {}  # host camera values and image size -> arc_warp.Camera (bounded)
+
+    def camera(self, fx, fy, cx, cy, width, height, world_to_camera, near, far) -> Camera:
+        """The Camera of these values, made (and validated) once: a training loop revisits
+        the same views, and the workspace caches per Camera what kernels need of it."""
+        key = (fx, fy, cx, cy, width, height, world_to_camera.tobytes(), near, far)
+        cam = self.cameras.get(key)
+        if cam is None:
+            if len(self.cameras) >= 1024:
+                self.cameras.clear()
+            cam = self.cameras[key] = Camera(fx, fy, cx, cy, width, height,
+                                             world_to_camera=world_to_camera, near=near, far=far)
+        return cam
 
     def view(self, t: torch.Tensor, dtype) -> wp.array:
         """Zero-copy Warp view of a float32/int32 contiguous tensor whose last axis packs

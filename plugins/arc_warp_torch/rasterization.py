@@ -5,9 +5,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from arc_warp import Camera, RenderSettings
+from arc_warp import RenderSettings
 
-from ._autograd import Means2dSink, RenderContext, check_tensor, render_batch
+from ._autograd import Means2dSink, RenderContext, check_tensor, default_context, render_batch
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 
@@ -38,8 +38,10 @@ def _sh_degree_and_colors(colors, n: int, sh_degree: Optional[int], device):
     return sh_degree, colors
 
 
-def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane: float):
-    """Validate [C,4,4] viewmats and [C,3,3] Ks; return a list of C `Camera`s.
+def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane: float,
+             context: RenderContext):
+    """Validate [C,4,4] viewmats and [C,3,3] Ks; return a list of C `Camera`s (cached by
+    value in `context`).
 
     Host tensors are read in place; device tensors come to the host in ONE copy (both
     packed together), which waits for the device: keep cameras on the host to avoid it."""
@@ -63,8 +65,8 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
         packed = torch.cat([viewmats.detach().reshape(c, 16).to(Ks.device, torch.float64),
                             Ks.detach().reshape(c, 9).to(torch.float64)], dim=1).cpu().numpy()
         vm, ks = packed[:, :16].reshape(c, 4, 4), packed[:, 16:].reshape(c, 3, 3)
-    return [Camera(float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2]), width, height,
-                   world_to_camera=v, near=near_plane, far=far_plane) for v, k in zip(vm, ks)]
+    return [context.camera(float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2]), width,
+                           height, v, near_plane, far_plane) for v, k in zip(vm, ks)]
 
 
 def rasterization(
@@ -169,7 +171,9 @@ def rasterization(
     scales = check_tensor("scales", scales, (n, 3), device)
     opacities = check_tensor("opacities", opacities, (n,), device)
     sh_degree, colors = _sh_degree_and_colors(colors, n, sh_degree, device)
-    cameras = _cameras(viewmats, Ks, width, height, near_plane, far_plane)
+    if context is None:
+        context = default_context(device)
+    cameras = _cameras(viewmats, Ks, width, height, near_plane, far_plane, context)
     c = len(cameras)
     if backgrounds is not None:
         if not isinstance(backgrounds, torch.Tensor) or backgrounds.shape not in ((3,), (c, 3)):

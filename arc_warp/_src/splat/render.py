@@ -132,6 +132,16 @@ def _active_tape() -> wp.Tape | None:
     return wp._src.context.runtime.tape
 
 
+def _camera_args(workspace: Workspace, camera: Camera):
+    """``camera_params(camera)``, built once per Camera object that the workspace sees."""
+    cached = workspace.camera_args.get(id(camera))
+    if cached is None:
+        if len(workspace.camera_args) >= 256:  # bounded: a loop making new cameras
+            workspace.camera_args.clear()
+        cached = workspace.camera_args[id(camera)] = (camera, camera_params(camera))
+    return cached[1]
+
+
 def _check_outputs(outputs, inputs: GaussianInputs, camera: Camera) -> dict:
     """Validated caller-owned output arrays by name (see ``render_gaussians``)."""
     if outputs is None:
@@ -150,7 +160,7 @@ def _check_outputs(outputs, inputs: GaussianInputs, camera: Camera) -> dict:
 
 def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings, frame: Frame, outputs: dict) -> RenderOutput:
     tiles_x, tiles_y = tile_grid(camera.width, camera.height)
-    cam = camera_params(camera)
+    cam = _camera_args(frame._workspace, camera)
     n = inputs.count
     shape = (camera.height, camera.width)
 

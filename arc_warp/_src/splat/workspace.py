@@ -126,6 +126,9 @@ class Workspace:
         self.allocations = 0
         self._free: list[Frame] = []
         self._shared = Frame(self)
+        # kernel arguments derived from a Camera, by id; the entry keeps the camera alive
+        # so an id is never reused while cached
+        self.camera_args: dict[int, tuple] = {}
 
     def _allocate(self, shape: tuple, dtype, zero: bool) -> wp.array:
         self.allocations += 1
