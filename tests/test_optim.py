@@ -13,13 +13,14 @@ SHAPES = {"means": (50, 3), "opacities": (50,), "sh": (50, 4, 3)}
 LRS = {"means": 1e-2, "opacities": 5e-2, "sh": 2.5e-3}
 
 
-def _params(rng):
-    return {k: torch.tensor(rng.normal(size=s), dtype=torch.float32, requires_grad=True)
+def _params(rng, device="cpu"):
+    return {k: torch.tensor(rng.normal(size=s), dtype=torch.float32, device=device, requires_grad=True)
             for k, s in SHAPES.items()}
 
 
-def _grads(rng):
-    return {k: torch.tensor(rng.normal(size=s), dtype=torch.float32) for k, s in SHAPES.items()}
+def _grads(rng, device="cpu"):
+    return {k: torch.tensor(rng.normal(size=s), dtype=torch.float32, device=device)
+            for k, s in SHAPES.items()}
 
 
 def _groups(params):
@@ -27,17 +28,17 @@ def _groups(params):
 
 
 @pytest.mark.parametrize("sparse_all_visible", [False, True], ids=["dense", "sparse_all_visible"])
-def test_dense_steps_equal_torch_adam(rng, sparse_all_visible):
-    ours, ref = _params(rng), None
+def test_dense_steps_equal_torch_adam(rng, sparse_all_visible, device):
+    ours = _params(rng, device)
     ref = {k: v.detach().clone().requires_grad_(True) for k, v in ours.items()}
     opt = SparseGaussianAdam(_groups(ours), lr=0.0, eps=1e-15, bias_correction=True)
     ref_opt = torch.optim.Adam(_groups(ref), lr=0.0, eps=1e-15)
     for _ in range(6):
-        grads = _grads(rng)
+        grads = _grads(rng, device)
         for k in SHAPES:
             ours[k].grad, ref[k].grad = grads[k].clone(), grads[k].clone()
         if sparse_all_visible:
-            opt.step(torch.ones(50, dtype=torch.bool), 50)
+            opt.step(torch.ones(50, dtype=torch.bool, device=device), 50)
         else:
             opt.step()
         ref_opt.step()

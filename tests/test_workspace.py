@@ -97,12 +97,12 @@ def test_workspace_checks_its_arguments(rng):
         render_gaussians(*_arrays(scene), _camera(scene), outputs={"colour": None})
 
 
-def test_torch_repeated_step_allocates_nothing(rng):
+def test_torch_repeated_step_allocates_nothing(rng, device):
     torch = pytest.importorskip("torch")
     from arc_warp_torch import RenderContext, rasterization
 
     scene = random_scene(rng, n=40, width=24, height=20, sh_degree=1)
-    p = {k: torch.tensor(getattr(scene, k), requires_grad=True)
+    p = {k: torch.tensor(getattr(scene, k), device=device, requires_grad=True)
          for k in ("means", "quats", "scales", "opacities", "colors")}
     viewmats = torch.tensor(np.stack([scene.world_to_camera] * 2), dtype=torch.float32)
     ks = torch.tensor([[[scene.fx, 0.0, scene.cx], [0.0, scene.fy, scene.cy], [0.0, 0.0, 1.0]]] * 2,
@@ -116,17 +116,23 @@ def test_torch_repeated_step_allocates_nothing(rng):
             t.grad = None
         return grad
 
-    ctx = RenderContext("cpu")
+    ctx = RenderContext(device)
     counts, grads = [], []
     for _ in range(3):  # the step's outputs are dropped when step() returns
         grads.append(step())
         counts.append(ctx.workspace.allocations)
     assert counts[0] > 0 and counts[1] == counts[0] and counts[2] == counts[0]
     torch.testing.assert_close(grads[2], grads[0], rtol=0, atol=0)
+    if device == "cuda":  # nothing else grows Warp's pool either
+        torch.cuda.synchronize()
+        used = wp.get_mempool_used_mem_current("cuda")
+        step()
+        torch.cuda.synchronize()
+        assert wp.get_mempool_used_mem_current("cuda") == used
 
     # A loop that keeps the last outputs while rendering the next alternates two frames:
     # it allocates in its first two steps only.
-    ctx, counts = RenderContext("cpu"), []
+    ctx, counts = RenderContext(device), []
     for _ in range(4):
         colors, _, meta = rasterization(*p.values(), viewmats, ks, scene.width, scene.height,
                                         context=ctx)
