@@ -76,6 +76,7 @@ class SparseGaussianAdam(torch.optim.Adam):
         super().__init__(params, lr=lr, eps=eps, betas=betas)
         self.bias_correction = bool(bias_correction)
         self._context = context
+        self._frames = {}  # device -> workspace Frame holding this optimizer's prepared launches
 
     @torch.no_grad()
     def step(self, visibility: Optional[torch.Tensor] = None, N: Optional[int] = None):
@@ -89,7 +90,7 @@ class SparseGaussianAdam(torch.optim.Adam):
             visible = visibility.to(torch.bool).contiguous().view(torch.uint8)
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
-            for param in group["params"]:
+            for j, param in enumerate(group["params"]):
                 if param.grad is None:
                     continue
                 self._check(param, None if visibility is None else visible)
@@ -104,8 +105,8 @@ class SparseGaussianAdam(torch.optim.Adam):
                     t = float(state["step"])
                     step_size = group["lr"] / (1.0 - beta1 ** t)
                     bias2_sqrt = (1.0 - beta2 ** t) ** 0.5
-                self._launch(param, state, None if visibility is None else visible, beta1, beta2,
-                             step_size, bias2_sqrt, group["eps"])
+                self._launch((id(group), j), param, state, None if visibility is None else visible,
+                             beta1, beta2, step_size, bias2_sqrt, group["eps"])
 
     @staticmethod
     def _check(param, visible):
@@ -118,8 +119,11 @@ class SparseGaussianAdam(torch.optim.Adam):
                              f"{visible.device} does not match a parameter {list(param.shape)} on "
                              f"{param.device}")
 
-    def _launch(self, param, state, visible, beta1, beta2, step_size, bias2_sqrt, eps):
+    def _launch(self, slot, param, state, visible, beta1, beta2, step_size, bias2_sqrt, eps):
         context = self._context or default_context(param.device)
+        frame = self._frames.get(param.device)
+        if frame is None:  # kept for the optimizer's lifetime: never returned to the pool
+            frame = self._frames[param.device] = context.workspace.acquire()
         n = param.numel()
         if n == 0:
             return
@@ -127,8 +131,8 @@ class SparseGaussianAdam(torch.optim.Adam):
         flat = [context.view(t.view(-1), wp.float32) for t in (param, grad, state["exp_avg"], state["exp_avg_sq"])]
         # dense steps never read the mask: any one-byte view stands in
         mask = context.view(param.view(-1).view(torch.uint8)[:1] if visible is None else visible, wp.uint8)
+        kernel = _adam_kernel(visible is not None)
+        args = [*flat, mask, n // param.shape[0] if param.dim() else 1, beta2, 1.0 - beta1, 1.0 - beta2,
+                step_size, bias2_sqrt, eps]
         with context.stream():
-            wp.launch(_adam_kernel(visible is not None), dim=n,
-                      inputs=[*flat, mask, n // param.shape[0] if param.dim() else 1, beta2, 1.0 - beta1, 1.0 - beta2,
-                              step_size, bias2_sqrt, eps],
-                      device=context.workspace.device, record_tape=False)
+            frame.launch(kernel, n, args, key=(slot, kernel))

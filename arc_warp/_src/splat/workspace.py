@@ -38,7 +38,7 @@ class Frame:
         # shared by all frames of the workspace: work on one stream is ordered
         self.shared = self if shared is None else shared
         self._arrays: dict[str, wp.array] = {}
-        self._launches: dict = {}  # kernel -> [wp.Launch, dim, argument signatures]
+        self._launches: dict = {}  # key -> [wp.Launch, dim, argument signatures]
 
     def array(self, name: str, shape, dtype, zero: bool = False) -> wp.array:
         """The buffer ``name`` with exactly ``shape`` and ``dtype``; ``zero`` memsets it."""
@@ -62,18 +62,21 @@ class Frame:
             self._arrays[name] = a
         return a
 
-    def launch(self, kernel, dim, args: list, block_dim: int | None = None) -> None:
+    def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
         """``wp.launch(kernel, dim, inputs=args)`` on the current stream, prepared once per
         frame and replayed: later calls repack only the arguments that changed (an array
-        whose pointer, shape and strides are the same is not repacked). ``dim`` is an int."""
+        whose pointer, shape and strides are the same is not repacked). ``dim`` is an int;
+        ``key`` (default: the kernel) names the prepared launch when one kernel is
+        launched at several places."""
         if dim == 0:
             return  # Warp records no command for an empty launch
-        record = self._launches.get(kernel)
+        key = kernel if key is None else key
+        record = self._launches.get(key)
         if record is None:
             cmd = wp.launch(kernel, dim=dim, inputs=args, device=self._workspace.device, block_dim=block_dim,
                             record_cmd=True, record_tape=False)
             cmd.fwd_args = None  # kept by Warp only for APIC capture; would pin the first call's arrays
-            self._launches[kernel] = [cmd, dim, [_signature(a) for a in args]]
+            self._launches[key] = [cmd, dim, [_signature(a) for a in args]]
         else:
             cmd, old_dim, signatures = record
             if dim != old_dim:
