@@ -4,5 +4,7 @@ from ._src.camera import Camera
 from ._src.splat.records import GaussianGrads, RenderOutput, RenderSettings
 from ._src.splat.render import render_gaussians, render_gaussians_backward
 from ._src.splat.sh_kernels import SH_C0
+from ._src.splat.workspace import Workspace
 
-__all__ = ["SH_C0", "Camera", "GaussianGrads", "RenderOutput", "RenderSettings", "render_gaussians", "render_gaussians_backward"]
+__all__ = ["SH_C0", "Camera", "GaussianGrads", "RenderOutput", "RenderSettings", "Workspace", "render_gaussians",
+           "render_gaussians_backward"]

@@ -1,42 +1,91 @@
-"""Where a training step's time goes: torch.profiler over bench_train_step's step (CUDA).
+"""Where a forward + backward's time goes through the torch API: host against device.
 
-Prints the top CUDA kernels and CPU-side ops of a few arc_warp steps, and the step time
-with ``absgrad`` forced off in the renderer, to size the adapter's overheads.
+On a GPU: torch.profiler (CPU and CUDA activities) over a few steps of bench_train_step's
+scene, printing the top CUDA kernels and the top host-side ops. On the CPU (``--device
+cpu``): the host time per forward + backward spent outside Warp's kernels, i.e. the Python
+overhead of the path (thread CPU time, so other processes on the machine do not count),
+the CPU proxy for the per-call cost a GPU user pays.
 
 Usage::
 
-    cd benchmarks && python profile_train_step.py [--n 1000000]
+    cd benchmarks && python profile_train_step.py --n 300000
+    cd benchmarks && python profile_train_step.py --device cpu --n 200 --width 32 --height 32
 """
 
 import argparse
+import time
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import bench_train_step as bts
-from bench_splat import HEIGHT, SH_DEGREE, WIDTH, make_scene
+
+
+def _host_overhead_cpu(step, reps):
+    """Median thread CPU ms per step, and the part outside Warp's CPU kernel invocations."""
+    import warp._src.context as wctx
+
+    inside = [0.0]
+    invoke = wctx.invoke
+
+    def timed_invoke(*a, **k):
+        t = time.thread_time()
+        try:
+            return invoke(*a, **k)
+        finally:
+            inside[0] += time.thread_time() - t
+
+    wctx.invoke = timed_invoke  # measurement only: Warp's CPU launches call this per kernel
+    try:
+        total, host = [], []
+        for _ in range(reps):
+            inside[0] = 0.0
+            t = time.thread_time()
+            step()
+            dt = time.thread_time() - t
+            total.append(dt * 1e3)
+            host.append((dt - inside[0]) * 1e3)
+    finally:
+        wctx.invoke = invoke
+    return float(np.median(total)), float(np.median(host))
 
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--n", type=int, default=300_000)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--cameras", type=int, default=1)
+    ap.add_argument("--regime", default="small", choices=sorted(bts.REGIMES))
+    ap.add_argument("--width", type=int, default=1920)
+    ap.add_argument("--height", type=int, default=1080)
+    ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
-    import warp as wp
+    device = torch.device(args.device)
+    renders, _ = bts._renderers(["arc"], args.width, args.height)
+    raw, viewmats, ks = bts.make_scene(args.n, args.regime, args.width, args.height, args.cameras)
+    params = bts._params(raw, device)
+    viewmats, ks = viewmats.to(device), ks.to(device)
 
-    wp.config.log_level = wp.LOG_WARNING
-    from arc_warp_torch import rasterization
+    def step():
+        img = renders["arc"](*bts._activated(params), viewmats, ks)
+        img.sum().backward()
+        for p in params.values():
+            p.grad = None
 
-    scene = make_scene(args.n)
-    target = torch.rand(1, HEIGHT, WIDTH, 3, device="cuda")
-
-    def render(*a):
-        return rasterization(*a, WIDTH, HEIGHT, sh_degree=SH_DEGREE)[0]
-
-    print(f"step: {bts.median_step_ms(render, scene, target, 9):.3f} ms")
+    for _ in range(5):
+        step()
+    if device.type == "cpu":
+        total, host = _host_overhead_cpu(step, args.reps)
+        print(f"N={args.n} C={args.cameras} {args.width}x{args.height}: {total:.3f} ms per forward + "
+              f"backward, of which {host:.3f} ms outside Warp kernels (host overhead)")
+        return
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        bts.median_step_ms(render, scene, target, 3)
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
-    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15))
+    print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
 
 
 if __name__ == "__main__":

@@ -239,17 +239,18 @@ def test_train_smoke_writes_outputs(tiny_dataset, tmp_path):
         assert json.load(f)["psnr"] == pytest.approx(result.psnr)
 
 
-def test_resume_matches_uninterrupted_run(tiny_dataset, tmp_path):
-    full = Trainer(tiny_dataset, _tiny_cfg(), tmp_path / "full")
+@pytest.mark.parametrize("optimizer", ["adam", "sparse_adam"])
+def test_resume_matches_uninterrupted_run(tiny_dataset, tmp_path, optimizer):
+    full = Trainer(tiny_dataset, _tiny_cfg(optimizer=optimizer), tmp_path / "full")
     full.train()
 
-    first = Trainer(tiny_dataset, _tiny_cfg(), tmp_path / "split")
+    first = Trainer(tiny_dataset, _tiny_cfg(optimizer=optimizer), tmp_path / "split")
     first.train(stop_at=17)  # after refines at 6, 12 and the opacity reset at 13
     first.save_checkpoint(tmp_path / "ckpt.pt")
     # The resumed part must still densify (refine at 18), so split sampling and the
     # gradient statistics are exercised across the checkpoint.
     assert first.params["means"].shape[0] < full.params["means"].shape[0]
-    resumed = Trainer(tiny_dataset, _tiny_cfg(), tmp_path / "split")
+    resumed = Trainer(tiny_dataset, _tiny_cfg(optimizer=optimizer), tmp_path / "split")
     resumed.load_checkpoint(tmp_path / "ckpt.pt")
     assert resumed.step == 17
     resumed.train()

@@ -132,7 +132,7 @@ def _train_rank(args) -> int:
                           checkpoint_every=args.checkpoint_every, seed=args.seed,
                           device=args.device, reduce=args.reduce, init_points=args.init_points,
                           cpu_threads=args.threads, progress=not args.no_progress,
-                          check_sync=args.check_sync)
+                          check_sync=args.check_sync, optimizer=args.optimizer)
         if dist.is_main:
             ranks = f", {dist.world_size} data-parallel ranks ({dist.backend})" \
                 if dist.enabled else ""
@@ -240,6 +240,9 @@ def add_train_parser(sub) -> None:
     p.add_argument("--resume", default=None, help="checkpoint.pt to resume from")
     p.add_argument("--reduce", choices=REDUCE_MODES, default="arc",
                    help="backward reduction mode")
+    p.add_argument("--optimizer", choices=("sparse_adam", "fused_adam", "adam"), default="adam",
+                   help="sparse_adam: fused Warp Adam over visible Gaussians; "
+                        "fused_adam: the same over all (= torch Adam); adam: torch.optim.Adam")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed")
     p.add_argument("--device", default=None, help="torch device (None: cuda if available)")

@@ -56,10 +56,10 @@ class DensifyStats:
         g = grad2d.detach().to(self.grad2d.dtype).clone()
         g[..., 0] *= 0.5 * width * c
         g[..., 1] *= 0.5 * height * c
-        visible = (radii > 0).all(dim=-1)
-        ids = torch.nonzero(visible, as_tuple=True)[1]
-        self.grad2d.index_add_(0, ids, g[visible].norm(dim=-1))
-        self.count.index_add_(0, ids, torch.ones_like(ids, dtype=self.count.dtype))
+        # masked sums, no nonzero/boolean indexing: nothing here waits for the device
+        visible = (radii > 0).all(dim=-1).to(self.grad2d.dtype)
+        self.grad2d += (g.norm(dim=-1) * visible).sum(dim=0)
+        self.count += visible.sum(dim=0)
 
     def reset(self, n: int):
         self.__init__(n, self.grad2d.device)

@@ -62,23 +62,41 @@ def random_points(count: int, half_extent: float, generator: torch.Generator):
     return pts.numpy(), torch.rand(count, 3, generator=generator).numpy()
 
 
-def make_optimizers(params: dict, lrs: dict) -> dict:
-    """One Adam per parameter (eps 1e-15 as in 3DGS) with learning rates `lrs[name]`."""
-    return {name: torch.optim.Adam([{"params": [params[name]], "lr": lrs[name], "name": name}],
-                                   eps=1e-15) for name in PARAM_NAMES}
+OPTIMIZERS = ("sparse_adam", "fused_adam", "adam")
+
+
+def make_optimizers(params: dict, lrs: dict, kind: str = "adam") -> dict:
+    """One Adam per parameter (eps 1e-15 as in 3DGS) with learning rates `lrs[name]`.
+
+    kind: "adam" = torch.optim.Adam; "fused_adam" = arc_warp_torch.SparseGaussianAdam
+    stepped densely, with torch's bias correction (the same updates, one Warp kernel per
+    parameter); "sparse_adam" = the same class stepped over visible Gaussians only
+    (`step(visible, N)`: invisible rows keep their values and moments)."""
+    if kind not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {kind!r}")
+    if kind == "adam":
+        return {name: torch.optim.Adam([{"params": [params[name]], "lr": lrs[name], "name": name}],
+                                       eps=1e-15) for name in PARAM_NAMES}
+    from arc_warp_torch import SparseGaussianAdam
+
+    return {name: SparseGaussianAdam([{"params": [params[name]], "lr": lrs[name], "name": name}],
+                                     lr=lrs[name], eps=1e-15, bias_correction=True)
+            for name in PARAM_NAMES}
 
 
 def render_views(params: dict, viewmats: torch.Tensor, Ks: torch.Tensor, width: int,
                  height: int, sh_degree: int, background, reduce: str = "arc",
                  absgrad: bool = False):
-    """Render C cameras (viewmats (C,4,4), Ks (C,3,3)) with the active SH degree ->
-    (colors (C,H,W,3), alphas (C,H,W,1), meta) from `arc_warp_torch.rasterization`."""
+    """Render C cameras (viewmats (C,4,4), Ks (C,3,3); keep them on the host to spare a
+    device round trip) with the active SH degree -> (colors (C,H,W,3), alphas (C,H,W,1),
+    meta) from `arc_warp_torch.rasterization`. `background`: RGB, a tuple or a tensor
+    (pass a tensor on the parameters' device to avoid a copy per call)."""
     from arc_warp_torch.rasterization import rasterization
 
     k = (sh_degree + 1) ** 2
     sh = torch.cat([params["sh0"], params["shN"]], dim=1)[:, :k, :]
     c = viewmats.shape[0]
-    bg = torch.as_tensor(background, dtype=torch.float32, device=viewmats.device)
+    bg = torch.as_tensor(background, dtype=torch.float32, device=params["means"].device)
     return rasterization(
         params["means"], params["quats"], torch.exp(params["scales"]),
         torch.sigmoid(params["opacities"]), sh, viewmats, Ks, width, height,

@@ -20,7 +20,7 @@ from .checkpoint import check_checkpoint, dataset_fingerprint, read_checkpoint
 from .datasets import Dataset
 from .distributed import DistContext
 from .losses import mse_to_psnr, photometric_loss, psnr, ssim
-from .model import init_params, make_optimizers, random_points, render_views, to_ply
+from .model import OPTIMIZERS, init_params, make_optimizers, random_points, render_views, to_ply
 from .outputs import comparison, ensure_dir, plot_psnr, write_json
 
 
@@ -40,6 +40,10 @@ class TrainConfig:
     to torch.set_num_threads (1 is fastest for tiny images on a busy machine). check_sync:
     with several ranks, verify at every evaluation and checkpoint that parameters, Adam
     state and RNG states are bitwise equal on all ranks (RuntimeError if not).
+    optimizer: "adam" (torch.optim.Adam, the default until the GPU benchmark ranks them),
+    "fused_adam" (one Warp kernel per parameter, torch Adam's updates up to float32
+    rounding) or "sparse_adam" (that kernel over the Gaussians visible in the step's views
+    only); see model.make_optimizers.
     """
 
     steps: int = 30000
@@ -68,6 +72,7 @@ class TrainConfig:
     progress: bool = True
     cpu_threads: int = None
     check_sync: bool = False
+    optimizer: str = "adam"
 
     def __post_init__(self):
         if isinstance(self.densify, dict):
@@ -80,6 +85,9 @@ class TrainConfig:
                 or self.checkpoint_every < 0:
             raise ValueError("TrainConfig.checkpoint_every must be an int >= 0, got "
                              f"{self.checkpoint_every!r}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"TrainConfig.optimizer must be one of {OPTIMIZERS}, got "
+                             f"{self.optimizer!r}")
         if not 0 <= self.sh_degree <= 3:
             raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree!r}")
 
@@ -149,21 +157,23 @@ class Trainer:
         # Ranks build the same model from the same seeds; the broadcast also covers a
         # GPU kNN (scale init) whose bits could differ between processes.
         self.dist.broadcast_(*self.params.values())
-        self.optimizers = make_optimizers(self.params, self._lrs(0))
+        self.optimizers = make_optimizers(self.params, self._lrs(0), cfg.optimizer)
+        self._background = torch.as_tensor(dataset.background, dtype=torch.float32,
+                                           device=self.device)
         self.stats = dens.DensifyStats(len(points), self.device)
         self.step, self.history, self.train_log = 0, [], []
         self.stop_requested = False  # set by a Ctrl-C handler: stop after the current step
-        self.on_step = None  # optional hook(trainer, step PSNR) after each step (the viewer)
+        self.on_step = None  # optional hook(trainer, train_step result) after each step (the viewer)
         self._perm = torch.empty(0, dtype=torch.long)
         self._cursor = 0
         self._train = [self._tensors(v) for v in dataset.train]
         self._test = [self._tensors(v) for v in dataset.test]
 
     def _tensors(self, view):
-        dev = self.device
-        return (torch.as_tensor(view.image, device=dev)[None],
-                torch.as_tensor(view.world_to_camera, dtype=torch.float32, device=dev)[None],
-                torch.as_tensor(view.K, dtype=torch.float32, device=dev)[None])
+        # cameras stay on the host: the renderer reads them there without a device sync
+        return (torch.as_tensor(view.image, device=self.device)[None],
+                torch.as_tensor(view.world_to_camera, dtype=torch.float32)[None],
+                torch.as_tensor(view.K, dtype=torch.float32)[None])
 
     def _lrs(self, step: int) -> dict:
         c = self.cfg
@@ -178,7 +188,7 @@ class Trainer:
     def render(self, view_tensors, sh_degree: int, absgrad: bool = False):
         image, viewmat, K = view_tensors
         return render_views(self.params, viewmat, K, image.shape[2], image.shape[1],
-                            sh_degree, self.data.background, self.cfg.reduce, absgrad)
+                            sh_degree, self._background, self.cfg.reduce, absgrad)
 
     def _next_views(self, count: int) -> list:
         """The next `count` training-view indices: an endless sequence of random
@@ -192,9 +202,11 @@ class Trainer:
             self._cursor += 1
         return out
 
-    def train_step(self) -> tuple:
+    def train_step(self) -> torch.Tensor:
         """One optimisation step on the next batch_size training views (this rank renders
-        its contiguous share) -> (loss, PSNR) over the whole batch."""
+        its contiguous share) -> [2] device tensor (loss, MSE) over the whole batch. Nothing
+        in a step waits for the device except refinement steps; read the metrics at the
+        logging interval (`metrics_of`)."""
         cfg = self.cfg
         views = self._next_views(cfg.batch_size)
         start = self.dist.rank * self.local_batch
@@ -216,10 +228,17 @@ class Trainer:
                 grad2d = means2d.absgrad if absgrad else means2d.grad
             self.stats.accumulate(grad2d, meta["radii"], colors.shape[2], colors.shape[1])
         mse = ((colors.detach().clamp(0.0, 1.0) - image) ** 2).mean()
-        loss_mean, mse_mean = self.dist.average_gradients(
-            self.params, torch.stack([loss.detach(), mse])).tolist()
+        extras = [torch.stack([loss.detach(), mse])]
+        sparse = cfg.optimizer == "sparse_adam"
+        if sparse:  # visible in any view of any rank: all ranks update the same rows
+            extras.append((meta["radii"] > 0).all(dim=-1).any(dim=0).to(mse.dtype))
+        averaged = self.dist.average_gradients(self.params, torch.cat(extras))
+        n = self.params["means"].shape[0]
         for opt in self.optimizers.values():
-            opt.step()
+            if sparse:
+                opt.step(averaged[2:] > 0, n)
+            else:
+                opt.step()
             opt.zero_grad(set_to_none=True)
         if dens.refines_at(cfg.densify, self.step):
             # Each rank holds the statistics of its own views; decide on the sums.
@@ -227,7 +246,14 @@ class Trainer:
         dens.step_post_backward(self.params, self.optimizers, self.stats, cfg.densify,
                                 self.step, self.scene_scale, self.densify_gen)
         self.step += 1
-        return loss_mean, mse_to_psnr(mse_mean)
+        return averaged[:2]
+
+    @staticmethod
+    def metrics_of(steps: list) -> tuple:
+        """(mean loss, mean PSNR) of `train_step` results; reads them back (one sync)."""
+        values = torch.stack(steps).tolist()
+        return (float(np.mean([v[0] for v in values])),
+                float(np.mean([mse_to_psnr(v[1]) for v in values])))
 
     @torch.no_grad()
     def evaluate(self, views=None) -> dict:
@@ -267,14 +293,13 @@ class Trainer:
                    dynamic_ncols=True, desc="train")
         window = []
         while self.step < end and not self.stop_requested:
-            loss, p = self.train_step()
-            window.append((loss, p))
+            result = self.train_step()
+            window.append(result)
             if self.on_step is not None:
-                self.on_step(self, p)
+                self.on_step(self, result)
             bar.update(1)
             if self.step % cfg.log_every == 0 or self.step == end:
-                mean_loss = float(np.mean([w[0] for w in window]))
-                mean_psnr = float(np.mean([w[1] for w in window]))
+                mean_loss, mean_psnr = self.metrics_of(window)
                 self.train_log.append({"step": self.step, "loss": mean_loss, "psnr": mean_psnr})
                 bar.set_postfix(loss=f"{mean_loss:.4f}", psnr=f"{mean_psnr:.2f}",
                                 n=int(self.params["means"].shape[0]))
@@ -315,7 +340,7 @@ class Trainer:
         self.step = int(state["step"])
         self.params = {k: torch.nn.Parameter(v.to(self.device).contiguous())
                        for k, v in state["params"].items()}
-        self.optimizers = make_optimizers(self.params, self._lrs(self.step))
+        self.optimizers = make_optimizers(self.params, self._lrs(self.step), self.cfg.optimizer)
         for k, opt in self.optimizers.items():
             opt.load_state_dict(state["optimizers"][k])
         stats = {k: v.to(self.device) for k, v in state["stats"].items()}
@@ -398,7 +423,7 @@ def train(dataset: Dataset, cfg: TrainConfig, out_dir, resume=None,
     """Train on `dataset` with `cfg`, optionally resuming from checkpoint `resume`, write the
     outputs (see Trainer.export) and a final checkpoint into `out_dir`. With several ranks
     (`dist`, default the current process group) call it on every rank: rank 0 evaluates
-    and writes, and every rank returns rank 0's result. `on_step(trainer, psnr)` is
+    and writes, and every rank returns rank 0's result. `on_step(trainer, step_result)` is
     called after every step (e.g. viewer.TrainingView)."""
     start = time.perf_counter()
     trainer = Trainer(dataset, cfg, out_dir, dist)

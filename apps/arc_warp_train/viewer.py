@@ -197,11 +197,14 @@ class TrainingView:
     def __init__(self, viewer: Viewer, period_s: float = 0.5):
         self.viewer, self.period_s, self._last = viewer, period_s, -math.inf
 
-    def __call__(self, trainer, psnr_db: float) -> None:
+    def __call__(self, trainer, step_result) -> None:
+        """``step_result``: what ``Trainer.train_step`` returned; read back (a sync) only
+        when the view is refreshed."""
         now = time.monotonic()
         if now - self._last < self.period_s and trainer.step < trainer.cfg.steps:
             return
         self._last = now
+        psnr_db = trainer.metrics_of([step_result])[1]
         self.viewer.source.publish(torch_gaussians(trainer.params,
                                                    trainer.sh_degree_at(trainer.step)))
         self.viewer.set_stats(step=f"{trainer.step} / {trainer.cfg.steps}",

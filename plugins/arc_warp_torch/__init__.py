@@ -1,14 +1,19 @@
 """PyTorch adapter for arc_warp: differentiable Gaussian splatting on torch tensors.
 
 - `rasterization(...)`: gsplat-like functional API over batched cameras.
-- `arc_warp_torch.inria.GaussianRasterizer` / `GaussianRasterizationSettings`: drop-in for
-  graphdeco-inria's diff_gaussian_rasterization.
+- `arc_warp_torch.inria.GaussianRasterizer` / `GaussianRasterizationSettings` /
+  `SparseGaussianAdam`: drop-in for graphdeco-inria's diff_gaussian_rasterization.
+- `SparseGaussianAdam`: fused (Warp) Adam over visible Gaussians, or dense.
+- `RenderContext`: the workspace, streams and threshold reused across calls.
 
 Tensors are shared with Warp without copies, on torch's current CUDA stream; gradients
 come from arc_warp's hand-written (ARC-reduced) backward through torch.autograd.
 """
 
+from ._autograd import RenderContext, default_context
 from .inria import GaussianRasterizationSettings, GaussianRasterizer
+from .optim import SparseGaussianAdam
 from .rasterization import RENDER_MODES, rasterization
 
-__all__ = ["RENDER_MODES", "GaussianRasterizationSettings", "GaussianRasterizer", "rasterization"]
+__all__ = ["RENDER_MODES", "GaussianRasterizationSettings", "GaussianRasterizer", "RenderContext",
+           "SparseGaussianAdam", "default_context", "rasterization"]

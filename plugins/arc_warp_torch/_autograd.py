@@ -1,4 +1,4 @@
-"""The torch.autograd bridge: one camera through `arc_warp.render_gaussians`.
+"""The torch.autograd bridge: C cameras through `arc_warp.render_gaussians` in one node.
 
 Tensors cross into Warp without copies (`wp.from_torch` / `wp.to_torch`) and every Warp
 launch runs on torch's current stream of the tensors' device, so torch and Warp work stays
@@ -9,42 +9,112 @@ and convert their inputs first; this module assumes float32, contiguous, same-de
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import warp as wp
 
-from arc_warp import (Camera, GaussianGrads, RenderSettings, render_gaussians,
+from arc_warp import (Camera, GaussianGrads, RenderSettings, Workspace, render_gaussians,
                       render_gaussians_backward)
 
 
-# CUDA devices whose Warp memory pool this module has configured (once per device).
-_pool_configured: set = set()
+class RenderContext:
+    """What the bridge keeps across calls on one torch device (explicit state, no globals).
 
-POOL_RELEASE_FRACTION = 0.5
-"""Share of device memory Warp's stream-ordered pool keeps after a synchronize.
+    - a :class:`arc_warp.Workspace`: repeated renders of one N and image size allocate
+      no Warp arrays, and the ARC threshold is resolved (calibrated if needed) here, at
+      creation, never inside a training step;
+    - one ``wp.ScopedStream`` per torch CUDA stream, made on first use of that stream,
+      so Warp launches on torch's current stream without a new wrapper per call;
+    - on CUDA, Warp's pool release threshold, set here when this context is made:
+      ``pool_release_fraction`` of device memory stays pooled across the per-step sync
+      (CUDA's default 0 hands every freed block back at each sync, so each step would
+      re-allocate from the driver, as torch's caching allocator avoids). Applied only
+      if the pool is still at CUDA's default; ``None`` leaves it alone.
 
-CUDA's default (0) hands every freed block back at each sync, and each training step
-syncs once (to size the tile sort), so every step would re-allocate its buffers from the
-driver. Torch's caching allocator keeps memory the same way. Applied on first CUDA use,
-only if the pool is still at CUDA's default; set your own with
-``wp.set_mempool_release_threshold`` beforehand to override."""
+    ``rasterization`` and ``GaussianRasterizer`` take ``context=``; ``None`` uses
+    :func:`default_context` of the tensors' device.
+    """
+
+    def __init__(self, device, threshold: Optional[int] = None,
+                 pool_release_fraction: Optional[float] = 0.5):
+        wp.init()
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        wdev = wp.device_from_torch(self.device)
+        if (pool_release_fraction is not None and wdev.is_cuda and wdev.is_mempool_supported
+                and wp.get_mempool_release_threshold(wdev) == 0):
+            wp.set_mempool_release_threshold(wdev, pool_release_fraction)
+        self.workspace = Workspace(wdev, threshold)
+        self._wdevice = wdev
+        self._streams = {}
+        self._views = {}  # (pointer, shape, dtype) -> non-owning wp.array
+        self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
+        self.cameras = {}  # host camera values and image size -> arc_warp.Camera (bounded)
+
+    def camera(self, fx, fy, cx, cy, width, height, world_to_camera, near, far) -> Camera:
+        """The Camera of these values, made (and validated) once: a training loop revisits
+        the same views, and the workspace caches per Camera what kernels need of it."""
+        key = (fx, fy, cx, cy, width, height, world_to_camera.tobytes(), near, far)
+        cam = self.cameras.get(key)
+        if cam is None:
+            if len(self.cameras) >= 1024:
+                self.cameras.clear()
+            cam = self.cameras[key] = Camera(fx, fy, cx, cy, width, height,
+                                             world_to_camera=world_to_camera, near=near, far=far)
+        return cam
+
+    def view(self, t: torch.Tensor, dtype) -> wp.array:
+        """Zero-copy Warp view of a float32/int32 contiguous tensor whose last axis packs
+        `dtype` (a vector type) or not (a scalar type).
+
+        The view does NOT keep `t` alive: the caller keeps `t` alive while Warp uses it
+        (torch saves what the backward reads). Owning views (`wp.from_torch`) held by
+        the autograd context would make a cycle through the outputs' grad_fn that
+        garbage collection cannot break, pinning every step's buffers. Views are cached
+        by pointer, shape and dtype, so a tensor that reuses memory reuses its view and
+        prepared launches need not repack it."""
+        key = (t.data_ptr(), t.shape, dtype)
+        a = self._views.get(key)
+        if a is None:
+            if len(self._views) >= 512:  # bounded: pointers of freed tensors pile up
+                self._views.clear()
+            shape = tuple(t.shape[:-1]) if wp.types.type_is_vector(dtype) else tuple(t.shape)
+            a = wp.array(ptr=t.data_ptr(), dtype=dtype, shape=shape, device=self._wdevice)
+            self._views[key] = a
+        return a
+
+    def torch_view(self, a: wp.array) -> torch.Tensor:
+        """Torch view of a workspace array (cached: workspace arrays live as long as it)."""
+        key = (a.ptr, a.shape, a.dtype)
+        t = self._torch_views.get(key)
+        if t is None:
+            t = self._torch_views[key] = wp.to_torch(a, requires_grad=False)
+        return t
+
+    def stream(self):
+        """Context in which Warp launches on torch's current stream (no-op on the CPU)."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        handle = torch.cuda.current_stream(self.device).cuda_stream
+        scoped = self._streams.get(handle)
+        if scoped is None:
+            scoped = wp.ScopedStream(wp.stream_from_torch(self.device))
+            self._streams[handle] = scoped
+        return scoped
 
 
-def warp_stream(device: torch.device):
-    """Context that makes Warp launch on torch's current stream of `device` (no-op on CPU).
+_contexts = {}  # default RenderContext per torch device, made on first use
 
-    Also initialises Warp (idempotent), which wp.from_torch needs, and on first use of a
-    CUDA device sets its pool release threshold (see POOL_RELEASE_FRACTION)."""
-    wp.init()
-    if device.type != "cuda":
-        return contextlib.nullcontext()
-    wdev = wp.device_from_torch(device)
-    if wdev.alias not in _pool_configured:
-        _pool_configured.add(wdev.alias)
-        if wdev.is_mempool_supported and wp.get_mempool_release_threshold(wdev) == 0:
-            wp.set_mempool_release_threshold(wdev, POOL_RELEASE_FRACTION)
-    return wp.ScopedStream(wp.stream_from_torch(device))
+
+def default_context(device: torch.device) -> RenderContext:
+    """The RenderContext used when none is passed: one per device, made on first use
+    with RenderContext's defaults."""
+    ctx = _contexts.get(device)
+    if ctx is None:
+        ctx = _contexts[device] = RenderContext(device)
+    return ctx
 
 
 def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -76,40 +146,47 @@ def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = No
 class Means2dSink:
     """Where the screen-space gradient of the projected means goes in backward.
 
-    `tensor` (N, D>=2) is passed to the autograd function as an input, so torch adds
-    dL/d(means2d) (pixels, times `scale` per axis) into its .grad; columns past 2 get 0.
-    If `absgrad_owner` is given, the per-Gaussian |dL/d(means2d)| summed over pixels is
-    added into `absgrad_owner.absgrad[absgrad_index]` (created on first use).
+    `tensor` ([C, N, D] or, for one camera, [N, D]; D >= 2) is passed to the autograd
+    function as an input, so torch adds dL/d(means2d) (pixels, times `scale` per axis)
+    into its .grad; columns past 2 get 0. If `absgrad_owner` is given, the per-Gaussian
+    |dL/d(means2d)| summed over pixels is added into `absgrad_owner.absgrad` (same shape
+    as the owner, created on first use).
     """
 
     tensor: torch.Tensor
     scale: Tuple[float, float] = (1.0, 1.0)
     absgrad_owner: Optional[torch.Tensor] = None
-    absgrad_index: Optional[int] = None
+
+
+@dataclass
+class BatchRender:
+    """Torch outputs of C cameras of one size (float32 unless noted, on the input device)."""
+
+    color: torch.Tensor  # [C, H, W, 3] without background
+    alpha: torch.Tensor  # [C, H, W]
+    depth: torch.Tensor  # [C, H, W] sum of w_i z_i
+    expected_depth: torch.Tensor  # [C, H, W] depth / alpha, 0 where alpha == 0
+    means2d: torch.Tensor  # [C, N, 2] pixels, not differentiable (see Means2dSink)
+    radii: torch.Tensor  # [C, N, 2] int32 pixels, (0, 0) = culled
 
 
 @dataclass
 class CameraRender:
-    """Torch views of one camera's `RenderOutput` (float32 unless noted, on the input device)."""
+    """Torch views of one camera's render (see BatchRender, without the camera axis)."""
 
-    color: torch.Tensor  # [H, W, 3] without background
+    color: torch.Tensor  # [H, W, 3]
     alpha: torch.Tensor  # [H, W]
-    depth: torch.Tensor  # [H, W] sum of w_i z_i
-    expected_depth: torch.Tensor  # [H, W] depth / alpha, 0 where alpha == 0
-    means2d: torch.Tensor  # [N, 2] pixels, not differentiable (see Means2dSink)
-    radii: torch.Tensor  # [N, 2] int32 pixels, (0, 0) = culled
+    depth: torch.Tensor  # [H, W]
+    expected_depth: torch.Tensor  # [H, W]
+    means2d: torch.Tensor  # [N, 2]
+    radii: torch.Tensor  # [N, 2] int32
 
 
 # Warp element types of (means, quats, scales, opacities, colors), vectors on the last axis.
 INPUT_DTYPES = (wp.vec3, wp.vec4, wp.vec3, wp.float32, wp.vec3)
-
-
-def _to_warp(t: torch.Tensor, dtype) -> wp.array:
-    """Zero-copy Warp view of a float32 contiguous tensor whose last axis packs `dtype`.
-
-    requires_grad=False: gradients come from render_gaussians_backward, and Warp must not
-    attach .grad buffers to the caller's tensors."""
-    return wp.from_torch(t, dtype=dtype, requires_grad=False)
+# Warp element types of the image outputs (color, alpha, depth, expected_depth).
+IMAGE_DTYPES = (wp.vec3, wp.float32, wp.float32, wp.float32)
+IMAGE_NAMES = ("color", "alpha", "depth", "expected_depth")
 
 
 class _RaiseOnDoubleBackward(torch.autograd.Function):
@@ -129,30 +206,41 @@ class _RaiseOnDoubleBackward(torch.autograd.Function):
 
 class _RenderGaussians(torch.autograd.Function):
     """(means, quats, scales, opacities, colors) -> (color, alpha, depth, expected_depth,
-    means2d, radii) for one camera; backward calls render_gaussians_backward."""
+    radii) for C cameras of one size, written into tensors allocated once per call; the
+    projected means go into `means2d_out`. Backward calls render_gaussians_backward per
+    camera, all adding into one zeroed gradient buffer."""
 
     @staticmethod
-    def forward(ctx, camera, settings, sink, sink_tensor, means, quats, scales, opacities, colors):
+    def forward(ctx, context, cameras, settings, means2d_out, sink, sink_tensor,
+                means, quats, scales, opacities, colors):
         ctx.set_materialize_grads(False)
-        with warp_stream(means.device):
-            inputs = (means, quats, scales, opacities, colors)
-            out = render_gaussians(*(_to_warp(t, dt) for t, dt in zip(inputs, INPUT_DTYPES)),
-                                   camera, settings)
-        color = wp.to_torch(out.color, requires_grad=False)
-        alpha = wp.to_torch(out.alpha, requires_grad=False)
-        depth = wp.to_torch(out.depth, requires_grad=False)
-        expected_depth = wp.to_torch(out.expected_depth, requires_grad=False)
-        means2d = wp.to_torch(out.means2d, requires_grad=False)
-        radii = wp.to_torch(out.radii, requires_grad=False)
-        ctx.mark_non_differentiable(means2d, radii)
+        c, n = len(cameras), means.shape[0]
+        h, w = cameras[0].height, cameras[0].width
+        new = means.new_empty
+        images = (new((c, h, w, 3)), new((c, h, w)), new((c, h, w)), new((c, h, w)))
+        radii = torch.empty((c, n, 2), dtype=torch.int32, device=means.device)
+        inputs = (means, quats, scales, opacities, colors)
+        outs = []
+        with context.stream():
+            arrays = [context.view(t, dt) for t, dt in zip(inputs, INPUT_DTYPES)]
+            wimages = [context.view(t, dt) for t, dt in zip(images, IMAGE_DTYPES)]
+            wm2d = context.view(means2d_out, wp.vec2)
+            wradii = context.view(radii, wp.vec2i)
+            for i, camera in enumerate(cameras):
+                targets = {name: img[i] for name, img in zip(IMAGE_NAMES, wimages)}
+                targets["means2d"], targets["radii"] = wm2d[i], wradii[i]
+                outs.append(render_gaussians(*arrays, camera, settings, context.workspace, targets))
+        ctx.mark_non_differentiable(radii)
         # Saved only so torch raises if anything the Warp backward reads was modified in place.
-        ctx.save_for_backward(means, quats, scales, opacities, colors, color, alpha, depth,
-                              expected_depth)
-        ctx.out, ctx.sink = out, sink
-        return color, alpha, depth, expected_depth, means2d, radii
+        ctx.save_for_backward(*inputs, *images)
+        ctx.outs, ctx.sink, ctx.context = outs, sink, context
+        # The backward reads these through non-owning views (see RenderContext.view); the
+        # caller may drop them first. Neither has a grad_fn, so this makes no cycle.
+        ctx.keep_alive = (means2d_out, radii)
+        return (*images, radii)
 
     @staticmethod
-    def backward(ctx, g_color, g_alpha, g_depth, g_expected_depth, _g_means2d, _g_radii):
+    def backward(ctx, g_color, g_alpha, g_depth, g_expected_depth, _g_radii):
         saved = ctx.saved_tensors
         # Under create_graph=True, hand back grads whose own backward raises (as
         # torch's once_differentiable does, with a message naming this renderer).
@@ -163,64 +251,100 @@ class _RenderGaussians(torch.autograd.Function):
             return _RaiseOnDoubleBackward.apply(g.detach().requires_grad_(True)) if guard else g
 
         with torch.no_grad():
-            grads, means2d_grad = _warp_backward(ctx.out, saved[:5], ctx.sink,
+            grads, means2d_grad = _warp_backward(ctx.context, ctx.outs, saved[:5], ctx.sink,
                                                  (g_color, g_alpha, g_depth, g_expected_depth))
-        result = [None, None, None, None]
-        if ctx.sink is not None and ctx.needs_input_grad[3]:
-            result[3] = wrap(means2d_grad)
+        result = [None] * 6  # context, cameras, settings, means2d_out, sink, sink_tensor
+        if ctx.sink is not None and ctx.needs_input_grad[5]:
+            result[5] = wrap(means2d_grad)
         for i, g in enumerate(grads):
-            result.append(wrap(g) if ctx.needs_input_grad[4 + i] else None)
+            result.append(wrap(g) if ctx.needs_input_grad[6 + i] else None)
         return tuple(result)
 
 
-def _warp_backward(out, inputs, sink, output_grads):
-    """Run render_gaussians_backward on torch cotangents; return torch grads shaped like
-    `inputs` and the sink's means2d gradient (None without a sink)."""
-    device = inputs[0].device
-    out_dtypes = (wp.vec3, wp.float32, wp.float32, wp.float32)
-    # torch owns the gradient memory (its allocator, its stream); Warp adds into it.
-    torch_grads = tuple(torch.zeros_like(t) for t in inputs)
-    with warp_stream(device):
-        wg = [None if g is None else _to_warp(g.to(torch.float32).contiguous(), dt)
-              for g, dt in zip(output_grads, out_dtypes)]
-        # The renderer accumulates into these; a second backward (retain_graph) starts at 0.
-        for buf in (out.means2d_grad, out.means2d_absgrad):
-            if buf is not None:
-                buf.zero_()
-        into = GaussianGrads(*(_to_warp(g, dt) for g, dt in zip(torch_grads, INPUT_DTYPES)))
-        render_gaussians_backward(out, *wg, grads=into)
+def _warp_backward(context, outs, inputs, sink, output_grads):
+    """Run render_gaussians_backward on torch cotangents ([C, ...]); return torch grads
+    shaped like `inputs` and the sink's means2d gradient (None without a sink)."""
+    # torch owns the gradient memory (its allocator, its stream); Warp adds into it. One
+    # buffer zeroed once holds all five gradients.
+    sizes = [t.numel() for t in inputs]
+    flat = torch.zeros(sum(sizes), dtype=torch.float32, device=inputs[0].device)
+    torch_grads = tuple(part.view_as(t) for part, t in zip(flat.split(sizes), inputs))
+    with context.stream():
+        output_grads = [None if g is None else g.to(torch.float32).contiguous() for g in output_grads]
+        wg = [None if g is None else context.view(g, dt) for g, dt in zip(output_grads, IMAGE_DTYPES)]
+        into = GaussianGrads(*(context.view(g, dt) for g, dt in zip(torch_grads, INPUT_DTYPES)))
+        for i, out in enumerate(outs):
+            # The renderer accumulates into these; a second backward (retain_graph) starts at 0.
+            for buf in (out.means2d_grad, out.means2d_absgrad):
+                if buf is not None:
+                    buf.zero_()
+            render_gaussians_backward(out, *(None if g is None else g[i] for g in wg), grads=into)
     if sink is None:
         return torch_grads, None
-    scale = torch.tensor(sink.scale, dtype=torch.float32, device=device)
-    m2d = wp.to_torch(out.means2d_grad, requires_grad=False) * scale
     target = sink.tensor
-    if target.shape[-1] > 2:
-        m2d = torch.cat([m2d, m2d.new_zeros(m2d.shape[0], target.shape[-1] - 2)], dim=-1)
-    m2d = m2d.to(target.dtype)
+    c, n = len(outs), inputs[0].shape[0]
+    m2d = target.new_zeros(target.shape) if target.shape[-1] > 2 else target.new_empty(target.shape)
+    batched = m2d.view(c, n, target.shape[-1])
+    for i, out in enumerate(outs):
+        batched[i, :, :2] = context.torch_view(out.means2d_grad)
+    _scale(batched, sink.scale)
     if sink.absgrad_owner is not None:
-        absgrad = wp.to_torch(out.means2d_absgrad, requires_grad=False) * scale
         owner = sink.absgrad_owner
         if getattr(owner, "absgrad", None) is None:
             owner.absgrad = torch.zeros_like(owner, requires_grad=False)
-        owner.absgrad[sink.absgrad_index] += absgrad.to(owner.dtype)
+        absgrad = owner.absgrad.view(c, n, owner.shape[-1])
+        for i, out in enumerate(outs):
+            part = context.torch_view(out.means2d_absgrad)
+            for axis in (0, 1):
+                absgrad[i, :, axis] += part[:, axis] * sink.scale[axis]
     return torch_grads, m2d
 
 
-def render_camera(means: torch.Tensor,  # [N, 3] float32
-                  quats: torch.Tensor,  # [N, 4] float32 wxyz
-                  scales: torch.Tensor,  # [N, 3] float32 linear
-                  opacities: torch.Tensor,  # [N] float32 in [0, 1]
-                  colors: torch.Tensor,  # [N, 3] RGB or [N, K, 3] SH, float32
-                  camera: Camera,
-                  settings: RenderSettings,
-                  sink: Optional[Means2dSink] = None) -> CameraRender:
-    """Differentiable render of one camera; inputs must be float32, contiguous, on one
-    cpu/cuda device (use `check_tensor`). `settings.absgrad` must be True when the sink
-    has an `absgrad_owner`. Under `torch.use_deterministic_algorithms(True)` the backward
-    reduces with `reduce="deterministic"` whatever `settings.reduce` says."""
+def _scale(t: torch.Tensor, scale: Tuple[float, float]):
+    """Multiply t[..., 0] and t[..., 1] in place by host floats (no host-to-device copy)."""
+    for axis in (0, 1):
+        if scale[axis] != 1.0:
+            t[..., axis] *= scale[axis]
+
+
+def render_batch(means: torch.Tensor,  # [N, 3] float32
+                 quats: torch.Tensor,  # [N, 4] float32 wxyz
+                 scales: torch.Tensor,  # [N, 3] float32 linear
+                 opacities: torch.Tensor,  # [N] float32 in [0, 1]
+                 colors: torch.Tensor,  # [N, 3] RGB or [N, K, 3] SH, float32
+                 cameras: Sequence[Camera],
+                 settings: RenderSettings,
+                 sink: Optional[Means2dSink] = None,
+                 means2d_out: Optional[torch.Tensor] = None,  # [C, N, 2] float32
+                 context: Optional[RenderContext] = None) -> BatchRender:
+    """Differentiable render of C cameras of one image size in one autograd node; inputs
+    must be float32, contiguous, on one cpu/cuda device (use `check_tensor`).
+
+    `means2d_out` (allocated if None) receives the projected means; it may be the sink's
+    tensor (its values are then written in place, outside autograd). `settings.absgrad`
+    must be True when the sink has an `absgrad_owner`. `context` None uses
+    `default_context(means.device)`. Under `torch.use_deterministic_algorithms(True)` the
+    backward reduces with `reduce="deterministic"` whatever `settings.reduce` says."""
     if torch.are_deterministic_algorithms_enabled() and settings.reduce != "deterministic":
         settings = dataclasses.replace(settings, reduce="deterministic")
+    if context is None:
+        context = default_context(means.device)
+    c, n = len(cameras), means.shape[0]
+    if means2d_out is None:
+        means2d_out = means.new_empty((c, n, 2))
     sink_tensor = None if sink is None else sink.tensor
-    color, alpha, depth, expected_depth, means2d, radii = _RenderGaussians.apply(
-        camera, settings, sink, sink_tensor, means, quats, scales, opacities, colors)
-    return CameraRender(color, alpha, depth, expected_depth, means2d, radii)
+    *images, radii = _RenderGaussians.apply(context, tuple(cameras), settings, means2d_out.detach(),
+                                            sink, sink_tensor, means, quats, scales, opacities,
+                                            colors)
+    return BatchRender(*images, means2d_out.detach(), radii)
+
+
+def render_camera(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor,
+                  opacities: torch.Tensor, colors: torch.Tensor, camera: Camera,
+                  settings: RenderSettings, sink: Optional[Means2dSink] = None,
+                  context: Optional[RenderContext] = None) -> CameraRender:
+    """`render_batch` of one camera, without the camera axis (sink tensor [N, D])."""
+    r = render_batch(means, quats, scales, opacities, colors, (camera,), settings, sink,
+                     context=context)
+    return CameraRender(r.color[0], r.alpha[0], r.depth[0], r.expected_depth[0], r.means2d[0],
+                        r.radii[0])

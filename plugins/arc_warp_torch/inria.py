@@ -14,6 +14,7 @@ from torch import nn
 from arc_warp import Camera, RenderSettings
 
 from ._autograd import Means2dSink, check_tensor, render_camera
+from .optim import SparseGaussianAdam  # noqa: F401  (INRIA's train.py imports it from here)
 
 # INRIA culls Gaussians whose view-space depth is <= 0.2 (in_frustum in its CUDA code).
 INRIA_NEAR = 0.2

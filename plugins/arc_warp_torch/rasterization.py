@@ -5,9 +5,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from arc_warp import Camera, RenderSettings
+from arc_warp import RenderSettings
 
-from ._autograd import Means2dSink, check_tensor, render_camera
+from ._autograd import Means2dSink, RenderContext, check_tensor, default_context, render_batch
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 
@@ -38,8 +38,13 @@ def _sh_degree_and_colors(colors, n: int, sh_degree: Optional[int], device):
     return sh_degree, colors
 
 
-def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane: float):
-    """Validate [C,4,4] viewmats and [C,3,3] Ks; return a list of C `Camera`s (host copies)."""
+def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane: float,
+             context: RenderContext):
+    """Validate [C,4,4] viewmats and [C,3,3] Ks; return a list of C `Camera`s (cached by
+    value in `context`).
+
+    Host tensors are read in place; device tensors come to the host in ONE copy (both
+    packed together), which waits for the device: keep cameras on the host to avoid it."""
     if not isinstance(viewmats, torch.Tensor) or not isinstance(Ks, torch.Tensor):
         raise TypeError(f"viewmats, Ks: expected torch.Tensors, got {type(viewmats).__name__}, "
                         f"{type(Ks).__name__}")
@@ -53,10 +58,15 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
         # Gradients w.r.t. cameras are not computed; say so instead of returning None silently.
         raise ValueError("viewmats/Ks require grad, but camera gradients are not supported; "
                          "pass detached tensors")
-    vm = viewmats.detach().to("cpu", torch.float64).numpy()
-    ks = Ks.detach().to("cpu", torch.float64).numpy()
-    return [Camera(float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2]), width, height,
-                   world_to_camera=v, near=near_plane, far=far_plane) for v, k in zip(vm, ks)]
+    c = viewmats.shape[0]
+    if viewmats.device.type == "cpu" and Ks.device.type == "cpu":
+        vm, ks = viewmats.detach().numpy(), Ks.detach().numpy()
+    else:
+        packed = torch.cat([viewmats.detach().reshape(c, 16).to(Ks.device, torch.float64),
+                            Ks.detach().reshape(c, 9).to(torch.float64)], dim=1).cpu().numpy()
+        vm, ks = packed[:, :16].reshape(c, 4, 4), packed[:, 16:].reshape(c, 3, 3)
+    return [context.camera(float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2]), width,
+                           height, v, near_plane, far_plane) for v, k in zip(vm, ks)]
 
 
 def rasterization(
@@ -78,6 +88,7 @@ def rasterization(
     absgrad: bool = False,
     render_mode: str = "RGB",
     rasterize_mode: str = "classic",
+    context: Optional[RenderContext] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, dict]:
     """Differentiable 3D Gaussian splatting of N Gaussians into C cameras (gsplat-like).
 
@@ -93,9 +104,10 @@ def rasterization(
         opacities: [N] opacities in [0, 1], already activated (apply sigmoid first).
         colors: [N, 3] RGB, or [N, K, 3] SH coefficients (evaluated per camera with the view
             direction; 0.5 is added and the result clamped at 0, as in gsplat/INRIA).
-        viewmats: [C, 4, 4] world-to-camera matrices, any device; copied to the host (one
-            small device-to-host copy per call), not differentiable (ValueError if they
-            require grad).
+        viewmats: [C, 4, 4] world-to-camera matrices, not differentiable (ValueError if
+            they require grad). Host (cpu) tensors are read directly; device tensors are
+            copied to the host in one small copy per call, which waits for the device, so
+            keep cameras on the host in a training loop.
         Ks: [C, 3, 3] pinhole intrinsics in pixels; same handling as viewmats.
         width, height: image size in pixels.
         sh_degree: SH degree 0..3 to use from [N, K, 3] colors (the first (d+1)^2
@@ -117,6 +129,8 @@ def rasterization(
             D / alpha, 0 where alpha is 0), "RGB+D" or "RGB+ED" (depth as a 4th channel).
         rasterize_mode: "classic", or "antialiased" for the Mip-Splatting 2D filter (each
             opacity times sqrt(det S / det(S + 0.3 I)), S the 2D covariance), as gsplat.
+        context: the `RenderContext` whose workspace, streams and threshold to use; None
+            uses `default_context` of the device (one per device, made on first use).
 
     Inputs may be float16/32/64 on "cpu" or "cuda" (all Gaussian tensors on one device);
     they are cast to float32 only when needed, and gradients come back in their dtype.
@@ -162,7 +176,9 @@ def rasterization(
     scales = check_tensor("scales", scales, (n, 3), device)
     opacities = check_tensor("opacities", opacities, (n,), device)
     sh_degree, colors = _sh_degree_and_colors(colors, n, sh_degree, device)
-    cameras = _cameras(viewmats, Ks, width, height, near_plane, far_plane)
+    if context is None:
+        context = default_context(device)
+    cameras = _cameras(viewmats, Ks, width, height, near_plane, far_plane, context)
     c = len(cameras)
     if backgrounds is not None:
         if not isinstance(backgrounds, torch.Tensor) or backgrounds.shape not in ((3,), (c, 3)):
@@ -177,32 +193,28 @@ def rasterization(
     settings = RenderSettings(sh_degree=sh_degree, background=(0.0, 0.0, 0.0), reduce=reduce,
                               threshold=threshold, absgrad=absgrad and need_grad,
                               antialiased=rasterize_mode == "antialiased")
-    means2d = torch.zeros((c, n, 2), dtype=torch.float32, device=device, requires_grad=need_grad)
-    renders = []
-    for i, camera in enumerate(cameras):
-        sink = None
-        if need_grad:
-            sink = Means2dSink(means2d[i], absgrad_owner=means2d if absgrad else None,
-                               absgrad_index=i)
-        renders.append(render_camera(*inputs, camera, settings, sink))
-    with torch.no_grad():
-        means2d.copy_(torch.stack([r.means2d for r in renders]))
+    # The projected means are written straight into the leaf that receives their gradient.
+    means2d = means.new_empty((c, n, 2)).requires_grad_(need_grad)
+    sink = None
+    if need_grad:
+        sink = Means2dSink(means2d, absgrad_owner=means2d if absgrad else None)
+    r = render_batch(*inputs, cameras, settings, sink, means2d, context)
 
-    alphas = torch.stack([r.alpha for r in renders])[..., None]
+    alphas = r.alpha[..., None]
     channels = []
     if render_mode.startswith("RGB"):
-        rgb = torch.stack([r.color for r in renders])
+        rgb = r.color
         if backgrounds is not None:
             rgb = rgb + (1.0 - alphas) * backgrounds[:, None, None, :]
         channels.append(rgb)
     if render_mode.endswith("ED"):
-        channels.append(torch.stack([r.expected_depth for r in renders])[..., None])
+        channels.append(r.expected_depth[..., None])
     elif render_mode.endswith("D"):
-        channels.append(torch.stack([r.depth for r in renders])[..., None])
+        channels.append(r.depth[..., None])
     render_colors = channels[0] if len(channels) == 1 else torch.cat(channels, dim=-1)
     meta = {
         "means2d": means2d,
-        "radii": torch.stack([r.radii for r in renders]),
+        "radii": r.radii,
         "width": width,
         "height": height,
         "n_cameras": c,

@@ -7,6 +7,7 @@ from arc_warp._src.camera import Camera
 from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
 from arc_warp._src.splat.project_kernels import make_project_bwd, make_project_fwd
 from arc_warp._src.splat.records import GaussianGrads, GaussianInputs, ProjectResult
+from arc_warp._src.splat.workspace import Frame
 
 
 def camera_params(camera: Camera) -> CameraParams:
@@ -34,26 +35,42 @@ def project(
     tiles_x: int,
     tiles_y: int,
     bad: wp.array,
+    frame: Frame,
+    means2d: wp.array,  # (N,) vec2, output
+    radii: wp.array,  # (N,) vec2i, output
     antialiased: bool = False,
 ) -> ProjectResult:
     """Screen-space splats, radii and tile counts; flags non-finite inputs in ``bad``.
+
+    Scratch comes from ``frame``; ``means2d`` and ``radii`` are the caller's outputs.
     ``antialiased``: splat opacities carry the 2D filter's compensation."""
     n = inputs.count
-    device = inputs.means.device
+    means2d.zero_()  # culled entries keep 0
     result = ProjectResult(
-        means2d=wp.zeros(n, dtype=wp.vec2, device=device),
-        splats=wp.empty(n, dtype=Splat2D, device=device),  # culled entries are never read
-        radii=wp.empty(n, dtype=wp.vec2i, device=device),
-        tiles_per_gauss=wp.empty(n, dtype=wp.int64, device=device),
-        rgb=inputs.colors if inputs.sh_coeffs == 0 else wp.empty(n, dtype=wp.vec3, device=device),
+        means2d=means2d,
+        splats=frame.array("splats", n, Splat2D),  # culled entries are never read
+        radii=radii,
+        tiles_per_gauss=frame.array("tiles_per_gauss", n, wp.int64),
+        rgb=inputs.colors if inputs.sh_coeffs == 0 else frame.array("rgb", n, wp.vec3),
     )
-    wp.launch(
+    frame.launch(
         make_project_fwd(antialiased),
-        dim=n,
-        inputs=[inputs.means, inputs.quats, inputs.scales, inputs.opacities, cam, eps2d, tiles_x, tiles_y],
-        outputs=[result.means2d, result.splats, result.radii, result.tiles_per_gauss, bad],
-        device=device,
-        record_tape=False,
+        n,
+        [
+            inputs.means,
+            inputs.quats,
+            inputs.scales,
+            inputs.opacities,
+            cam,
+            eps2d,
+            tiles_x,
+            tiles_y,
+            result.means2d,
+            result.splats,
+            result.radii,
+            result.tiles_per_gauss,
+            bad,
+        ],
     )
     return result
 
@@ -67,15 +84,16 @@ def project_backward(
     grads: GaussianGrads,
     means2d_grad: wp.array | None,
     means2d_absgrad: wp.array | None,
+    frame: Frame,
     eps2d: float = 0.3,
     antialiased: bool = False,
 ):
     """Adds the projection's and the colour stage's shares of the gradients into ``grads``
     (and the 2D mean grads), in one pass over the Gaussians."""
-    wp.launch(
+    frame.launch(
         make_project_bwd(inputs.sh_coeffs, absgrad, antialiased),
-        dim=inputs.count,
-        inputs=[
+        inputs.count,
+        [
             inputs.means,
             inputs.quats,
             inputs.scales,
@@ -86,8 +104,6 @@ def project_backward(
             proj.radii,
             proj.splats,
             raster_grads,
-        ],
-        outputs=[
             grads.means,
             grads.quats,
             grads.scales,
@@ -96,6 +112,4 @@ def project_backward(
             means2d_grad,
             means2d_absgrad,
         ],
-        device=inputs.means.device,
-        record_tape=False,
     )

@@ -10,25 +10,30 @@ from arc_warp._src.arc.scatter_ops import ordered_scatter_add
 from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, grad_vector
 from arc_warp._src.splat.raster_kernels import make_raster_bwd, raster_fwd
 from arc_warp._src.splat.records import BinResult, ProjectResult, RasterImages
+from arc_warp._src.splat.workspace import Frame
 
 
-def rasterize(proj: ProjectResult, bins: BinResult, width: int, height: int, background) -> RasterImages:
-    """Composites the binned splats front to back into (H, W) images."""
-    device = proj.radii.device
+def rasterize(
+    proj: ProjectResult, bins: BinResult, width: int, height: int, background, frame: Frame, outputs: dict
+) -> RasterImages:
+    """Composites the binned splats front to back into (H, W) images.
+
+    ``outputs`` holds the caller's (H, W) ``color``, ``alpha``, ``depth`` and
+    ``expected_depth`` arrays; the backward's state comes from ``frame``."""
     shape = (height, width)
     images = RasterImages(
-        color=wp.empty(shape, dtype=wp.vec3, device=device),
-        alpha=wp.empty(shape, dtype=float, device=device),
-        depth=wp.empty(shape, dtype=float, device=device),
-        expected_depth=wp.empty(shape, dtype=float, device=device),
-        final_t=wp.empty(shape, dtype=float, device=device),
-        last_ids=wp.empty(shape, dtype=wp.int32, device=device),
+        color=outputs["color"],
+        alpha=outputs["alpha"],
+        depth=outputs["depth"],
+        expected_depth=outputs["expected_depth"],
+        final_t=frame.array("final_t", shape, float),
+        last_ids=frame.array("last_ids", shape, wp.int32),
     )
-    with cpu_launch_guard(device):
-        wp.launch(
+    with cpu_launch_guard(frame.device):
+        frame.launch(
             raster_fwd,
-            dim=bins.tiles_x * bins.tiles_y * BLOCK_PIXELS,
-            inputs=[
+            bins.tiles_x * bins.tiles_y * BLOCK_PIXELS,
+            [
                 bins.gauss_ids,
                 bins.tile_ranges,
                 proj.splats,
@@ -37,8 +42,6 @@ def rasterize(proj: ProjectResult, bins: BinResult, width: int, height: int, bac
                 height,
                 bins.tiles_x,
                 wp.vec3(*background),
-            ],
-            outputs=[
                 images.color,
                 images.alpha,
                 images.depth,
@@ -47,8 +50,6 @@ def rasterize(proj: ProjectResult, bins: BinResult, width: int, height: int, bac
                 images.last_ids,
             ],
             block_dim=BLOCK_PIXELS,
-            device=device,
-            record_tape=False,
         )
     return images
 
@@ -65,27 +66,29 @@ def raster_backward(
     mode: str,
     absgrad: bool,
     threshold: int,
+    frame: Frame,
 ) -> wp.array:
-    """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents.
+    """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents,
+    in a zeroed buffer of ``frame``.
 
     ``deterministic`` writes one partial per sorted entry (tile, Gaussian), summed over
     the tile's pixels in a fixed order, then sums each Gaussian's entries in entry order
     (``ordered_scatter_add``): bit-identical from run to run.
     """
-    device = proj.radii.device
     grad_t = grad_vector(absgrad)
-    raster_grads = wp.zeros(proj.radii.shape[0], dtype=grad_t, device=device)
+    raster_grads = frame.shared.array("raster_grads", proj.radii.shape[0], grad_t, zero=True)
     if bins.n_isects == 0:
         return raster_grads
     height, width = images.alpha.shape
     out = raster_grads
     if mode == "deterministic":
-        out = wp.zeros(bins.n_isects, dtype=grad_t, device=device)
-    with cpu_launch_guard(device):
-        wp.launch(
+        out = frame.shared.capacity("entry_grads", bins.n_isects, grad_t)
+        out.zero_()
+    with cpu_launch_guard(frame.device):
+        frame.launch(
             make_raster_bwd(mode, absgrad),
-            dim=bins.tiles_x * bins.tiles_y * BLOCK_PIXELS,
-            inputs=[
+            bins.tiles_x * bins.tiles_y * BLOCK_PIXELS,
+            [
                 bins.gauss_ids,
                 bins.tile_ranges,
                 proj.splats,
@@ -102,12 +105,10 @@ def raster_backward(
                 v_depth,
                 v_expected_depth,
                 threshold,
+                out,
             ],
-            outputs=[out],
             block_dim=BLOCK_PIXELS,
-            device=device,
-            record_tape=False,
         )
     if mode == "deterministic":
-        ordered_scatter_add(raster_grads, bins.gauss_ids[: bins.n_isects], out)
+        ordered_scatter_add(raster_grads, bins.gauss_ids[: bins.n_isects], out[: bins.n_isects])
     return raster_grads

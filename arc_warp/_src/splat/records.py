@@ -177,3 +177,4 @@ class RenderOutput:
     _project: ProjectResult | None = field(default=None, repr=False)
     _bins: BinResult | None = field(default=None, repr=False)
     _images: RasterImages | None = field(default=None, repr=False)
+    _frame: object = field(default=None, repr=False)  # workspace Frame holding the buffers

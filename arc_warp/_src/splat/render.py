@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import warp as wp
 
-from arc_warp._src.arc.calibrate import resolve_threshold
+from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD
 from arc_warp._src.camera import Camera
 from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
 from arc_warp._src.splat.project_kernels import BAD_SLOTS
@@ -13,6 +13,10 @@ from arc_warp._src.splat.raster_ops import raster_backward, rasterize
 from arc_warp._src.splat.records import BinResult, GaussianGrads, GaussianInputs, RenderOutput, RenderSettings
 from arc_warp._src.splat.sh_ops import compute_colors
 from arc_warp._src.splat.validate import check_array, check_grads, check_inputs, raise_on_flags
+from arc_warp._src.splat.workspace import Frame, Workspace
+
+# Names and dtypes of the (H, W) images a caller may supply through ``outputs``.
+IMAGE_OUTPUTS = {"color": wp.vec3, "alpha": wp.float32, "depth": wp.float32, "expected_depth": wp.float32}
 
 
 def render_gaussians(
@@ -23,6 +27,9 @@ def render_gaussians(
     colors: wp.array,  # (N, (d+1)^2) wp.vec3 SH coefficients, or (N,) wp.vec3 RGB
     camera: Camera | list[Camera] | tuple[Camera, ...],
     settings: RenderSettings | None = None,
+    workspace: Workspace | None = None,
+    outputs: dict[str, wp.array] | None = None,
+    tape: wp.Tape | None = None,
 ) -> RenderOutput | list[RenderOutput]:
     """Renders 3D Gaussians with gsplat 1.5.3 "classic" conventions.
 
@@ -42,8 +49,9 @@ def render_gaussians(
     checks ``colors``; the flags come back with the single readback that sizes the
     sort, and a ValueError is raised before binning or rasterising.
 
-    Gradients: if any input has ``requires_grad`` and a ``wp.Tape`` is active, the
-    outputs get ``requires_grad`` and the backward is recorded with
+    Gradients: if any input has ``requires_grad`` and a ``wp.Tape`` is given (``tape=``)
+    or active (``with tape:``), the outputs get ``requires_grad`` and the backward is
+    recorded with
     ``tape.record_func``, so ``tape.backward()`` adds into the inputs' ``.grad`` and
     continues into upstream kernels. Example, with means made by a user kernel::
 
@@ -66,6 +74,18 @@ def render_gaussians(
         camera: a :class:`Camera`, or a list/tuple of them (see ``Camera.batch``), which
             renders each camera and returns a list.
         settings: :class:`RenderSettings`; ``None`` uses the defaults.
+        workspace: a :class:`Workspace` whose buffers this render reuses: with one,
+            repeated renders (and backwards) of the same N and image size allocate no
+            Warp arrays, and the ARC threshold was resolved when it was made. The
+            output's arrays then belong to the workspace: they stay valid while the
+            :class:`RenderOutput` is alive and are reused after it is dropped.
+            ``None`` allocates fresh arrays (and resolves the threshold here).
+        outputs: optional caller-owned (H, W) arrays for the images, by name:
+            ``color`` (wp.vec3), ``alpha``, ``depth``, ``expected_depth`` (float32),
+            and (N,) ``means2d`` (wp.vec2) and ``radii`` (wp.vec2i); the render writes
+            into them (one camera only). Missing names are allocated.
+        tape: the ``wp.Tape`` to record the backward on; ``None`` uses the tape of an
+            enclosing ``with tape:`` block, if any.
 
     Returns:
         :class:`RenderOutput` (or a list of them for a camera batch).
@@ -74,40 +94,103 @@ def render_gaussians(
         settings = RenderSettings()
     elif not isinstance(settings, RenderSettings):
         raise TypeError(f"settings must be a RenderSettings, got {type(settings).__name__}")
+    if workspace is not None and not isinstance(workspace, Workspace):
+        raise TypeError(f"workspace must be an arc_warp Workspace or None, got {type(workspace).__name__}")
+    if tape is not None and not isinstance(tape, wp.Tape):
+        raise TypeError(f"tape must be a wp.Tape or None, got {type(tape).__name__}")
     if isinstance(camera, (list, tuple)):
-        return [render_gaussians(means, quats, scales, opacities, colors, cam, settings) for cam in Camera.batch(camera)]
+        if outputs is not None:
+            raise ValueError("outputs= takes the arrays of one camera; render a camera list without it")
+        return [
+            render_gaussians(means, quats, scales, opacities, colors, cam, settings, workspace, None, tape)
+            for cam in Camera.batch(camera)
+        ]
     if not isinstance(camera, Camera):
         raise TypeError(f"camera must be a Camera or a list of cameras, got {type(camera).__name__}")
     inputs = check_inputs(means, quats, scales, opacities, colors, settings)
-    out = _forward(inputs, camera, settings)
-    tape = wp._src.context.runtime.tape  # the active wp.Tape, if any (Warp has no public getter)
+    outputs = _check_outputs(outputs, inputs, camera)
+    if workspace is None:
+        # a one-off workspace; only "arc" reads the threshold (resolving may calibrate once)
+        unused = FALLBACK_THRESHOLD if settings.reduce != "arc" or settings.threshold is not None else None
+        workspace = Workspace(inputs.means.device, unused)
+    elif workspace.device != inputs.means.device:
+        raise ValueError(f"workspace is on {workspace.device} but the inputs are on {inputs.means.device}")
+    frame = workspace.acquire()
+    out = _forward(inputs, camera, settings, frame, outputs)
+    workspace.release_with(out, frame)
+    if tape is None:
+        tape = _active_tape()
     if tape is not None and any(a.requires_grad for a in inputs.arrays):
         tracked = [a for a in (out.color, out.alpha, out.depth, out.expected_depth, *inputs.arrays) if a.requires_grad]
         tape.record_func(lambda: _tape_backward(out), tracked)
     return out
 
 
-def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings) -> RenderOutput:
-    device = inputs.means.device
+def _active_tape() -> wp.Tape | None:
+    """The tape of an enclosing ``with tape:`` block. Warp 1.19 has no public getter, so
+    this is the one place that reads its runtime; pass ``tape=`` to avoid it."""
+    return wp._src.context.runtime.tape
+
+
+def _camera_args(workspace: Workspace, camera: Camera):
+    """``camera_params(camera)``, built once per Camera object that the workspace sees."""
+    cached = workspace.camera_args.get(id(camera))
+    if cached is None:
+        if len(workspace.camera_args) >= 256:  # bounded: a loop making new cameras
+            workspace.camera_args.clear()
+        cached = workspace.camera_args[id(camera)] = (camera, camera_params(camera))
+    return cached[1]
+
+
+def _check_outputs(outputs, inputs: GaussianInputs, camera: Camera) -> dict:
+    """Validated caller-owned output arrays by name (see ``render_gaussians``)."""
+    if outputs is None:
+        return {}
+    if not isinstance(outputs, dict):
+        raise TypeError(f"outputs must be a dict of wp.arrays by name, got {type(outputs).__name__}")
+    wanted = {name: (dtype, 2, (camera.height, camera.width)) for name, dtype in IMAGE_OUTPUTS.items()}
+    wanted["means2d"] = (wp.vec2, 1, (inputs.count,))
+    wanted["radii"] = (wp.vec2i, 1, (inputs.count,))
+    for name, array in outputs.items():
+        if name not in wanted:
+            raise ValueError(f"outputs: unknown name {name!r}; expected some of {sorted(wanted)}")
+        check_array(array, f"outputs[{name!r}]", *wanted[name], inputs.means.device)
+    return outputs
+
+
+def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings, frame: Frame, outputs: dict) -> RenderOutput:
     tiles_x, tiles_y = tile_grid(camera.width, camera.height)
-    cam = camera_params(camera)
-    flags = wp.zeros(1 + len(BAD_SLOTS), dtype=wp.int32, device=device)
-    proj = project(inputs, cam, settings.eps2d, tiles_x, tiles_y, flags, settings.antialiased)
-    if inputs.count > 0:
-        compute_colors(inputs, cam, proj, flags)  # flags bad colours before the readback
-        cum_tiles, host_flags = count_intersections(proj, flags)
+    cam = _camera_args(frame._workspace, camera)
+    n = inputs.count
+    shape = (camera.height, camera.width)
+
+    def output(name, shape, dtype):
+        given = outputs.get(name)
+        return frame.array(name, shape, dtype) if given is None else given
+
+    images_out = {name: output(name, shape, dtype) for name, dtype in IMAGE_OUTPUTS.items()}
+    flags = frame.shared.array("flags", 1 + len(BAD_SLOTS), wp.int32, zero=True)
+    proj = project(
+        inputs, cam, settings.eps2d, tiles_x, tiles_y, flags, frame,
+        output("means2d", n, wp.vec2),
+        output("radii", n, wp.vec2i),
+        settings.antialiased,
+    )
+    if n > 0:
+        compute_colors(inputs, cam, proj, flags, frame)  # flags bad colours before the readback
+        cum_tiles, host_flags = count_intersections(proj, flags, frame)
         raise_on_flags(host_flags)
-        bins = sort_intersections(proj, cum_tiles, int(host_flags[0]), tiles_x, tiles_y)
+        bins = sort_intersections(proj, cum_tiles, int(host_flags[0]), tiles_x, tiles_y, frame)
     else:
-        bins = BinResult(tiles_x, tiles_y, 0, wp.empty(0, dtype=wp.int32, device=device),
-                         wp.zeros(tiles_x * tiles_y, dtype=wp.vec2i, device=device))
-    images = rasterize(proj, bins, camera.width, camera.height, settings.background)
+        bins = BinResult(tiles_x, tiles_y, 0, frame.capacity("sort_ids", 0, wp.int32),
+                         frame.array("tile_ranges", tiles_x * tiles_y, wp.vec2i, zero=True))
+    images = rasterize(proj, bins, camera.width, camera.height, settings.background, frame, images_out)
 
     if any(a.requires_grad for a in inputs.arrays):
         for img in (images.color, images.alpha, images.depth, images.expected_depth):
             img.requires_grad = True
-    means2d_grad = wp.zeros(inputs.count, dtype=wp.vec2, device=device)
-    means2d_absgrad = wp.zeros(inputs.count, dtype=wp.vec2, device=device) if settings.absgrad else None
+    means2d_grad = frame.array("means2d_grad", n, wp.vec2, zero=True)
+    means2d_absgrad = frame.array("means2d_absgrad", n, wp.vec2, zero=True) if settings.absgrad else None
     return RenderOutput(
         color=images.color,
         alpha=images.alpha,
@@ -124,13 +207,18 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings) -
         _project=proj,
         _bins=bins,
         _images=images,
+        _frame=frame,
     )
 
 
 def _tape_backward(out: RenderOutput):
     """Tape callback: output .grad -> input .grad (scratch for inputs without one)."""
+    names = ("means", "quats", "scales", "opacities", "colors")
     grads = GaussianGrads(
-        *(a.grad if a.requires_grad else wp.zeros(a.shape, dtype=a.dtype, device=a.device) for a in out._inputs.arrays)
+        *(
+            a.grad if a.requires_grad else out._frame.array(f"grad_{name}", a.shape, a.dtype, zero=True)
+            for name, a in zip(names, out._inputs.arrays)
+        )
     )
     render_gaussians_backward(
         out, out.color.grad, out.alpha.grad, out.depth.grad, out.expected_depth.grad, grads=grads
@@ -157,7 +245,8 @@ def render_gaussians_backward(
     ``settings.absgrad``, their per-pixel absolute sums into ``out.means2d_absgrad``.
 
     Returns:
-        :class:`GaussianGrads` shaped like the inputs: newly allocated, or ``grads``
+        :class:`GaussianGrads` shaped like the inputs: buffers of the render's workspace
+        (valid while ``out`` is alive), or ``grads``
         (which must match the inputs) with the gradients added in.
     """
     if not isinstance(out, RenderOutput) or out._inputs is None:
@@ -166,32 +255,31 @@ def render_gaussians_backward(
     device = inputs.means.device
     shape = out.alpha.shape
 
-    zero_image = None  # one read-only zero image serves every missing float cotangent
+    frame = out._frame
 
     def cotangent(value, name, dtype):
-        nonlocal zero_image
         if value is not None:
             return check_array(value, name, dtype, 2, shape, device)
-        if dtype is not wp.float32:
-            return wp.zeros(shape, dtype=dtype, device=device)
-        if zero_image is None:
-            zero_image = wp.zeros(shape, dtype=dtype, device=device)
-        return zero_image
+        # one read-only zero image per dtype serves every missing cotangent
+        return frame.shared.zeros_once(f"zero_{dtype.__name__}", shape, dtype)
 
     v_color = cotangent(grad_color, "grad_color", wp.vec3)
     v_alpha = cotangent(grad_alpha, "grad_alpha", wp.float32)
     v_depth = cotangent(grad_depth, "grad_depth", wp.float32)
     v_expected = cotangent(grad_expected_depth, "grad_expected_depth", wp.float32)
     if grads is None:
-        grads = GaussianGrads(*(wp.zeros(a.shape, dtype=a.dtype, device=device) for a in inputs.arrays))
+        names = ("means", "quats", "scales", "opacities", "colors")
+        grads = GaussianGrads(
+            *(frame.array(f"grad_{name}", a.shape, a.dtype, zero=True) for name, a in zip(names, inputs.arrays))
+        )
     else:
         check_grads(grads, inputs)
     if inputs.count == 0:
         return grads
 
     settings = out.settings
-    # only "arc" reads the threshold; resolving it may calibrate the GPU once
-    threshold = resolve_threshold(device, settings.threshold) if settings.reduce == "arc" else 0
+    # resolved when the workspace was made, never here (no lazy calibration in a step)
+    threshold = settings.threshold if settings.threshold is not None else frame._workspace.threshold
     raster_grads = raster_backward(
         out._project,
         out._bins,
@@ -204,10 +292,11 @@ def render_gaussians_backward(
         settings.reduce,
         settings.absgrad,
         threshold,
+        frame,
     )
     cam = out._cam
     project_backward(
-        inputs, cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad, out.means2d_absgrad,
+        inputs, cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad, out.means2d_absgrad, frame,
         settings.eps2d, settings.antialiased
     )
     return grads

@@ -9,9 +9,10 @@ from arc_warp._src.splat.geometry_funcs import CameraParams
 from arc_warp._src.splat.project_kernels import BAD_SLOTS, flag_nonfinite
 from arc_warp._src.splat.records import GaussianInputs, ProjectResult
 from arc_warp._src.splat.sh_kernels import make_sh_fwd
+from arc_warp._src.splat.workspace import Frame
 
 
-def compute_colors(inputs: GaussianInputs, cam: CameraParams, proj: ProjectResult, bad: wp.array):
+def compute_colors(inputs: GaussianInputs, cam: CameraParams, proj: ProjectResult, bad: wp.array, frame: Frame):
     """Fills ``proj.rgb`` from SH coefficients and flags non-finite colour inputs in ``bad``.
 
     SH evaluation checks the coefficients it reads; plain RGB colours are used as-is
@@ -20,19 +21,18 @@ def compute_colors(inputs: GaussianInputs, cam: CameraParams, proj: ProjectResul
     slot = 1 + BAD_SLOTS.index("colors")
     if inputs.sh_coeffs == 0:
         flat_colors = inputs.colors.view(wp.float32).flatten()
-        wp.launch(
-            flag_nonfinite,
-            dim=flat_colors.shape[0],
-            inputs=[flat_colors, bad, slot],
-            device=inputs.means.device,
-            record_tape=False,
-        )
+        frame.launch(flag_nonfinite, flat_colors.shape[0], [flat_colors, bad, slot])
         return
-    wp.launch(
+    frame.launch(
         make_sh_fwd(inputs.sh_coeffs),
-        dim=inputs.count,
-        inputs=[inputs.means, inputs.colors, proj.radii, cam.center, slot],
-        outputs=[proj.rgb, bad],
-        device=inputs.means.device,
-        record_tape=False,
+        inputs.count,
+        [
+            inputs.means,
+            inputs.colors,
+            proj.radii,
+            cam.center,
+            slot,
+            proj.rgb,
+            bad,
+        ],
     )

@@ -1,0 +1,152 @@
+"""Device buffers kept across renders, so a training step allocates no new Warp arrays."""
+
+from __future__ import annotations
+
+import weakref
+
+import warp as wp
+
+from arc_warp._src.arc.calibrate import resolve_threshold
+
+
+_PYTHON_DTYPES = {float: wp.float32, int: wp.int32, bool: wp.bool}  # as wp.array stores them
+_REPACK = object()  # signature of an argument that is always repacked (structs, vectors)
+
+
+def _signature(arg):
+    """What must be unchanged for a packed launch argument to be reused."""
+    if isinstance(arg, wp.array):
+        return (arg.ptr, arg.shape, arg.strides)
+    if arg is None or isinstance(arg, (bool, int, float)):
+        return arg
+    return _REPACK
+
+
+class Frame:
+    """The buffers of one render in flight: its forward state, scratch and outputs.
+
+    Buffers are looked up by name; one is (re)allocated only when its shape or dtype
+    changes, so renders of one size reuse them. A frame is leased to one
+    :class:`RenderOutput` and returns to its :class:`Workspace` when that output is
+    garbage collected (its backward can no longer run), so two renders alive at once
+    never share buffers.
+    """
+
+    def __init__(self, workspace: Workspace, shared: Frame | None = None):
+        self._workspace = workspace
+        # buffers used only within one call (sort keys, scans, flags, gradient scratch),
+        # shared by all frames of the workspace: work on one stream is ordered
+        self.shared = self if shared is None else shared
+        self._arrays: dict[str, wp.array] = {}
+        self._launches: dict = {}  # key -> [wp.Launch, dim, argument signatures]
+
+    @property
+    def device(self):
+        """The Warp device of the workspace this frame belongs to."""
+        return self._workspace.device
+
+    def array(self, name: str, shape, dtype, zero: bool = False) -> wp.array:
+        """The buffer ``name`` with exactly ``shape`` and ``dtype``; ``zero`` memsets it."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dtype = _PYTHON_DTYPES.get(dtype, dtype)
+        a = self._arrays.get(name)
+        if a is None or a.shape != shape or a.dtype != dtype:
+            a = self._workspace._allocate(shape, dtype, zero)
+            self._arrays[name] = a
+        elif zero:
+            a.zero_()
+        return a
+
+    def zeros_once(self, name: str, shape, dtype) -> wp.array:
+        """A read-only zero buffer: zeroed when allocated, never written afterwards."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dtype = _PYTHON_DTYPES.get(dtype, dtype)
+        a = self._arrays.get(name)
+        if a is None or a.shape != shape or a.dtype != dtype:
+            a = self._workspace._allocate(shape, dtype, True)
+            self._arrays[name] = a
+        return a
+
+    def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
+        """``wp.launch(kernel, dim, inputs=args)`` on the current stream, prepared once per
+        frame and replayed: later calls repack only the arguments that changed (an array
+        whose pointer, shape and strides are the same is not repacked). ``dim`` is an int;
+        ``key`` (default: the kernel) names the prepared launch when one kernel is
+        launched at several places."""
+        if dim == 0:
+            return  # Warp records no command for an empty launch
+        key = kernel if key is None else key
+        record = self._launches.get(key)
+        if record is None:
+            cmd = wp.launch(kernel, dim=dim, inputs=args, device=self._workspace.device, block_dim=block_dim,
+                            record_cmd=True, record_tape=False)
+            cmd.fwd_args = None  # kept by Warp only for APIC capture; would pin the first call's arrays
+            self._launches[key] = [cmd, dim, [_signature(a) for a in args]]
+        else:
+            cmd, old_dim, signatures = record
+            if dim != old_dim:
+                cmd.set_dim(dim)
+                record[1] = dim
+            for i, arg in enumerate(args):
+                sig = _signature(arg)
+                if sig is _REPACK or sig != signatures[i]:
+                    cmd.set_param_at_index(i, arg)
+                    signatures[i] = sig
+        cmd.launch()
+
+    def capacity(self, name: str, count: int, dtype) -> wp.array:
+        """A 1D buffer ``name`` of at least ``count`` entries (grown by 1.5x, never shrunk),
+        for sizes that vary from call to call such as the tile-sort buffers."""
+        a = self._arrays.get(name)
+        if a is None or a.shape[0] < count or a.dtype != dtype:
+            a = self._workspace._allocate((max(count + count // 2, 1),), dtype, False)
+            self._arrays[name] = a
+        return a
+
+
+class Workspace:
+    """Buffers and settings of repeated renders on one device (explicit state, no globals).
+
+    Pass it to :func:`render_gaussians` (``workspace=``). Renders of the same N and
+    image size then allocate nothing: each takes a :class:`Frame` (the state its
+    backward needs) from the free list and the frame goes back when the render's output
+    is dropped; buffers used only within one call are shared by all frames. A training
+    loop that still holds the previous step's output while rendering the next one
+    (``colors = rasterization(...)`` rebinds only after the call) alternates between
+    two frames, so it allocates in its first two steps and never after.
+
+    Args:
+        device: Warp device (default: the current one).
+        threshold: ARC threshold to use when ``RenderSettings.threshold`` is None;
+            ``None`` resolves the calibrated value of the device HERE, once (on a GPU
+            that was never calibrated this runs the calibration), so that no step ever
+            calibrates lazily (which would also break graph capture).
+
+    Attributes:
+        allocations: number of Warp arrays this workspace has allocated so far; a
+            repeated forward + backward of one size leaves it unchanged.
+        threshold: the resolved ARC threshold.
+    """
+
+    def __init__(self, device=None, threshold: int | None = None):
+        self.device = wp.get_device(device)
+        self.threshold = resolve_threshold(self.device, threshold)
+        self.allocations = 0
+        self._free: list[Frame] = []
+        self._shared = Frame(self)
+        # kernel arguments derived from a Camera, by id; the entry keeps the camera alive
+        # so an id is never reused while cached
+        self.camera_args: dict[int, tuple] = {}
+
+    def _allocate(self, shape: tuple, dtype, zero: bool) -> wp.array:
+        self.allocations += 1
+        maker = wp.zeros if zero else wp.empty
+        return maker(shape, dtype=dtype, device=self.device)
+
+    def acquire(self) -> Frame:
+        """A free frame, or a new one."""
+        return self._free.pop() if self._free else Frame(self, self._shared)
+
+    def release_with(self, owner, frame: Frame) -> None:
+        """Return ``frame`` to the pool when ``owner`` (the render's output) is collected."""
+        weakref.finalize(owner, self._free.append, frame)
