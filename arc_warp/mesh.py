@@ -2,11 +2,15 @@
 texture, antialias), Warp arrays in and out, ARC-accumulated hand-written backwards.
 
 Every op records itself on an active ``wp.Tape`` and takes ``reduce=`` (``atomic`` /
-``warp`` / ``serial`` / ``arc``; ``floor`` for benchmarks) and ``threshold=``."""
+``warp`` / ``serial`` / ``arc``; ``floor`` for benchmarks) and ``threshold=``; each has an
+explicit ``*_backward`` for callers that run their own autodiff (the torch plugin)."""
 
+from ._src.mesh.interp_ops import interpolate, interpolate_backward
 from ._src.mesh.raster_ops import rasterize, rasterize_backward
 
 __all__ = [
+    "interpolate",
+    "interpolate_backward",
     "rasterize",
     "rasterize_backward",
 ]

@@ -30,9 +30,17 @@ def reduce_settings(reduce: str, threshold: int | None, device) -> tuple[str, in
 
 
 def chunking(n: int) -> tuple[int, int]:
-    """(K, chunks): ``n`` float32 components are accumulated as ``chunks`` vectors of K."""
-    k = min(n, MAX_CHUNK)
-    return k, -(-n // k)
+    """(K, chunks): ``n`` float32 components are accumulated as ``chunks`` vectors of K.
+
+    K is the largest divisor of ``n`` up to :data:`MAX_CHUNK`, so a [..., n] gradient array
+    is exactly a flat array of K-vectors (no scratch buffer)."""
+    k = max(d for d in range(1, min(n, MAX_CHUNK) + 1) if n % d == 0)
+    return k, n // k
+
+
+def vector_view(arr: wp.array, k: int) -> wp.array:
+    """Flat view of a contiguous float32 array as ``size / k`` K-vectors (an accumulator target)."""
+    return arr.reshape((arr.size // k, k)).view(wp.types.vector(k, wp.float32))
 
 
 def float_array(value, name: str, ndims: tuple[int, ...], last: int | None = None, device=None) -> wp.array:

@@ -9,7 +9,6 @@ from arc_warp._src.mesh.common import (
     BLOCK,
     check_resolution,
     cotangent,
-    grad_of,
     grad_or_new,
     padded,
     record,
@@ -135,5 +134,3 @@ def rasterize_backward(
               outputs=[grad_pos.view(wp.vec4).flatten()])
     return grad_pos
 
-
-__all__ = ["rasterize", "rasterize_backward", "grad_of"]
