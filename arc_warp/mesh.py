@@ -7,8 +7,13 @@ explicit ``*_backward`` for callers that run their own autodiff (the torch plugi
 
 from ._src.mesh.interp_ops import interpolate, interpolate_backward
 from ._src.mesh.raster_ops import rasterize, rasterize_backward
+from ._src.mesh.texture_ops import MipStack, build_mip, texture, texture_backward
 
 __all__ = [
+    "MipStack",
+    "build_mip",
+    "texture",
+    "texture_backward",
     "interpolate",
     "interpolate_backward",
     "rasterize",

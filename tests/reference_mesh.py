@@ -102,3 +102,83 @@ def interpolate(attr, rast, tri, rast_db=None, diff_attrs=()):
         da += [d0 * rast_db[..., 0] + d1 * rast_db[..., 2], d0 * rast_db[..., 1] + d1 * rast_db[..., 3]]
     out_da = torch.stack(da, -1) if da else out[..., :0]
     return out, torch.where(hit, out_da, torch.zeros_like(out_da))
+
+
+def mip_pyramid(tex, levels=None):
+    """[tex, level 1, ...]: 2x2 (or 2x1 when a side is 1) box averages down to 1x1."""
+    out = [tex]
+    while out[-1].shape[1] > 1 or out[-1].shape[2] > 1:
+        if levels is not None and len(out) > levels:
+            break
+        t = out[-1]
+        if t.shape[1] > 1:
+            t = 0.5 * (t[:, 0::2] + t[:, 1::2])
+        if t.shape[2] > 1:
+            t = 0.5 * (t[:, :, 0::2] + t[:, :, 1::2])
+        out.append(t)
+    return out
+
+
+def _bilinear(tex, uv, boundary):
+    """Bilinear sample of tex [Bt, h, w, C] at uv [B, H, W, 2], texel centres at +0.5."""
+    bt, h, w, _ = tex.shape
+    u, v = uv[..., 0], uv[..., 1]
+    if boundary == "wrap":
+        u, v = u - torch.floor(u), v - torch.floor(v)
+    x, y = u * w - 0.5, v * h - 0.5
+    if boundary == "clamp":
+        x, y = x.clamp(0, w - 1), y.clamp(0, h - 1)
+    x0, y0 = torch.floor(x).detach(), torch.floor(y).detach()
+    fx, fy = x - x0, y - y0
+    x0, y0 = x0.long(), y0.long()
+    x1 = torch.where((boundary == "clamp") & ((x == 0) | (x == w - 1)), x0, x0 + 1) if boundary == "clamp" else x0 + 1
+    y1 = torch.where((y == 0) | (y == h - 1), y0, y0 + 1) if boundary == "clamp" else y0 + 1
+    z = torch.arange(uv.shape[0])[:, None, None].expand_as(x0) % bt
+
+    def tap(ix, iy):
+        if boundary == "wrap":
+            ix, iy = ix % w, iy % h
+        inside = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
+        val = tex[z, iy.clamp(0, h - 1), ix.clamp(0, w - 1)]
+        return torch.where(inside[..., None], val, torch.zeros_like(val))
+
+    fx, fy = fx[..., None], fy[..., None]
+    return ((1 - fx) * (1 - fy) * tap(x0, y0) + fx * (1 - fy) * tap(x1, y0)
+            + (1 - fx) * fy * tap(x0, y1) + fx * fy * tap(x1, y1))
+
+
+def texture(tex, uv, uv_da=None, bias=None, filter_mode="linear", boundary="wrap", max_mip_level=None):
+    """Reference sampler (2D textures), differentiable in tex, uv, uv_da and bias."""
+    if filter_mode == "nearest":
+        bt, h, w, _ = tex.shape
+        u, v = uv[..., 0], uv[..., 1]
+        if boundary == "wrap":
+            u, v = u - torch.floor(u), v - torch.floor(v)
+        ix, iy = torch.floor(u * w).long(), torch.floor(v * h).long()
+        inside = (ix >= 0) & (ix < w) & (iy >= 0) & (iy < h)
+        z = torch.arange(uv.shape[0])[:, None, None].expand_as(ix) % bt
+        val = tex[z, iy.clamp(0, h - 1), ix.clamp(0, w - 1)]
+        return torch.where(inside[..., None], val, torch.zeros_like(val)) if boundary == "zero" else val
+    if filter_mode == "linear":
+        return _bilinear(tex, uv, boundary)
+    levels = mip_pyramid(tex, max_mip_level)
+    lod = torch.zeros(uv.shape[:3], dtype=F64)
+    if uv_da is not None:
+        j = uv_da * torch.tensor([tex.shape[2], tex.shape[2], tex.shape[1], tex.shape[1]], dtype=F64)
+        a = j[..., 0] ** 2 + j[..., 2] ** 2
+        b = j[..., 1] ** 2 + j[..., 3] ** 2
+        c = j[..., 0] * j[..., 1] + j[..., 2] * j[..., 3]
+        major = 0.5 * (a + b) + torch.sqrt(0.25 * (a - b) ** 2 + c * c)
+        lod = 0.5 * torch.log2(major)
+    if bias is not None:
+        lod = lod + bias
+    lod = lod.clamp(0, len(levels) - 1)
+    l0 = torch.floor(lod).detach().long()
+    samples = torch.stack([_bilinear(t, uv, boundary) for t in levels])  # [L, B, H, W, C]
+    pick = lambda idx: torch.gather(samples, 0, idx[None, ..., None].expand(1, *samples.shape[1:]))[0]  # noqa: E731
+    a = pick(l0)
+    if filter_mode == "linear-mipmap-nearest":
+        return a
+    frac = (lod - l0)[..., None]
+    b = pick((l0 + 1).clamp(max=len(levels) - 1))
+    return a + frac * (b - a)
