@@ -182,3 +182,64 @@ def texture(tex, uv, uv_da=None, bias=None, filter_mode="linear", boundary="wrap
     frac = (lod - l0)[..., None]
     b = pick((l0 + 1).clamp(max=len(levels) - 1))
     return a + frac * (b - a)
+
+
+def _sign_bit(a):
+    return torch.signbit(torch.as_tensor(a))
+
+
+def antialias(color, rast, pos, tri, opposite):
+    """Plain per-pair transcription of the analytic antialiasing rules, differentiable in
+    color and pos (python loops: small images only). ``opposite`` [F, 3] int (-1: none)."""
+    b_n, h, w, _ = color.shape
+    out = color.clone()
+    ids = rast[..., 3].round().long() - 1
+    tri = tri.long()
+    xh, yh = 0.5 * w, 0.5 * h
+    for b in range(b_n):
+        for y in range(h):
+            for x in range(w):
+                for d in (0, 1):
+                    x1, y1 = x + 1 - d, y + d
+                    if x1 >= w or y1 >= h:
+                        continue
+                    t0, t1 = int(ids[b, y, x]), int(ids[b, y1, x1])
+                    if t0 == t1:
+                        continue
+                    t = t0 if t0 >= 0 else t1
+                    if t0 >= 0 and t1 >= 0 and not rast[b, y, x, 2] < rast[b, y1, x1, 2]:
+                        t = t1
+                    rx, ry = (x1, y1) if t == t1 else (x, y)
+                    fx, fy = rx + 0.5 - xh, ry + 0.5 - yh
+                    p = pos[b if pos.shape[0] > 1 else 0]
+                    scr = lambda v: torch.stack([p[v, 0] / p[v, 3] * xh - fx, p[v, 1] / p[v, 3] * yh - fy])  # noqa
+                    q = [scr(v) for v in tri[t]]
+                    o = [scr(int(opposite[t, i])) if opposite[t, i] >= 0 else q[i] for i in range(3)]
+                    area = lambda a, b_, c: (b_[0] - a[0]) * (c[1] - a[1]) - (c[0] - a[0]) * (b_[1] - a[1])  # noqa
+                    bb = area(*q)
+                    wings = [area(o[i], q[(i + 1) % 3], q[(i + 2) % 3]) for i in range(3)]
+                    sil = [bool(_sign_bit(wi) == _sign_bit(bb)) for wi in wings]
+                    if not any(sil):
+                        continue
+                    if d:
+                        q = [qi.flip(0) for qi in q]
+                    ds = 1.0 if t == t0 else -1.0
+                    best, best_i = None, None
+                    for i in range(3):
+                        a, c = q[(i + 1) % 3], q[(i + 2) % 3]
+                        if bool(_sign_bit(a[1]) == _sign_bit(c[1])):
+                            continue  # does not cross the segment's line
+                        crossing = ds * (a[0] - a[1] * (c[0] - a[0]) / (c[1] - a[1]))
+                        if best is None or crossing > best:
+                            best, best_i = crossing, i
+                    if best_i is None:
+                        continue
+                    a, c = q[(best_i + 1) % 3], q[(best_i + 2) % 3]
+                    if not sil[best_i] or abs(c[1] - a[1]) < abs(c[0] - a[0]):
+                        continue
+                    if not (-0.0625 < best < 1.0625):
+                        continue
+                    alpha = ds * (0.5 - best.clamp(0.0, 1.0))
+                    tx, ty = (x, y) if alpha > 0 else (x1, y1)
+                    out[b, ty, tx] = out[b, ty, tx] + alpha * (color[b, y1, x1] - color[b, y, x])
+    return out

@@ -114,11 +114,12 @@ def test_backward_filters(rng, filter_mode, boundary):
         np.testing.assert_allclose(got[2].numpy(), want[2], rtol=1e-3, atol=2e-4)
 
 
-def test_tape_and_prebuilt_mip(rng):
+@pytest.mark.parametrize("prebuilt", [False, True], ids=["mip_inside", "mip_prebuilt"])
+def test_tape(rng, prebuilt):
     tex, uv, uv_da, _ = inputs(rng, tex_shape=(1, 8, 8, 3))
     t = wa(tex, requires_grad=True)
     u = wa(uv, requires_grad=True)
-    stack = mesh.build_mip(t)
+    stack = mesh.build_mip(t) if prebuilt else None
     tape = wp.Tape()
     with tape:
         out = mesh.texture(t, u, wa(uv_da), mip=stack)

@@ -20,6 +20,7 @@ from arc_warp._src.mesh.common import (
     reduce_settings,
     vector_view,
 )
+from arc_warp._src.mesh.util_kernels import add_into
 from arc_warp._src.mesh.texture_kernels import (
     BOUNDARY_MODES,
     FILTER_MODES,
@@ -80,8 +81,9 @@ def build_mip(tex: wp.array, max_mip_level: int | None = None) -> MipStack:
     counts = [b * sw * sh for sw, sh in sizes]
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
     device = tex.device
-    data = wp.empty((int(sum(counts)), c), dtype=wp.float32, device=device)
-    wp.copy(data, tex.reshape((counts[0], c)), count=counts[0] * c)
+    data = wp.zeros((int(sum(counts)), c), dtype=wp.float32, device=device)
+    wp.launch(add_into, dim=counts[0] * c, inputs=[tex.flatten()], outputs=[data[: counts[0]].flatten()],
+              device=device, record_tape=False)
     for level in range(1, len(sizes)):
         (sw, sh), (dw, dh) = sizes[level - 1], sizes[level]
         wp.launch(mip_build, dim=(b, dh, dw), device=device, record_tape=False,
