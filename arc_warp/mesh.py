@@ -13,7 +13,8 @@ from ._src.mesh.antialias_ops import (
 )
 from ._src.mesh.interp_ops import interpolate, interpolate_backward
 from ._src.mesh.raster_ops import rasterize, rasterize_backward
-from ._src.mesh.texture_ops import MipStack, build_mip, texture, texture_backward
+from ._src.mesh.primitives import cube, uv_sphere
+from ._src.mesh.texture_ops import MipStack, build_mip, resolve_filter_mode, texture, texture_backward
 
 __all__ = [
     "TopologyHash",
@@ -22,6 +23,9 @@ __all__ = [
     "antialias_construct_topology_hash",
     "MipStack",
     "build_mip",
+    "cube",
+    "resolve_filter_mode",
+    "uv_sphere",
     "texture",
     "texture_backward",
     "interpolate",

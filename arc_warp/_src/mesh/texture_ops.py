@@ -62,6 +62,16 @@ def mip_sizes(width: int, height: int, max_mip_level: int | None) -> list[tuple[
     return sizes
 
 
+def resolve_filter_mode(filter_mode: str, has_uv_da: bool, has_bias: bool) -> str:
+    """The filter mode 'auto' stands for ('linear-mipmap-linear' with uv_da or a bias, else
+    'linear'); other names are checked."""
+    if filter_mode == "auto":
+        return "linear-mipmap-linear" if (has_uv_da or has_bias) else "linear"
+    if filter_mode not in FILTER_MODES:
+        raise ValueError(f"filter_mode: expected 'auto' or one of {tuple(FILTER_MODES)}, got {filter_mode!r}")
+    return filter_mode
+
+
 def _check_tex(tex) -> wp.array:
     tex = float_array(tex, "tex", (4,))
     if min(tex.shape) < 1:
@@ -104,10 +114,7 @@ def _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_
     if mip_level_bias is not None:
         mip_level_bias = check_shape(float_array(mip_level_bias, "mip_level_bias", (3,), device=device),
                                      "mip_level_bias", (b, h, w))
-    if filter_mode == "auto":
-        filter_mode = "linear-mipmap-linear" if (uv_da is not None or mip_level_bias is not None) else "linear"
-    if filter_mode not in FILTER_MODES:
-        raise ValueError(f"filter_mode: expected 'auto' or one of {tuple(FILTER_MODES)}, got {filter_mode!r}")
+    filter_mode = resolve_filter_mode(filter_mode, uv_da is not None, mip_level_bias is not None)
     if boundary_mode not in BOUNDARY_MODES:
         raise ValueError(f"boundary_mode: expected one of {tuple(BOUNDARY_MODES)}, got {boundary_mode!r}"
                          + (" (cube maps are not supported yet)" if boundary_mode == "cube" else ""))
