@@ -16,6 +16,7 @@ from arc_warp_torch._autograd import warp_stream
 
 def to_warp(t: torch.Tensor | None):
     """Zero-copy Warp view (no Warp-side gradient buffers), or None."""
+    wp.init()  # idempotent; from_torch needs an initialised runtime
     return None if t is None else wp.from_torch(t.detach(), requires_grad=False)
 
 
