@@ -30,7 +30,6 @@ import statistics
 import sys
 import time
 
-import numpy as np
 import torch
 
 import arc_warp.mesh as core
@@ -115,7 +114,8 @@ def run_pair(name, make, inputs, reps, results):
             ref = {"out": out.detach(), "grads": grads}
         if lib == "nvdiffrast" and ref:
             row[key]["max_abs_image_diff"] = float((out.detach() - ref["out"]).abs().max())
-            row[key]["grad_cosine"] = [cosine(a, b) for a, b in zip(ref["grads"], grads) if a is not None and b is not None]
+            row[key]["grad_cosine"] = [cosine(a, b) for a, b in zip(ref["grads"], grads)
+                                       if a is not None and b is not None]
         print(f"{name:9s} {key:18s} fwd {t_fwd:8.3f} ms  bwd {t_bwd:8.3f} ms  {row[key].get('grad_cosine', '')}",
               flush=True)
     results[name] = row

@@ -4,7 +4,6 @@ every reduce mode, tape and validation."""
 
 import numpy as np
 import pytest
-import torch
 import warp as wp
 
 import arc_warp.mesh as mesh

@@ -16,13 +16,15 @@ class Geometry:
 
     ``pos`` is (B, V) vec4 in instanced mode, (1, V) in range mode; ``tri`` is (F,) vec3i;
     ``ranges`` (B,) vec2i holds each image's (first triangle, count): (0, F) for every
-    image in instanced mode. ``instanced`` is 1 or 0 (vertex batch stride factor)."""
+    image in instanced mode. ``instanced`` is 1 or 0 (vertex batch stride factor);
+    ``max_count`` is the largest count (host-side, so launches need no readback)."""
 
     pos: wp.array
     tri: wp.array
     ranges: wp.array
     instanced: int
     batch: int
+    max_count: int
 
     @property
     def num_vertices(self) -> int:
@@ -47,7 +49,7 @@ def geometry(pos, tri, ranges=None) -> Geometry:
         if batch < 1:
             raise ValueError(f"pos: expected a minibatch of at least 1, got shape {tuple(pos.shape)}")
         table = np.tile(np.array([[0, num_tri]], np.int32), (batch, 1))
-        return Geometry(pos.view(wp.vec4), tri_v, wp.array(table, dtype=wp.vec2i, device=device), 1, batch)
+        return Geometry(pos.view(wp.vec4), tri_v, wp.array(table, dtype=wp.vec2i, device=device), 1, batch, num_tri)
     if ranges is None:
         raise ValueError("ranges: pos is [V, 4] (range mode), so ranges [B, 2] (start, count) is required")
     table = host_int32(ranges, "ranges", 2)
@@ -58,4 +60,5 @@ def geometry(pos, tri, ranges=None) -> Geometry:
         row = int(np.argmax(bad))
         raise ValueError(f"ranges: row {row} = {tuple(table[row])} is outside the {num_tri} triangles of tri")
     pos_v = pos.view(wp.vec4).reshape((1, pos.shape[0]))
-    return Geometry(pos_v, tri_v, wp.array(table, dtype=wp.vec2i, device=device), 0, len(table))
+    return Geometry(pos_v, tri_v, wp.array(table, dtype=wp.vec2i, device=device), 0, len(table),
+                    int(table[:, 1].max()))

@@ -8,6 +8,8 @@ import warp as wp
 from arc_warp._src.mesh.common import (
     BLOCK,
     check_resolution,
+    check_shape,
+    float_array,
     cotangent,
     grad_or_new,
     padded,
@@ -81,9 +83,8 @@ def _forward(geom: Geometry, height: int, width: int) -> tuple[wp.array, wp.arra
     b = geom.batch
     keys = wp.full((b, height, width), EMPTY_KEY, dtype=wp.int64, device=device)
     xs, xo, ys, yo = _pixel_grid(height, width)
-    max_tris = geom.tri.shape[0] if geom.instanced else int(geom.ranges.numpy()[:, 1].max())
-    if max_tris > 0:
-        wp.launch(raster_depth, dim=(b, max_tris), device=device, record_tape=False,
+    if geom.max_count > 0:
+        wp.launch(raster_depth, dim=(b, geom.max_count), device=device, record_tape=False,
                   inputs=[geom.pos, geom.tri, geom.ranges, geom.instanced, width, height, xs, xo, ys, yo],
                   outputs=[keys])
     rast = wp.empty((b, height, width, 4), dtype=wp.float32, device=device)
@@ -115,9 +116,10 @@ def rasterize_backward(
     """
     geom = geometry(pos, tri, ranges)
     device = pos.device
-    b, height, width = geom.batch, rast.shape[1] if rast.ndim == 4 else -1, rast.shape[2] if rast.ndim == 4 else -1
+    rast = float_array(rast, "rast", (4,), 4, device)
+    b, height, width = geom.batch, rast.shape[1], rast.shape[2]
     shape = (b, height, width, 4)
-    rast = cotangent(rast, "rast", shape, device)
+    check_shape(rast, "rast", shape)
     grad_pos = grad_or_new(grad_pos, "grad_pos", pos)
     if grad_rast is None and grad_rast_db is None:
         return grad_pos
