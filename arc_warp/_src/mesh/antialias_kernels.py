@@ -15,7 +15,7 @@ import functools
 
 import warp as wp
 
-from arc_warp._src.mesh.funcs import float_to_id, same_sign
+from arc_warp._src.mesh.funcs import float_to_id, same_sign, tile_pixel
 from arc_warp._src.mesh.raster_kernels import tri_vertices
 from arc_warp._src.reduce_funcs import accumulator
 
@@ -229,15 +229,13 @@ def make_aa_bwd(mode: str):
         grad_color: wp.array4d(dtype=float),  # added into (grad_out is added by the caller)
         grad_pos: wp.array(dtype=wp.vec4),  # (B*V or V,) flat, added into
     ):
-        i = wp.tid()
         height = rast.shape[1]
         width = rast.shape[2]
-        n = rast.shape[0] * height * width
-        inside = i < n
-        ii = wp.min(i, n - 1)
-        b = ii // (height * width)
-        y = (ii // width) % height
-        x = ii % width
+        tp = tile_pixel(wp.tid(), width, height)
+        b = tp[0]
+        y = tp[1]
+        x = tp[2]
+        inside = tp[3] != 0
         num_v = pos.shape[1]
         vb = b * instanced
         xh = 0.5 * float(width)

@@ -15,9 +15,9 @@ from arc_warp._src.mesh.common import (
     float_array,
     grad_of,
     grad_or_new,
-    padded,
     record,
     reduce_settings,
+    tiled_dim,
 )
 from arc_warp._src.mesh.geometry import check_tri, geometry
 from arc_warp._src.mesh.util_kernels import add_into
@@ -149,7 +149,8 @@ def antialias_backward(
     # the colour passes through unchanged except across edges
     wp.launch(add_into, dim=grad_color.size, inputs=[go.flatten()], outputs=[grad_color.flatten()], device=device,
               record_tape=False)
-    wp.launch(make_aa_bwd(mode), dim=padded(b * h * w), block_dim=BLOCK, device=device, record_tape=False,
+    wp.launch(make_aa_bwd(mode), dim=tiled_dim(b, h, w), block_dim=BLOCK, device=device,
+              record_tape=False,
               inputs=[color_c, rast_c.view(wp.vec4), geom.pos, geom.tri, topo.opposite, geom.instanced, go,
                       float(pos_gradient_boost), t],
               outputs=[grad_color, grad_pos.view(wp.vec4).flatten()])

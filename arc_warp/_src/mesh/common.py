@@ -17,10 +17,11 @@ MAX_CHUNK = 16
 most this many float32 components (fewer registers per lane in the warp reduction)."""
 
 
-def padded(n: int) -> int:
-    """``n`` rounded up to a whole number of blocks: every lane of a block reaches the
-    accumulator calls, so launches cover padding lanes that pass ``valid=False``."""
-    return max(BLOCK, -(-n // BLOCK) * BLOCK)
+def tiled_dim(batch: int, height: int, width: int) -> int:
+    """Threads of a tiled per-pixel launch: one ``BLOCK`` per 16x16 tile of every image
+    (see ``funcs.tile_pixel``). Edge tiles include threads past the image, which reach
+    the accumulator calls with ``valid=False``, as every lane of a block must."""
+    return max(batch, 1) * -(-height // 16) * -(-width // 16) * BLOCK
 
 
 def reduce_settings(reduce: str, threshold: int | None, device) -> tuple[str, int]:

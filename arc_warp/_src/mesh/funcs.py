@@ -73,3 +73,26 @@ def edge_inside(e: float, line: wp.vec3, sgn: float) -> bool:
     if s == 0.0:
         return owns_point_on_edge(line, sgn)
     return False
+
+
+TILE = 16
+"""A 256-thread block covers a TILE x TILE pixel tile, each 32-lane warp an 8 x 4 patch of it:
+lanes of a warp then hit nearby triangles and texels, which is what ARC merges."""
+
+
+@wp.func
+def tile_pixel(i: int, width: int, height: int) -> wp.vec4i:
+    """(image, y, x, inside) of thread ``i`` of a tiled per-pixel launch (see
+    :func:`arc_warp._src.mesh.common.tiled_dim`); y, x are clamped into the image for
+    threads past its edge (inside = 0), so their loads stay in bounds."""
+    tiles_x = (width + 15) // 16
+    tiles_y = (height + 15) // 16
+    block = i // 256
+    lane = i % 256
+    warp = lane // 32
+    x = (block % tiles_x) * 16 + (warp % 2) * 8 + lane % 8
+    y = ((block // tiles_x) % tiles_y) * 16 + (warp // 2) * 4 + (lane % 32) // 8
+    inside = int(0)
+    if x < width and y < height:
+        inside = 1
+    return wp.vec4i(block // (tiles_x * tiles_y), wp.min(y, height - 1), wp.min(x, width - 1), inside)

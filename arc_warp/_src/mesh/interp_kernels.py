@@ -9,7 +9,7 @@ import functools
 
 import warp as wp
 
-from arc_warp._src.mesh.funcs import float_to_id
+from arc_warp._src.mesh.funcs import float_to_id, tile_pixel
 from arc_warp._src.mesh.raster_kernels import tri_vertices
 from arc_warp._src.reduce_funcs import accumulator
 
@@ -60,7 +60,7 @@ def interp_fwd(
 def make_interp_bwd(mode: str, k: int):
     """Backward of :func:`interp_fwd` with ``k``-component attribute chunks, accumulated with ``mode``.
 
-    One thread per pixel (padded launch); every lane makes 3 accumulator calls per chunk."""
+    One thread per pixel (tiled launch, see ``tile_pixel``); every lane makes 3 accumulator calls per chunk."""
     vec_k = wp.types.vector(k, wp.float32)
     add = accumulator(vec_k, mode)
 
@@ -72,22 +72,22 @@ def make_interp_bwd(mode: str, k: int):
         diff: wp.array(dtype=wp.int32),  # (D,)
         grad_out: wp.array2d(dtype=float),  # (B*H*W, A)
         grad_da: wp.array2d(dtype=float),  # (B*H*W, 2D) or (0, 0)
-        pixels_per_image: int,
+        width: int,
+        height: int,
         threshold: int,
         grad_attr: wp.array(dtype=vec_k),  # (Ba*V*A/k,) flat
         grad_rast: wp.array(dtype=wp.vec4),  # (B*H*W,) added into (one thread per pixel)
         grad_rast_db: wp.array(dtype=wp.vec4),  # (B*H*W,) added into, or empty
     ):
-        i = wp.tid()
-        n = rast.shape[0]
-        ii = wp.min(i, n - 1)
+        tp = tile_pixel(wp.tid(), width, height)
+        ii = (tp[0] * height + tp[1]) * width + tp[2]
         num_a = attr.shape[2]
         r = rast[ii]
         f = pixel_triangle(r, tri, attr.shape[1])
-        valid = i < n and f[0] >= 0
+        valid = tp[3] != 0 and f[0] >= 0
         if not valid:
             f = wp.vec3i(0, 0, 0)
-        ab = wp.min(ii // pixels_per_image, attr.shape[0] - 1)
+        ab = wp.min(tp[0], attr.shape[0] - 1)
         db = wp.vec4(0.0)
         if valid and rast_db.shape[0] > 0:
             db = rast_db[ii]

@@ -13,10 +13,10 @@ from arc_warp._src.mesh.common import (
     float_array,
     grad_of,
     grad_or_new,
-    padded,
     vector_view,
     record,
     reduce_settings,
+    tiled_dim,
 )
 from arc_warp._src.mesh.geometry import check_tri
 from arc_warp._src.mesh.interp_kernels import interp_fwd, make_interp_bwd
@@ -132,8 +132,9 @@ def interpolate_backward(
     gda2 = gda.reshape((n, gda.shape[3])) if gda.ndim == 4 else gda
     db_flat = rast_db_c.view(wp.vec4).flatten() if rast_db_c is not None else wp.empty(0, dtype=wp.vec4, device=device)
     g_db = grad_rast_db.view(wp.vec4).flatten() if rast_db is not None else wp.empty(0, dtype=wp.vec4, device=device)
-    wp.launch(make_interp_bwd(mode, k), dim=padded(n), block_dim=BLOCK, device=device, record_tape=False,
+    wp.launch(make_interp_bwd(mode, k), dim=tiled_dim(b, h, w), block_dim=BLOCK, device=device,
+              record_tape=False,
               inputs=[attr3, rast_c.view(wp.vec4).flatten(), db_flat, tri_v, diff, go.reshape((n, num_a)), gda2,
-                      h * w, t],
+                      w, h, t],
               outputs=[vector_view(grad_attr, k), grad_rast.view(wp.vec4).flatten(), g_db])
     return grad_attr, grad_rast, grad_rast_db

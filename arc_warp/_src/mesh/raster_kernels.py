@@ -13,7 +13,15 @@ import functools
 
 import warp as wp
 
-from arc_warp._src.mesh.funcs import edge_inside, edge_line, float_bits, float_to_id, homogeneous, id_to_float
+from arc_warp._src.mesh.funcs import (
+    edge_inside,
+    edge_line,
+    float_bits,
+    float_to_id,
+    homogeneous,
+    id_to_float,
+    tile_pixel,
+)
 from arc_warp._src.reduce_funcs import accumulator
 
 EMPTY_KEY = wp.constant(wp.int64(9223372036854775807))
@@ -244,7 +252,7 @@ def xyw_grad(g: wp.vec3) -> wp.vec4:
 def make_raster_bwd(mode: str):
     """Backward of the rasteriser into clip-space positions, accumulated with ``mode``.
 
-    One thread per pixel (launch padded to whole blocks); every lane makes the three
+    One thread per pixel (tiled launch, see ``tile_pixel``); every lane makes the three
     accumulator calls, with ``valid=False`` where it has nothing to add."""
     add = accumulator(wp.vec4, mode)
 
@@ -264,16 +272,15 @@ def make_raster_bwd(mode: str):
         threshold: int,
         grad_pos: wp.array(dtype=wp.vec4),  # (B*V or V,) flat
     ):
-        i = wp.tid()
-        n = rast.shape[0]
-        valid = i < n
-        ii = wp.min(i, n - 1)
+        tp = tile_pixel(wp.tid(), width, height)
+        b = tp[0]
+        y = tp[1]
+        x = tp[2]
+        ii = (b * height + y) * width + x
+        valid = tp[3] != 0
         t = float_to_id(rast[ii][3]) - 1
         valid = valid and t >= 0 and t < tri.shape[0]
         num_v = pos.shape[1]
-        b = ii // (width * height)
-        x = ii % width
-        y = (ii // width) % height
         f = wp.vec3i(0, 0, 0)
         if valid:
             f = tri_vertices(tri, t, num_v)

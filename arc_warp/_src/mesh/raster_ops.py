@@ -12,9 +12,9 @@ from arc_warp._src.mesh.common import (
     float_array,
     cotangent,
     grad_or_new,
-    padded,
     record,
     reduce_settings,
+    tiled_dim,
 )
 from arc_warp._src.mesh.geometry import Geometry, geometry
 from arc_warp._src.mesh.raster_kernels import EMPTY_KEY, make_raster_bwd, raster_depth, raster_resolve
@@ -129,8 +129,8 @@ def rasterize_backward(
     gdb = cotangent(grad_rast_db, "grad_rast_db", shape, device)
     gdb_flat = gdb.view(wp.vec4).flatten() if gdb is not None else wp.empty(0, dtype=wp.vec4, device=device)
     xs, xo, ys, yo = _pixel_grid(height, width)
-    n = b * height * width
-    wp.launch(make_raster_bwd(mode), dim=padded(n), block_dim=BLOCK, device=device, record_tape=False,
+    wp.launch(make_raster_bwd(mode), dim=tiled_dim(b, height, width), block_dim=BLOCK, device=device,
+              record_tape=False,
               inputs=[rast.view(wp.vec4).flatten(), g.view(wp.vec4).flatten(), gdb_flat, geom.pos, geom.tri,
                       geom.instanced, width, height, xs, xo, ys, yo, t],
               outputs=[grad_pos.view(wp.vec4).flatten()])

@@ -17,6 +17,7 @@ import functools
 
 import warp as wp
 
+from arc_warp._src.mesh.funcs import tile_pixel
 from arc_warp._src.reduce_funcs import accumulator
 
 NEAREST, LINEAR, MIP_NEAREST, MIP_LINEAR = 0, 1, 2, 3
@@ -261,7 +262,7 @@ def make_tex_fwd(filter_mode: int):
 @functools.cache
 def make_tex_bwd(mode: str, filter_mode: int, k: int):
     """Backward sampler: texel gradients of every level (ARC, ``k``-channel chunks), and
-    per-pixel gradients of uv, uv_da and the bias. One thread per pixel, padded launch;
+    per-pixel gradients of uv, uv_da and the bias. One thread per pixel (tiled launch);
     every lane makes (taps x levels x chunks) accumulator calls."""
     vec_k = wp.types.vector(k, wp.float32)
     add = accumulator(vec_k, mode)
@@ -276,7 +277,8 @@ def make_tex_bwd(mode: str, filter_mode: int, k: int):
         uv_da: wp.array(dtype=wp.vec4),
         bias: wp.array(dtype=float),
         grad_out: wp.array2d(dtype=float),  # (B*H*W, C)
-        pixels_per_image: int,
+        width: int,
+        height: int,
         tex_images: int,
         boundary: int,
         threshold: int,
@@ -285,11 +287,10 @@ def make_tex_bwd(mode: str, filter_mode: int, k: int):
         grad_uv_da: wp.array(dtype=wp.vec4),  # (B*H*W,) added into, or empty
         grad_bias: wp.array(dtype=float),  # (B*H*W,) added into, or empty
     ):
-        i = wp.tid()
-        n = uv.shape[0]
-        valid = i < n
-        ii = wp.min(i, n - 1)
-        z = wp.min(ii // pixels_per_image, tex_images - 1)
+        tp = tile_pixel(wp.tid(), width, height)
+        ii = (tp[0] * height + tp[1]) * width + tp[2]
+        valid = tp[3] != 0
+        z = wp.min(tp[0], tex_images - 1)
         num_c = grad_out.shape[1]
         chunks = num_c // wp.static(k)
         size0 = sizes[0]

@@ -15,9 +15,9 @@ from arc_warp._src.mesh.common import (
     float_array,
     grad_of,
     grad_or_new,
-    padded,
     record,
     reduce_settings,
+    tiled_dim,
     vector_view,
 )
 from arc_warp._src.mesh.util_kernels import add_into
@@ -227,9 +227,10 @@ def texture_backward(
     mode, t = reduce_settings(reduce, threshold, device)
     k, _ = chunking(c)
     gstack = wp.zeros(stack.data.shape, dtype=wp.float32, device=device)
-    wp.launch(make_tex_bwd(mode, fmode, k), dim=padded(n), block_dim=BLOCK, device=device, record_tape=False,
+    wp.launch(make_tex_bwd(mode, fmode, k), dim=tiled_dim(b, h, w), block_dim=BLOCK, device=device,
+              record_tape=False,
               inputs=[stack.data, stack.sizes, stack.offsets, _flat(uv_c, wp.vec2, device),
-                      _flat(da_c, wp.vec4, device), _flat(bias_c, float, device), go.reshape((n, c)), h * w,
+                      _flat(da_c, wp.vec4, device), _flat(bias_c, float, device), go.reshape((n, c)), w, h,
                       tex_c.shape[0], bmode, t],
               outputs=[vector_view(gstack, k), _flat(grad_uv if fmode != NEAREST else None, wp.vec2, device),
                        _flat(grad_uv_da, wp.vec4, device), _flat(grad_bias, float, device)])
