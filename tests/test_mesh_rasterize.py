@@ -39,6 +39,25 @@ def test_forward_matches_reference(rng):
     assert np.all(rast[ref[..., 3] == 0][:, 3][(clear[ref[..., 3] == 0])] == 0)
 
 
+def test_big_triangles_match_reference(rng):
+    # 48x40 pixels: triangles spanning most of the image exceed the per-thread box limit
+    # and take the per-pixel path, mixed with small ones that stay per-triangle.
+    h, w = 40, 48
+    pos, tri = random_mesh(rng, batch=2, n_tri=10, spread=1.3)
+    small, small_tri = random_mesh(rng, batch=2, n_tri=30, spread=0.05)
+    small[..., :2] += rng.uniform(-0.8, 0.8, (2, 1, 2)).astype(np.float32) * small[..., 3:]
+    pos = np.concatenate([pos, small], 1)
+    tri = np.concatenate([tri, small_tri + pos.shape[1] - small.shape[1]]).astype(np.int32)
+    rast, db = mesh.rasterize(wa(pos), wa(tri, wp.int32), (h, w))
+    ref, ref_db, margin = (x.numpy() for x in ref_rasterize(t64(pos), torch.from_numpy(tri), h, w))
+    clear = margin > MARGIN
+    np.testing.assert_array_equal(rast.numpy()[..., 3][clear], ref[..., 3][clear])
+    ids = np.unique(rast.numpy()[..., 3])
+    assert (ids > 10).any() and ((ids > 0) & (ids <= 10)).any()  # both paths drew
+    hit = clear & (ref[..., 3] > 0)
+    np.testing.assert_allclose(rast.numpy()[hit][:, :3], ref[hit][:, :3], atol=2e-5)
+
+
 def test_deterministic_bits(rng):
     pos, tri = random_mesh(rng, n_tri=40)  # many overlaps
     a, _ = run(pos, tri)

@@ -104,6 +104,50 @@ def pixel_span(a: float, b: float, c: float, size: int) -> wp.vec2i:
     return wp.vec2i(int(wp.floor(lo)), int(wp.ceil(hi)))
 
 
+BIG_TRIANGLE_PIXELS = 1024
+"""Triangles whose pixel bounding box is larger than this are rasterised per pixel
+(``raster_big``) instead of by one thread looping over the box."""
+
+
+@wp.func
+def triangle_key(
+    p0: wp.vec4, p1: wp.vec4, p2: wp.vec4, lines: wp.mat33, sgn: float, t: int, fx: float, fy: float
+) -> wp.int64:
+    """Depth key of triangle ``t`` at NDC (fx, fy), or EMPTY_KEY if it does not cover it."""
+    e = edge_functions(lines, fx, fy)
+    if covers(lines, e, sgn):
+        zw = depth_of(e, p0, p1, p2)
+        if zw >= -1.0 and zw <= 1.0:
+            return depth_key(zw, t)
+    return EMPTY_KEY
+
+
+@wp.func
+def triangle_setup(pos: wp.array2d(dtype=wp.vec4), tri: wp.array(dtype=wp.vec3i), vb: int, t: int):
+    """(f, lines, sign of det): ``f[0] < 0`` when the triangle is not drawn (corrupt, NaN,
+    behind the eye, outside one clip plane, or zero homogeneous area)."""
+    f = tri_vertices(tri, t, pos.shape[1])
+    lines = wp.mat33(0.0)
+    sgn = float(0.0)
+    if f[0] < 0:
+        return f, lines, sgn
+    p0 = pos[vb, f[0]]
+    p1 = pos[vb, f[1]]
+    p2 = pos[vb, f[2]]
+    culled = not (finite4(p0) and finite4(p1) and finite4(p2))
+    culled = culled or (p0[3] <= 0.0 and p1[3] <= 0.0 and p2[3] <= 0.0)
+    if not culled:
+        culled = outside_clip(p0, p1, p2, 0) or outside_clip(p0, p1, p2, 1) or outside_clip(p0, p1, p2, 2)
+    if not culled:
+        lines = edge_setup(p0, p1, p2, f)
+        det = wp.dot(lines[0], homogeneous(p0))
+        culled = det == 0.0 or not wp.isfinite(det)
+        sgn = wp.sign(det)
+    if culled:
+        f = wp.vec3i(-1, -1, -1)
+    return f, lines, sgn
+
+
 @wp.kernel(enable_backward=False, module="unique")
 def raster_depth(
     pos: wp.array2d(dtype=wp.vec4),  # (B or 1, V) clip space
@@ -117,44 +161,72 @@ def raster_depth(
     ys: float,
     yo: float,
     keys: wp.array3d(dtype=wp.int64),  # (B, H, W), EMPTY_KEY where empty
+    big: wp.array(dtype=wp.vec4i),  # (B*F,) deferred big triangles: (image, triangle, 0, 0)
+    big_box: wp.array(dtype=wp.vec4i),  # (B*F,) their pixel boxes (x0, x1, y0, y1)
+    big_count: wp.array(dtype=wp.int32),  # (1,)
 ):
+    """One thread per triangle: small triangles test the pixels of their bounding box
+    (64-bit atomic min of the depth key), big ones are queued for :func:`raster_big`."""
     b, k = wp.tid()
     r = ranges[b]
     if k >= r[1]:
         return
     t = r[0] + k
     vb = b * instanced
-    f = tri_vertices(tri, t, pos.shape[1])
+    f, lines, sgn = triangle_setup(pos, tri, vb, t)
     if f[0] < 0:
-        return  # corrupt triangle: not drawn
+        return
     p0 = pos[vb, f[0]]
     p1 = pos[vb, f[1]]
     p2 = pos[vb, f[2]]
-    if not (finite4(p0) and finite4(p1) and finite4(p2)):
-        return  # NaN/Inf vertex: not drawn
-    if p0[3] <= 0.0 and p1[3] <= 0.0 and p2[3] <= 0.0:
-        return  # entirely behind the eye
-    if outside_clip(p0, p1, p2, 0) or outside_clip(p0, p1, p2, 1) or outside_clip(p0, p1, p2, 2):
-        return
-    lines = edge_setup(p0, p1, p2, f)
-    det = wp.dot(lines[0], homogeneous(p0))
-    if det == 0.0:
-        return  # degenerate (zero area in homogeneous terms)
-    sgn = wp.sign(det)
     xr = wp.vec2i(0, width - 1)
     yr = wp.vec2i(0, height - 1)
     if p0[3] > 0.0 and p1[3] > 0.0 and p2[3] > 0.0:
         # all in front of the eye: the projected bounding box (else: the whole image)
         xr = pixel_span(p0[0] / p0[3], p1[0] / p1[3], p2[0] / p2[3], width)
         yr = pixel_span(p0[1] / p0[3], p1[1] / p1[3], p2[1] / p2[3], height)
+    if (xr[1] - xr[0] + 1) * (yr[1] - yr[0] + 1) > BIG_TRIANGLE_PIXELS:
+        slot = wp.atomic_add(big_count, 0, 1)
+        big[slot] = wp.vec4i(b, t, 0, 0)
+        big_box[slot] = wp.vec4i(xr[0], xr[1], yr[0], yr[1])
+        return
     for y in range(yr[0], yr[1] + 1):
         fy = pixel_ndc(y, ys, yo)
         for x in range(xr[0], xr[1] + 1):
-            e = edge_functions(lines, pixel_ndc(x, xs, xo), fy)
-            if covers(lines, e, sgn):
-                zw = depth_of(e, p0, p1, p2)
-                if zw >= -1.0 and zw <= 1.0:
-                    wp.atomic_min(keys, b, y, x, depth_key(zw, t))
+            key = triangle_key(p0, p1, p2, lines, sgn, t, pixel_ndc(x, xs, xo), fy)
+            if key != EMPTY_KEY:
+                wp.atomic_min(keys, b, y, x, key)
+
+
+@wp.kernel(enable_backward=False, module="unique")
+def raster_big(
+    pos: wp.array2d(dtype=wp.vec4),
+    tri: wp.array(dtype=wp.vec3i),
+    instanced: int,
+    xs: float,
+    xo: float,
+    ys: float,
+    yo: float,
+    big: wp.array(dtype=wp.vec4i),
+    big_box: wp.array(dtype=wp.vec4i),
+    big_count: wp.array(dtype=wp.int32),
+    keys: wp.array3d(dtype=wp.int64),
+):
+    """One thread per pixel: the depth test against every queued big triangle whose box
+    holds the pixel (runs after :func:`raster_depth`, so plain min-and-store is safe)."""
+    b, y, x = wp.tid()
+    best = keys[b, y, x]
+    fx = pixel_ndc(x, xs, xo)
+    fy = pixel_ndc(y, ys, yo)
+    for k in range(big_count[0]):
+        item = big[k]
+        box = big_box[k]
+        if item[0] == b and x >= box[0] and x <= box[1] and y >= box[2] and y <= box[3]:
+            vb = b * instanced
+            f, lines, sgn = triangle_setup(pos, tri, vb, item[1])
+            key = triangle_key(pos[vb, f[0]], pos[vb, f[1]], pos[vb, f[2]], lines, sgn, item[1], fx, fy)
+            best = wp.min(best, key)
+    keys[b, y, x] = best
 
 
 @wp.func

@@ -17,7 +17,7 @@ from arc_warp._src.mesh.common import (
     tiled_dim,
 )
 from arc_warp._src.mesh.geometry import Geometry, geometry
-from arc_warp._src.mesh.raster_kernels import EMPTY_KEY, make_raster_bwd, raster_depth, raster_resolve
+from arc_warp._src.mesh.raster_kernels import EMPTY_KEY, make_raster_bwd, raster_big, raster_depth, raster_resolve
 
 
 def _pixel_grid(height: int, width: int) -> tuple[float, float, float, float]:
@@ -84,8 +84,15 @@ def _forward(geom: Geometry, height: int, width: int) -> tuple[wp.array, wp.arra
     keys = wp.full((b, height, width), EMPTY_KEY, dtype=wp.int64, device=device)
     xs, xo, ys, yo = _pixel_grid(height, width)
     if geom.max_count > 0:
+        # triangles with big pixel boxes are queued and tested per pixel (no host readback)
+        big = wp.empty(b * geom.max_count, dtype=wp.vec4i, device=device)
+        big_box = wp.empty(b * geom.max_count, dtype=wp.vec4i, device=device)
+        big_count = wp.zeros(1, dtype=wp.int32, device=device)
         wp.launch(raster_depth, dim=(b, geom.max_count), device=device, record_tape=False,
                   inputs=[geom.pos, geom.tri, geom.ranges, geom.instanced, width, height, xs, xo, ys, yo],
+                  outputs=[keys, big, big_box, big_count])
+        wp.launch(raster_big, dim=(b, height, width), device=device, record_tape=False,
+                  inputs=[geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo, big, big_box, big_count],
                   outputs=[keys])
     rast = wp.empty((b, height, width, 4), dtype=wp.float32, device=device)
     rast_db = wp.empty((b, height, width, 4), dtype=wp.float32, device=device)
