@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import warp as wp
 
@@ -136,3 +138,16 @@ def host_int32(value, name: str, shape_last: int) -> np.ndarray:
     if arr.ndim != 2 or arr.shape[1] != shape_last or not np.issubdtype(arr.dtype, np.integer):
         raise ValueError(f"{name}: expected an integer array [N, {shape_last}], got {arr.dtype} {arr.shape}")
     return arr.astype(np.int32)
+
+
+@functools.lru_cache(maxsize=256)
+def _constant(values: tuple, dtype, device: str) -> wp.array:
+    return wp.array(np.array(values, dtype=np.int32), dtype=dtype, device=device)
+
+
+def device_constant(values, dtype, device) -> wp.array:
+    """A small read-only int32 table (e.g. mip sizes) on ``device``, made once per content:
+    a host-to-device copy on every call would stall the launch queue on CUDA. Callers must
+    not write to it."""
+    rows = tuple(tuple(int(x) for x in row) if np.ndim(row) else int(row) for row in values)
+    return _constant(rows, dtype, str(wp.get_device(device)))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 import warp as wp
 
-from arc_warp._src.mesh.common import float_array, host_int32, int_array
+from arc_warp._src.mesh.common import device_constant, float_array, host_int32, int_array
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ def geometry(pos, tri, ranges=None) -> Geometry:
         batch = pos.shape[0]
         if batch < 1:
             raise ValueError(f"pos: expected a minibatch of at least 1, got shape {tuple(pos.shape)}")
-        table = np.tile(np.array([[0, num_tri]], np.int32), (batch, 1))
-        return Geometry(pos.view(wp.vec4), tri_v, wp.array(table, dtype=wp.vec2i, device=device), 1, batch, num_tri)
+        table = device_constant([(0, num_tri)] * batch, wp.vec2i, device)
+        return Geometry(pos.view(wp.vec4), tri_v, table, 1, batch, num_tri)
     if ranges is None:
         raise ValueError("ranges: pos is [V, 4] (range mode), so ranges [B, 2] (start, count) is required")
     table = host_int32(ranges, "ranges", 2)

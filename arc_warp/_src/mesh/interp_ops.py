@@ -9,6 +9,7 @@ from arc_warp._src.mesh.common import (
     BLOCK,
     check_shape,
     chunking,
+    device_constant,
     cotangent,
     float_array,
     grad_of,
@@ -50,7 +51,7 @@ def _inputs(attr, rast, tri, rast_db, diff_attrs):
         raise ValueError("rast_db: diff_attrs asks for attribute derivatives, which need rast_db")
     if rast_db is not None:
         rast_db = check_shape(float_array(rast_db, "rast_db", (4,), 4, device), "rast_db", rast.shape)
-    return attr3, rast, check_tri(tri, device), rast_db, wp.array(diff, dtype=wp.int32, device=device)
+    return attr3, rast, check_tri(tri, device), rast_db, device_constant(diff, wp.int32, device)
 
 
 def interpolate(

@@ -11,6 +11,7 @@ from arc_warp._src.mesh.common import (
     BLOCK,
     check_shape,
     chunking,
+    device_constant,
     cotangent,
     float_array,
     grad_of,
@@ -98,8 +99,8 @@ def build_mip(tex: wp.array, max_mip_level: int | None = None) -> MipStack:
         (sw, sh), (dw, dh) = sizes[level - 1], sizes[level]
         wp.launch(mip_build, dim=(b, dh, dw), device=device, record_tape=False,
                   inputs=[data, int(offsets[level - 1]), sw, sh, int(offsets[level]), dw, dh])
-    return MipStack(data, wp.array(np.array(sizes, np.int32), dtype=wp.vec2i, device=device),
-                    wp.array(offsets, dtype=wp.int32, device=device), tuple(sizes), b, c)
+    return MipStack(data, device_constant(sizes, wp.vec2i, device), device_constant(offsets, wp.int32, device),
+                    tuple(sizes), b, c)
 
 
 def _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level):
@@ -132,10 +133,10 @@ def _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_
             raise ValueError(f"mip: built for {mip.images} images of {mip.host_sizes[0]}, tex is {tuple(tex.shape)}")
     else:
         # one level: the texture itself, viewed as the stack
+        size = (tex.shape[2], tex.shape[1])
         mip = MipStack(tex.reshape((tex.shape[0] * tex.shape[1] * tex.shape[2], tex.shape[3])),
-                       wp.array(np.array([[tex.shape[2], tex.shape[1]]], np.int32), dtype=wp.vec2i, device=device),
-                       wp.zeros(1, dtype=wp.int32, device=device), ((tex.shape[2], tex.shape[1]),), tex.shape[0],
-                       tex.shape[3])
+                       device_constant([size], wp.vec2i, device), device_constant([0], wp.int32, device), (size,),
+                       tex.shape[0], tex.shape[3])
     return tex, uv, uv_da, mip_level_bias, mip, FILTER_MODES[filter_mode], BOUNDARY_MODES[boundary_mode]
 
 
