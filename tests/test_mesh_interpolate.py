@@ -93,3 +93,18 @@ def test_corrupt_ids_give_zero(rng):
     rast[0, 0, 0, 3] = 1000.0  # no such triangle
     out, _ = mesh.interpolate(wa(attr), wa(rast), wa(tri, wp.int32))
     assert not out.numpy()[0, 0, 0].any()
+
+
+def test_range_mode(rng):
+    pos, tri = random_mesh(rng, batch=1)
+    ranges = np.array([[0, 6], [6, 6]], np.int32)
+    rast, db = mesh.rasterize(wa(pos[0]), wa(tri, wp.int32), (H, W), ranges=ranges)
+    attr = rng.standard_normal((pos.shape[1], 3)).astype(np.float32)  # [V, A], shared by both images
+    out, _ = mesh.interpolate(wa(attr), rast, wa(tri, wp.int32))
+    ref, _ = ref_interpolate(t64(attr[None]), t64(rast.numpy()), torch.from_numpy(tri))
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), atol=1e-5)
+    g = rng.standard_normal(out.shape).astype(np.float32)
+    ga, _, _ = mesh.interpolate_backward(wa(attr), rast, wa(tri, wp.int32), wa(g))
+    a = t64(attr[None]).requires_grad_(True)
+    (ref_interpolate(a, t64(rast.numpy()), torch.from_numpy(tri))[0] * t64(g)).sum().backward()
+    np.testing.assert_allclose(ga.numpy(), a.grad.numpy()[0], atol=1e-5)

@@ -72,7 +72,10 @@ def _setup(color, rast, pos, tri, topology_hash):
     device = rast.device
     color = float_array(color, "color", (4,), device=device)
     check_shape(color, "color", (*rast.shape[:3], color.shape[3]))
-    geom = geometry(pos, tri, np.tile([[0, tri.shape[0]]], (rast.shape[0], 1)) if pos.ndim == 2 else None)
+    num_tri = check_tri(tri, device).shape[0]
+    # [V, 4] positions serve every image, as in nvdiffrast's range mode
+    ranges = np.tile([[0, num_tri]], (rast.shape[0], 1)) if getattr(pos, "ndim", 0) == 2 else None
+    geom = geometry(pos, tri, ranges)
     if geom.batch != rast.shape[0]:
         raise ValueError(f"pos: expected a minibatch of {rast.shape[0]} (that of rast), got {geom.batch}")
     if topology_hash is None:
