@@ -1,0 +1,1 @@
+"""nvdiffrast-style differentiable mesh ops (rasterize, interpolate, texture, antialias) in Warp."""

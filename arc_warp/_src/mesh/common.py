@@ -1,0 +1,153 @@
+"""Shared host-side helpers of the mesh ops: validation, reduce settings, launch sizes, tape recording."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import warp as wp
+
+from arc_warp._src.calibrate import resolve_threshold
+from arc_warp._src.reduce_funcs import check_mode
+
+BLOCK = 256
+"""Threads per block of every per-pixel kernel: a multiple of 32, so that on the CPU with
+``wp.config.enable_cpu_blocks`` the ARC reducers emulate full 32-lane warps."""
+
+MAX_CHUNK = 16
+"""Largest vector an accumulator adds at once: wider attributes/texels go in chunks of at
+most this many float32 components (fewer registers per lane in the warp reduction)."""
+
+
+def tiled_dim(batch: int, height: int, width: int) -> int:
+    """Threads of a tiled per-pixel launch: one ``BLOCK`` per 16x16 tile of every image
+    (see ``funcs.tile_pixel``). Edge tiles include threads past the image, which reach
+    the accumulator calls with ``valid=False``, as every lane of a block must."""
+    return max(batch, 1) * -(-height // 16) * -(-width // 16) * BLOCK
+
+
+def reduce_settings(reduce: str, threshold: int | None, device) -> tuple[str, int]:
+    """(mode, threshold) of a ``reduce=`` keyword; only ``arc`` reads (and may calibrate) T."""
+    check_mode(reduce)
+    return reduce, (resolve_threshold(device, threshold) if reduce == "arc" else 0)
+
+
+def chunking(n: int) -> tuple[int, int]:
+    """(K, chunks): ``n`` float32 components are accumulated as ``chunks`` vectors of K.
+
+    K is the largest divisor of ``n`` up to :data:`MAX_CHUNK`, so a [..., n] gradient array
+    is exactly a flat array of K-vectors (no scratch buffer)."""
+    k = max(d for d in range(1, min(n, MAX_CHUNK) + 1) if n % d == 0)
+    return k, n // k
+
+
+def vector_view(arr: wp.array, k: int) -> wp.array:
+    """Flat view of a contiguous float32 array as ``size / k`` K-vectors (an accumulator target)."""
+    return arr.reshape((arr.size // k, k)).view(wp.types.vector(k, wp.float32))
+
+
+def float_array(value, name: str, ndims: tuple[int, ...], last: int | None = None, device=None) -> wp.array:
+    """Checks a contiguous float32 wp.array with one of ``ndims`` dimensions (and last axis
+    ``last`` if given) on ``device``; raises TypeError/ValueError naming what came."""
+    return _array(value, name, wp.float32, ndims, last, device)
+
+
+def int_array(value, name: str, ndims: tuple[int, ...], last: int | None = None, device=None) -> wp.array:
+    """As :func:`float_array` for int32 arrays."""
+    return _array(value, name, wp.int32, ndims, last, device)
+
+
+def _array(value, name, dtype, ndims, last, device) -> wp.array:
+    kind = "float32" if dtype is wp.float32 else "int32"
+    shape_txt = " or ".join(f"{n}-D" for n in ndims) + (f" with last axis {last}" if last is not None else "")
+    if not isinstance(value, wp.array):
+        raise TypeError(f"{name}: expected a {kind} wp.array ({shape_txt}), got {type(value).__name__}")
+    if value.dtype != dtype:
+        raise TypeError(f"{name}: expected dtype {kind}, got {getattr(value.dtype, '__name__', value.dtype)}")
+    if value.ndim not in ndims or (last is not None and value.shape[-1] != last):
+        raise ValueError(f"{name}: expected {shape_txt}, got shape {tuple(value.shape)}")
+    if not value.is_contiguous:
+        raise ValueError(f"{name}: expected a contiguous array")
+    if device is not None and value.device != device:
+        raise ValueError(f"{name}: expected device {device}, got {value.device}")
+    return value
+
+
+def check_shape(value: wp.array, name: str, shape: tuple) -> wp.array:
+    """Raises ValueError unless ``value.shape == shape``."""
+    if tuple(value.shape) != tuple(shape):
+        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(value.shape)}")
+    return value
+
+
+def check_resolution(resolution) -> tuple[int, int]:
+    """(height, width) as positive ints; raises for anything else."""
+    try:
+        h, w = (int(r) for r in resolution)
+    except (TypeError, ValueError):
+        raise TypeError(f"resolution: expected (height, width) integers, got {resolution!r}") from None
+    if h < 1 or w < 1 or h > 32768 or w > 32768:
+        raise ValueError(f"resolution: expected 1 <= height, width <= 32768, got {(h, w)}")
+    return h, w
+
+
+def cotangent(value, name: str, shape: tuple, device) -> wp.array | None:
+    """A float32 cotangent of ``shape`` on ``device``, or None (zero)."""
+    if value is None:
+        return None
+    return check_shape(float_array(value, name, (len(shape),), device=device), name, shape)
+
+
+def grad_or_new(grad, name: str, like: wp.array) -> wp.array:
+    """``grad`` (checked to match ``like``) to add into, or a new zero array."""
+    if grad is None:
+        return wp.zeros(like.shape, dtype=wp.float32, device=like.device)
+    return check_shape(float_array(grad, name, (like.ndim,), device=like.device), name, like.shape)
+
+
+def zeros_if_none(value, shape, device) -> wp.array:
+    return value if value is not None else wp.zeros(shape, dtype=wp.float32, device=device)
+
+
+def active_tape():
+    """The active ``wp.Tape`` (Warp has no public getter), or None."""
+    return wp._src.context.runtime.tape
+
+
+def record(inputs: list, outputs: list, backward) -> None:
+    """Records ``backward`` on the active tape if any differentiable input needs a gradient.
+
+    Outputs get ``requires_grad`` (and zeroed ``.grad`` buffers) so that downstream
+    kernels write their cotangents there; ``backward()`` then reads them."""
+    tape = active_tape()
+    if tape is None or not any(a is not None and a.requires_grad for a in inputs):
+        return
+    for out in outputs:
+        out.requires_grad = True
+    tape.record_func(backward, [a for a in (*outputs, *inputs) if a is not None and a.requires_grad])
+
+
+def grad_of(a: wp.array | None) -> wp.array | None:
+    """``a.grad`` for an input that requires it, else None (its gradient is not wanted)."""
+    return a.grad if a is not None and a.requires_grad else None
+
+
+def host_int32(value, name: str, shape_last: int) -> np.ndarray:
+    """A small host-side int32 table ([N, shape_last]) from a wp.array or array-like."""
+    arr = value.numpy() if isinstance(value, wp.array) else np.asarray(value)
+    if arr.ndim != 2 or arr.shape[1] != shape_last or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name}: expected an integer array [N, {shape_last}], got {arr.dtype} {arr.shape}")
+    return arr.astype(np.int32)
+
+
+@functools.lru_cache(maxsize=256)
+def _constant(values: tuple, dtype, device: str) -> wp.array:
+    return wp.array(np.array(values, dtype=np.int32), dtype=dtype, device=device)
+
+
+def device_constant(values, dtype, device) -> wp.array:
+    """A small read-only int32 table (e.g. mip sizes) on ``device``, made once per content:
+    a host-to-device copy on every call would stall the launch queue on CUDA. Callers must
+    not write to it."""
+    rows = tuple(tuple(int(x) for x in row) if np.ndim(row) else int(row) for row in values)
+    return _constant(rows, dtype, str(wp.get_device(device)))

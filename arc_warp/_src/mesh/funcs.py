@@ -1,0 +1,98 @@
+"""@wp.func helpers shared by the mesh kernels: bit casts, triangle-id codec, triangle setup."""
+
+import warp as wp
+
+
+@wp.func_native("union { float f; int i; } u; u.f = x; return u.i;")
+def float_bits(x: float) -> int:
+    """Bit pattern of ``x``."""
+    ...
+
+
+@wp.func_native("union { float f; int i; } u; u.i = x; return u.f;")
+def bits_float(x: int) -> float:
+    """The float whose bit pattern is ``x``."""
+    ...
+
+
+@wp.func
+def same_sign(a: float, b: float) -> bool:
+    """Sign bits equal (so +0 and -0 differ), as nvdiffrast's antialias compares them."""
+    return (float_bits(a) ^ float_bits(b)) >= 0
+
+
+@wp.func
+def id_to_float(x: int) -> float:
+    """nvdiffrast's float encoding of ``triangle_id + 1``: exact up to 2^24, bit-shifted above."""
+    if x <= 16777216:
+        return float(x)
+    return bits_float(1249902592 + x)  # 0x4a800000 + x
+
+
+@wp.func
+def float_to_id(x: float) -> int:
+    """Inverse of :func:`id_to_float` (0 = empty)."""
+    if x <= 16777216.0:
+        return int(x)
+    return float_bits(x) - 1249902592
+
+
+@wp.func
+def homogeneous(p: wp.vec4) -> wp.vec3:
+    """(x, y, w) of a clip-space position: the 2D homogeneous point the rasteriser sees."""
+    return wp.vec3(p[0], p[1], p[3])
+
+
+@wp.func
+def edge_line(pa: wp.vec4, pb: wp.vec4, ia: int, ib: int) -> wp.vec3:
+    """Homogeneous 2D line through vertices a and b (``cross(a, b)``).
+
+    Computed in vertex-index order and negated when needed, so two triangles that
+    share an edge get exactly opposite lines (watertight coverage even when the
+    compiler contracts the products into FMAs)."""
+    if ia < ib:
+        return wp.cross(homogeneous(pa), homogeneous(pb))
+    return -wp.cross(homogeneous(pb), homogeneous(pa))
+
+
+@wp.func
+def owns_point_on_edge(line: wp.vec3, sgn: float) -> bool:
+    """Tie rule for a pixel centre exactly on an edge: the triangle whose inward
+    normal points to +x (or +y when vertical) owns it, so exactly one of two
+    triangles sharing the edge covers the pixel."""
+    nx = line[0] * sgn
+    return nx > 0.0 or (nx == 0.0 and line[1] * sgn > 0.0)
+
+
+@wp.func
+def edge_inside(e: float, line: wp.vec3, sgn: float) -> bool:
+    """Pixel on the inner side of one edge (``e`` its edge function); NaN is outside."""
+    s = e * sgn
+    if s > 0.0:
+        return True
+    if s == 0.0:
+        return owns_point_on_edge(line, sgn)
+    return False
+
+
+TILE = 16
+"""A 256-thread block covers a TILE x TILE pixel tile, each 32-lane warp an 8 x 4 patch of it:
+lanes of a warp then hit nearby triangles and texels, which is what ARC merges."""
+
+
+@wp.func
+def tile_pixel(i: int, width: int, height: int) -> wp.vec4i:
+    """(image, y, x, inside) of thread ``i`` of a tiled per-pixel launch (see
+    :func:`arc_warp._src.mesh.common.tiled_dim`); y, x are clamped into the image for
+    threads past its edge (inside = 0), so their loads stay in bounds."""
+    tiles_x = (width + 15) // 16
+    tiles_y = (height + 15) // 16
+    block = i // 256
+    lane = i % 256
+    warp = lane // 32
+    x = (block % tiles_x) * 16 + (warp % 2) * 8 + lane % 8
+    y = ((block // tiles_x) % tiles_y) * 16 + (warp // 2) * 4 + (lane % 32) // 8
+    inside = int(0)
+    if x < width and y < height:
+        inside = 1
+    return wp.vec4i(block // (tiles_x * tiles_y), wp.min(y, height - 1), wp.min(x, width - 1), inside)

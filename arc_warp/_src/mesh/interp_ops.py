@@ -1,0 +1,141 @@
+"""Launches of attribute interpolation (forward with derivatives, ARC backward)."""
+
+from __future__ import annotations
+
+import numpy as np
+import warp as wp
+
+from arc_warp._src.mesh.common import (
+    BLOCK,
+    check_shape,
+    chunking,
+    device_constant,
+    cotangent,
+    float_array,
+    grad_of,
+    grad_or_new,
+    vector_view,
+    record,
+    reduce_settings,
+    tiled_dim,
+)
+from arc_warp._src.mesh.geometry import check_tri
+from arc_warp._src.mesh.interp_kernels import interp_fwd, make_interp_bwd
+
+
+def _diff_indices(diff_attrs, num_attr: int) -> np.ndarray:
+    """int32 attribute indices of ``diff_attrs`` (None, 'all' or a list; negatives count from the end)."""
+    if diff_attrs is None:
+        return np.zeros(0, np.int32)
+    if isinstance(diff_attrs, str):
+        if diff_attrs != "all":
+            raise ValueError(f"diff_attrs: expected None, 'all' or a list of indices, got {diff_attrs!r}")
+        return np.arange(num_attr, dtype=np.int32)
+    idx = np.asarray(diff_attrs).reshape(-1)
+    if idx.size and not np.issubdtype(idx.dtype, np.integer):
+        raise TypeError(f"diff_attrs: expected integer indices, got dtype {idx.dtype}")
+    if ((idx < -num_attr) | (idx >= num_attr)).any():
+        raise ValueError(f"diff_attrs: indices must lie in [-{num_attr}, {num_attr}), got {idx.tolist()}")
+    return np.where(idx < 0, idx + num_attr, idx).astype(np.int32)
+
+
+def _inputs(attr, rast, tri, rast_db, diff_attrs):
+    rast = float_array(rast, "rast", (4,), 4)
+    device = rast.device
+    attr = float_array(attr, "attr", (2, 3), device=device)
+    attr3 = attr.reshape((1, *attr.shape)) if attr.ndim == 2 else attr
+    if attr3.shape[0] not in (1, rast.shape[0]):
+        raise ValueError(f"attr: expected a minibatch of 1 or {rast.shape[0]} (that of rast), got {attr3.shape[0]}")
+    diff = _diff_indices(diff_attrs, attr3.shape[2])
+    if len(diff) and rast_db is None:
+        raise ValueError("rast_db: diff_attrs asks for attribute derivatives, which need rast_db")
+    if rast_db is not None:
+        rast_db = check_shape(float_array(rast_db, "rast_db", (4,), 4, device), "rast_db", rast.shape)
+    return attr3, rast, check_tri(tri, device), rast_db, device_constant(diff, wp.int32, device)
+
+
+def interpolate(
+    attr: wp.array,  # [V, A] or [B or 1, V, A] float32
+    rast: wp.array,  # [B, H, W, 4] from rasterize
+    tri: wp.array,  # [F, 3] int32
+    rast_db: wp.array | None = None,  # [B, H, W, 4] from rasterize, for derivatives
+    diff_attrs=None,  # None, 'all' or a list of attribute indices
+    reduce: str = "arc",
+    threshold: int | None = None,
+) -> tuple[wp.array, wp.array]:
+    """Interpolates vertex attributes over the rasterised triangles (nvdiffrast semantics).
+
+    ``out = u a0 + v a1 + (1 - u - v) a2`` with (u, v) the perspective-correct barycentrics
+    of ``rast``; pixels without a triangle (or whose triangle/vertex ids are out of range)
+    get 0. A minibatch of 1 in ``attr`` is broadcast.
+
+    Returns:
+        ``(out, out_da)``: float32 [B, H, W, A] and [B, H, W, 2 len(diff_attrs)] with
+        (dA/dX, dA/dY) per selected attribute in pixel units ([B, H, W, 0] without
+        ``diff_attrs``). Recorded on an active ``wp.Tape`` (gradients into ``attr``,
+        ``rast`` and ``rast_db``); ``reduce``/``threshold`` select the backward's accumulator.
+    """
+    attr3, rast_c, tri_v, rast_db_c, diff = _inputs(attr, rast, tri, rast_db, diff_attrs)
+    mode, _ = reduce_settings(reduce, threshold, rast.device)
+    b, h, w, _ = rast_c.shape
+    device = rast_c.device
+    out = wp.empty((b, h, w, attr3.shape[2]), dtype=wp.float32, device=device)
+    out_da = wp.empty((b, h, w, 2 * diff.shape[0]), dtype=wp.float32, device=device)
+    db = rast_db_c.view(wp.vec4) if rast_db_c is not None else wp.empty((0, 0, 0), dtype=wp.vec4, device=device)
+    wp.launch(interp_fwd, dim=(b, h, w), device=device, record_tape=False,
+              inputs=[attr3, rast_c.view(wp.vec4), db, tri_v, diff], outputs=[out, out_da])
+
+    def backward():
+        interpolate_backward(attr, rast, tri, out.grad, rast_db, out_da.grad if diff.shape[0] else None, diff_attrs,
+                             grad_attr=grad_of(attr), grad_rast=grad_of(rast), grad_rast_db=grad_of(rast_db),
+                             reduce=mode, threshold=threshold)
+
+    inputs = [attr, rast] + ([rast_db] if rast_db is not None else [])
+    record(inputs, [out, out_da], backward)
+    return out, out_da
+
+
+def interpolate_backward(
+    attr: wp.array,
+    rast: wp.array,
+    tri: wp.array,
+    grad_out: wp.array | None,  # [B, H, W, A]
+    rast_db: wp.array | None = None,
+    grad_out_da: wp.array | None = None,  # [B, H, W, 2D]
+    diff_attrs=None,
+    grad_attr: wp.array | None = None,  # added into if given
+    grad_rast: wp.array | None = None,  # added into if given
+    grad_rast_db: wp.array | None = None,  # added into if given
+    reduce: str = "arc",
+    threshold: int | None = None,
+) -> tuple[wp.array, wp.array, wp.array | None]:
+    """Gradients of :func:`interpolate` into ``attr`` (ARC scatter into each pixel's three
+    vertices), ``rast`` (u, v) and ``rast_db``. Returns ``(grad_attr, grad_rast,
+    grad_rast_db)`` shaped like the inputs (``grad_rast_db`` None without ``rast_db``)."""
+    attr3, rast_c, tri_v, rast_db_c, diff = _inputs(attr, rast, tri, rast_db, diff_attrs)
+    device = rast_c.device
+    b, h, w, _ = rast_c.shape
+    n, num_a = b * h * w, attr3.shape[2]
+    grad_attr = grad_or_new(grad_attr, "grad_attr", attr)
+    grad_rast = grad_or_new(grad_rast, "grad_rast", rast)
+    if rast_db is not None:
+        grad_rast_db = grad_or_new(grad_rast_db, "grad_rast_db", rast_db)
+    go = cotangent(grad_out, "grad_out", (b, h, w, num_a), device)
+    gda = cotangent(grad_out_da, "grad_out_da", (b, h, w, 2 * diff.shape[0]), device)
+    if (go is None and gda is None) or num_a == 0 or n == 0:
+        return grad_attr, grad_rast, grad_rast_db
+    go = go if go is not None else wp.zeros((b, h, w, num_a), dtype=wp.float32, device=device)
+    if gda is None or diff.shape[0] == 0:
+        gda = wp.zeros((1, 1), dtype=wp.float32, device=device)
+        diff = wp.empty(0, dtype=wp.int32, device=device)
+    mode, t = reduce_settings(reduce, threshold, device)
+    k, _ = chunking(num_a)
+    gda2 = gda.reshape((n, gda.shape[3])) if gda.ndim == 4 else gda
+    db_flat = rast_db_c.view(wp.vec4).flatten() if rast_db_c is not None else wp.empty(0, dtype=wp.vec4, device=device)
+    g_db = grad_rast_db.view(wp.vec4).flatten() if rast_db is not None else wp.empty(0, dtype=wp.vec4, device=device)
+    wp.launch(make_interp_bwd(mode, k), dim=tiled_dim(b, h, w), block_dim=BLOCK, device=device,
+              record_tape=False,
+              inputs=[attr3, rast_c.view(wp.vec4).flatten(), db_flat, tri_v, diff, go.reshape((n, num_a)), gda2,
+                      w, h, t],
+              outputs=[vector_view(grad_attr, k), grad_rast.view(wp.vec4).flatten(), g_db])
+    return grad_attr, grad_rast, grad_rast_db

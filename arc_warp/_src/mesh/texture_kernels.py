@@ -1,0 +1,373 @@
+"""Texture sampling kernels: mip build, forward, ARC backward, mip-gradient fold.
+
+Conventions (nvdiffrast 0.4): uv in [0, 1] spans the texture, u along width; texel
+centres sit at (i + 0.5) / size. ``wrap`` takes the fractional part of uv, ``clamp``
+clamps to the centres of the edge texels, ``zero`` reads 0 outside. Nearest picks
+floor(uv * size). Mip level l has size max(size >> l, 1), each texel the box average of
+the 2x2 (or 2x1) texels below it. The level of detail is
+0.5 log2(major axis^2 of the uv footprint in texels) + bias, clamped to
+[0, levels - 1]; ``linear-mipmap-nearest`` uses floor(lod), ``linear-mipmap-linear``
+blends floor(lod) and the next level by its fractional part.
+
+All mip levels of all texture images live in one (texels, C) array; texel t of level l
+in image z is row ``offsets[l] + (z * h_l + y) * w_l + x``.
+"""
+
+import functools
+
+import warp as wp
+
+from arc_warp._src.mesh.funcs import tile_pixel
+from arc_warp._src.reduce_funcs import accumulator
+
+NEAREST, LINEAR, MIP_NEAREST, MIP_LINEAR = 0, 1, 2, 3
+FILTER_MODES = {"nearest": NEAREST, "linear": LINEAR, "linear-mipmap-nearest": MIP_NEAREST,
+                "linear-mipmap-linear": MIP_LINEAR}
+WRAP, CLAMP, ZERO = 0, 1, 2
+BOUNDARY_MODES = {"wrap": WRAP, "clamp": CLAMP, "zero": ZERO}
+
+
+@wp.kernel(enable_backward=False, module="unique")
+def mip_build(
+    data: wp.array2d(dtype=float),  # (texels, C) all levels
+    src_offset: int,
+    src_w: int,
+    src_h: int,
+    dst_offset: int,
+    dst_w: int,
+    dst_h: int,
+):
+    z, y, x = wp.tid()
+    s = src_offset + (z * src_h + 2 * y) * src_w + 2 * x
+    d = dst_offset + (z * dst_h + y) * dst_w + x
+    for c in range(data.shape[1]):
+        if src_w == 1 or src_h == 1:
+            step = src_w  # the next texel along the one axis longer than 1
+            if src_h == 1:
+                step = 1
+            data[d, c] = 0.5 * (data[s, c] + data[s + step, c])
+        else:
+            data[d, c] = 0.25 * (data[s, c] + data[s + 1, c] + data[s + src_w, c] + data[s + src_w + 1, c])
+
+
+@wp.kernel(enable_backward=False, module="unique")
+def mip_fold(
+    gstack: wp.array2d(dtype=float),  # (texels, C) gradients of every level
+    sizes: wp.array(dtype=wp.vec2i),  # (levels,) (w, h)
+    offsets: wp.array(dtype=wp.int32),  # (levels,)
+    grad_tex: wp.array4d(dtype=float),  # (Bt, H, W, C) added into
+):
+    """Adds every level's gradient back into level 0 (the transpose of the box filters)."""
+    z, y, x = wp.tid()
+    w0 = sizes[0][0]
+    h0 = sizes[0][1]
+    for c in range(grad_tex.shape[3]):
+        acc = gstack[offsets[0] + (z * h0 + y) * w0 + x, c]
+        weight = float(1.0)
+        for level in range(1, sizes.shape[0]):
+            prev = sizes[level - 1]
+            if prev[0] > 1:
+                weight *= 0.5
+            if prev[1] > 1:
+                weight *= 0.5
+            s = sizes[level]
+            acc += weight * gstack[offsets[level] + (z * s[1] + (y >> level)) * s[0] + (x >> level), c]
+        grad_tex[z, y, x, c] = grad_tex[z, y, x, c] + acc
+
+
+@wp.func
+def nearest_texel(uv: wp.vec2, w: int, h: int, boundary: int) -> int:
+    """Texel index (within the image) of nearest filtering, or -1 outside in ``zero`` mode."""
+    u = uv[0]
+    v = uv[1]
+    if boundary == WRAP:
+        u = u - wp.floor(u)
+        v = v - wp.floor(v)
+    iu = int(wp.floor(u * float(w)))
+    iv = int(wp.floor(v * float(h)))
+    if boundary == ZERO and (iu < 0 or iu >= w or iv < 0 or iv >= h):
+        return -1
+    return wp.clamp(iv, 0, h - 1) * w + wp.clamp(iu, 0, w - 1)
+
+
+@wp.func
+def linear_taps(uv: wp.vec2, w: int, h: int, boundary: int, base: int):
+    """Bilinear taps: texel rows (00, 10, 01, 11; -1 = reads zero) offset by ``base``, and
+    the fractional position within the quad."""
+    u = uv[0]
+    v = uv[1]
+    if boundary == WRAP:
+        u = u - wp.floor(u)
+        v = v - wp.floor(v)
+    u = u * float(w) - 0.5
+    v = v * float(h) - 0.5
+    clamp_u = False
+    clamp_v = False
+    if boundary == CLAMP:
+        u = wp.clamp(u, 0.0, float(w) - 1.0)
+        v = wp.clamp(v, 0.0, float(h) - 1.0)
+        clamp_u = u == 0.0 or u == float(w) - 1.0
+        clamp_v = v == 0.0 or v == float(h) - 1.0
+    iu0 = int(wp.floor(u))
+    iv0 = int(wp.floor(v))
+    iu1 = iu0 + 1
+    iv1 = iv0 + 1
+    if clamp_u:  # both taps on the edge texel: zero u gradient, as nvdiffrast
+        iu1 = iu0
+    if clamp_v:
+        iv1 = iv0
+    frac = wp.vec2(u - float(iu0), v - float(iv0))
+    if boundary == WRAP:
+        if iu0 < 0:
+            iu0 += w
+        if iv0 < 0:
+            iv0 += h
+        if iu1 >= w:
+            iu1 -= w
+        if iv1 >= h:
+            iv1 -= h
+    out0 = iu0 < 0 or iu0 >= w
+    out1 = iu1 < 0 or iu1 >= w
+    outv0 = iv0 < 0 or iv0 >= h
+    outv1 = iv1 < 0 or iv1 >= h
+    taps = wp.vec4i(base + iv0 * w + iu0, base + iv0 * w + iu1, base + iv1 * w + iu0, base + iv1 * w + iu1)
+    if out0 or outv0:
+        taps[0] = -1
+    if out1 or outv0:
+        taps[1] = -1
+    if out0 or outv1:
+        taps[2] = -1
+    if out1 or outv1:
+        taps[3] = -1
+    return taps, frac
+
+
+@wp.func
+def tap_weights(f: wp.vec2) -> wp.vec4:
+    return wp.vec4((1.0 - f[0]) * (1.0 - f[1]), f[0] * (1.0 - f[1]), (1.0 - f[0]) * f[1], f[0] * f[1])
+
+
+@wp.func
+def fetch(data: wp.array2d(dtype=float), t: int, c: int) -> float:
+    if t < 0:
+        return 0.0
+    return data[t, c]
+
+
+@wp.func
+def footprint(uv_da: wp.vec4, w0: int, h0: int):
+    """(lod, dlod/duv_da): 0.5 log2 of the major axis^2 of the pixel footprint in level-0
+    texels, and its gradient w.r.t. (du/dX, du/dY, dv/dX, dv/dY) (zero where not finite)."""
+    uscl = float(w0)
+    vscl = float(h0)
+    dsdx = uv_da[0] * uscl
+    dsdy = uv_da[1] * uscl
+    dtdx = uv_da[2] * vscl
+    dtdy = uv_da[3] * vscl
+    a = dsdx * dsdx + dtdx * dtdx
+    b = dsdy * dsdy + dtdy * dtdy
+    c = dsdx * dsdy + dtdx * dtdy
+    l2b = 0.5 * (a + b)
+    l2n = 0.25 * (a - b) * (a - b) + c * c
+    l2a = wp.sqrt(l2n)
+    lod = 0.5 * wp.log2(l2b + l2a)
+    # d lod = (0.5 / ln 2) d(l2b + l2a) / (l2b + l2a); l2a (l2b + l2a) = l2n + l2a l2b
+    dw = 0.72134752 / (l2n + l2a * l2b)
+    ab = dw * 0.5 * (a - b)
+    cw = dw * c
+    l2aw = dw * l2a
+    g = wp.vec4(uscl * (dsdx * (l2aw + ab) + dsdy * cw), uscl * (dsdy * (l2aw - ab) + dsdx * cw),
+                vscl * (dtdx * (l2aw + ab) + dtdy * cw), vscl * (dtdy * (l2aw - ab) + dtdx * cw))
+    if not (wp.isfinite(g[0]) and wp.isfinite(g[1]) and wp.isfinite(g[2]) and wp.isfinite(g[3])):
+        g = wp.vec4(0.0)
+    return lod, g
+
+
+@wp.func
+def mip_levels(lod: float, max_level: int, filter_mode: int) -> wp.vec3:
+    """(level0, level1, fraction) of a clamped level of detail."""
+    flevel = wp.clamp(lod, 0.0, float(max_level))
+    level0 = int(wp.floor(flevel))
+    level1 = level0
+    frac = float(0.0)
+    if filter_mode == MIP_LINEAR and flevel > 0.0:
+        level1 = wp.min(level0 + 1, max_level)
+        frac = flevel - float(level0)
+    return wp.vec3(float(level0), float(level1), frac)
+
+
+@wp.func
+def pixel_lod(
+    uv_da: wp.array(dtype=wp.vec4), bias: wp.array(dtype=float), i: int, w0: int, h0: int, filter_mode: int
+):
+    lod = float(0.0)
+    dlod = wp.vec4(0.0)
+    if filter_mode >= MIP_NEAREST:
+        if uv_da.shape[0] > 0:
+            lod, dlod = footprint(uv_da[i], w0, h0)
+        if bias.shape[0] > 0:
+            lod += bias[i]
+    return lod, dlod
+
+
+@functools.cache
+def make_tex_fwd(filter_mode: int):
+    """Forward sampler for one filter mode (nearest / linear / mip-nearest / mip-linear)."""
+
+    def tex_fwd(
+        data: wp.array2d(dtype=float),  # (texels, C) mip stack
+        sizes: wp.array(dtype=wp.vec2i),
+        offsets: wp.array(dtype=wp.int32),
+        uv: wp.array(dtype=wp.vec2),  # (B*H*W,)
+        uv_da: wp.array(dtype=wp.vec4),  # (B*H*W,) or empty
+        bias: wp.array(dtype=float),  # (B*H*W,) or empty
+        pixels_per_image: int,
+        tex_images: int,
+        boundary: int,
+        out: wp.array2d(dtype=float),  # (B*H*W, C)
+    ):
+        i = wp.tid()
+        z = wp.min(i // pixels_per_image, tex_images - 1)
+        size0 = sizes[0]
+        if wp.static(filter_mode == NEAREST):
+            t = nearest_texel(uv[i], size0[0], size0[1], boundary)
+            if t >= 0:
+                t += z * size0[0] * size0[1]
+            for c in range(out.shape[1]):
+                out[i, c] = fetch(data, t, c)
+            return
+        lod, dlod = pixel_lod(uv_da, bias, i, size0[0], size0[1], wp.static(filter_mode))
+        lv = mip_levels(lod, sizes.shape[0] - 1, wp.static(filter_mode))
+        l0 = int(lv[0])
+        l1 = int(lv[1])
+        s0 = sizes[l0]
+        s1 = sizes[l1]
+        taps0, f0 = linear_taps(uv[i], s0[0], s0[1], boundary, offsets[l0] + z * s0[0] * s0[1])
+        taps1, f1 = linear_taps(uv[i], s1[0], s1[1], boundary, offsets[l1] + z * s1[0] * s1[1])
+        w0 = tap_weights(f0)
+        w1 = tap_weights(f1)
+        for c in range(out.shape[1]):
+            a = float(0.0)
+            b = float(0.0)
+            for k in range(4):
+                a += w0[k] * fetch(data, taps0[k], c)
+                b += w1[k] * fetch(data, taps1[k], c)
+            if lv[2] > 0.0:
+                a = a + lv[2] * (b - a)
+            out[i, c] = a
+
+    return wp.kernel(tex_fwd, enable_backward=False, module="unique")
+
+
+@functools.cache
+def make_tex_bwd(mode: str, filter_mode: int, k: int):
+    """Backward sampler: texel gradients of every level (ARC, ``k``-channel chunks), and
+    per-pixel gradients of uv, uv_da and the bias. One thread per pixel (tiled launch);
+    every lane makes (taps x levels x chunks) accumulator calls."""
+    vec_k = wp.types.vector(k, wp.float32)
+    add = accumulator(vec_k, mode)
+    levels_used = 2 if filter_mode == MIP_LINEAR else 1
+    taps_used = 1 if filter_mode == NEAREST else 4
+
+    def tex_bwd(
+        data: wp.array2d(dtype=float),
+        sizes: wp.array(dtype=wp.vec2i),
+        offsets: wp.array(dtype=wp.int32),
+        uv: wp.array(dtype=wp.vec2),
+        uv_da: wp.array(dtype=wp.vec4),
+        bias: wp.array(dtype=float),
+        grad_out: wp.array2d(dtype=float),  # (B*H*W, C)
+        width: int,
+        height: int,
+        tex_images: int,
+        boundary: int,
+        threshold: int,
+        gstack: wp.array(dtype=vec_k),  # (texels * C / k,) added into
+        grad_uv: wp.array(dtype=wp.vec2),  # (B*H*W,) added into, or empty
+        grad_uv_da: wp.array(dtype=wp.vec4),  # (B*H*W,) added into, or empty
+        grad_bias: wp.array(dtype=float),  # (B*H*W,) added into, or empty
+    ):
+        tp = tile_pixel(wp.tid(), width, height)
+        ii = (tp[0] * height + tp[1]) * width + tp[2]
+        valid = tp[3] != 0
+        z = wp.min(tp[0], tex_images - 1)
+        num_c = grad_out.shape[1]
+        chunks = num_c // wp.static(k)
+        size0 = sizes[0]
+        t0 = wp.vec4i(-1, -1, -1, -1)
+        t1 = wp.vec4i(-1, -1, -1, -1)
+        w0 = wp.vec4(0.0)
+        w1 = wp.vec4(0.0)
+        lv = wp.vec3(0.0)
+        dlod = wp.vec4(0.0)
+        f0 = wp.vec2(0.0)
+        f1 = wp.vec2(0.0)
+        if wp.static(filter_mode == NEAREST):
+            tn = nearest_texel(uv[ii], size0[0], size0[1], boundary)
+            if tn >= 0:
+                tn += z * size0[0] * size0[1]
+            t0 = wp.vec4i(tn, -1, -1, -1)
+            w0 = wp.vec4(1.0, 0.0, 0.0, 0.0)
+        else:
+            lod = float(0.0)
+            lod, dlod = pixel_lod(uv_da, bias, ii, size0[0], size0[1], wp.static(filter_mode))
+            lv = mip_levels(lod, sizes.shape[0] - 1, wp.static(filter_mode))
+            s0 = sizes[int(lv[0])]
+            s1 = sizes[int(lv[1])]
+            t0, f0 = linear_taps(uv[ii], s0[0], s0[1], boundary, offsets[int(lv[0])] + z * s0[0] * s0[1])
+            t1, f1 = linear_taps(uv[ii], s1[0], s1[1], boundary, offsets[int(lv[1])] + z * s1[0] * s1[1])
+            w0 = tap_weights(f0) * (1.0 - lv[2])
+            w1 = tap_weights(f1) * lv[2]
+        # per-pixel gradients: uv through the bilinear weights, lod through the level blend
+        if valid and wp.static(filter_mode != NEAREST):
+            s0 = sizes[int(lv[0])]
+            s1 = sizes[int(lv[1])]
+            gu = float(0.0)
+            gv = float(0.0)
+            df = float(0.0)
+            for c in range(num_c):
+                d = grad_out[ii, c]
+                a00 = fetch(data, t0[0], c)
+                a10 = fetch(data, t0[1], c)
+                a01 = fetch(data, t0[2], c)
+                a11 = fetch(data, t0[3], c)
+                ad = a11 + a00 - a10 - a01
+                d0 = d * (1.0 - lv[2])
+                gu += d0 * ((a10 - a00) + f0[1] * ad) * float(s0[0])
+                gv += d0 * ((a01 - a00) + f0[0] * ad) * float(s0[1])
+                if lv[2] > 0.0:
+                    b00 = fetch(data, t1[0], c)
+                    b10 = fetch(data, t1[1], c)
+                    b01 = fetch(data, t1[2], c)
+                    b11 = fetch(data, t1[3], c)
+                    bd = b11 + b00 - b10 - b01
+                    d1 = d * lv[2]
+                    gu += d1 * ((b10 - b00) + f1[1] * bd) * float(s1[0])
+                    gv += d1 * ((b01 - b00) + f1[0] * bd) * float(s1[1])
+                    a = wp.dot(tap_weights(f0), wp.vec4(a00, a10, a01, a11))
+                    b = wp.dot(tap_weights(f1), wp.vec4(b00, b10, b01, b11))
+                    df += (b - a) * d
+            if grad_uv.shape[0] > 0:
+                grad_uv[ii] = grad_uv[ii] + wp.vec2(gu, gv)
+            if grad_uv_da.shape[0] > 0:
+                grad_uv_da[ii] = grad_uv_da[ii] + dlod * df
+            if grad_bias.shape[0] > 0:
+                grad_bias[ii] = grad_bias[ii] + df
+        # texel gradients
+        for level in range(wp.static(levels_used)):
+            taps = t0
+            wt = w0
+            if level == 1:
+                taps = t1
+                wt = w1
+            for q in range(wp.static(taps_used)):
+                ok = valid and taps[q] >= 0 and wt[q] != 0.0
+                row = wp.max(taps[q], 0)
+                for c in range(chunks):
+                    g = vec_k()
+                    if ok:
+                        for m in range(wp.static(k)):
+                            g[m] = wt[q] * grad_out[ii, c * wp.static(k) + m]
+                    add(gstack, row * chunks + c, g, ok, threshold)
+
+    return wp.kernel(tex_bwd, enable_backward=False, module="unique")

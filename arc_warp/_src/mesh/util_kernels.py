@@ -1,0 +1,11 @@
+"""Elementwise kernels shared by the mesh ops (launched with record_tape=False, so copies
+of differentiable inputs never put Warp's own copy adjoints on a tape)."""
+
+import warp as wp
+
+
+@wp.kernel(enable_backward=False, module="unique")
+def add_into(src: wp.array(dtype=float), dst: wp.array(dtype=float)):
+    """dst += src (flat, same size)."""
+    i = wp.tid()
+    dst[i] = dst[i] + src[i]

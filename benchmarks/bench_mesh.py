@@ -1,0 +1,217 @@
+"""Mesh ops forward/backward benchmark against nvdiffrast (needs a CUDA GPU).
+
+Workloads (issue 14), each through the torch drop-in so that nvdiffrast.torch runs on
+the very same tensors:
+
+* ``tex_mag`` / ``tex_min``: texture, 2048^2 output, 1024^2 RGBA texture,
+  linear-mipmap-linear, magnified 4x (4 pixels per texel) / minified 4.5x;
+* ``interp``: interpolate, a 1M-triangle screen-filling grid at 2048^2, 8 attributes;
+* ``raster``: rasterize, the same 1M triangles at 2048^2 (backward into positions);
+* ``chain``: a 100k-triangle sphere at 1024^2: rasterize, interpolate with
+  derivatives, texture (2048^2, mipmapped), antialias, forward and backward.
+
+Timed with CUDA events after warm-up, medians; backward modes atomic / warp / arc
+(and ``floor``: the backward without gradient accumulation), nvdiffrast 0.4 when
+``import nvdiffrast.torch`` works. Agreement with nvdiffrast: max |image difference|
+and gradient cosine similarity. ``--smoke`` runs tiny sizes on the CPU (host timing)
+to check the script itself.
+
+Usage::
+
+    python benchmarks/bench_mesh.py [--only tex_mag chain] [--reps 10] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+
+import torch
+
+import arc_warp.mesh as core
+import arc_warp_torch.mesh as ours
+
+MODES = ("atomic", "warp", "arc", "floor")
+
+try:
+    import nvdiffrast.torch as nvdr
+except ImportError:  # peers are optional
+    nvdr = None
+
+
+def timed(fn, reps: int, warmup: int = 3) -> float:
+    """Median milliseconds of ``fn()`` (CUDA events on the current stream; host clock on CPU)."""
+    for _ in range(warmup):
+        fn()
+    cuda = torch.cuda.is_available() and DEVICE.type == "cuda"
+    out = []
+    for _ in range(reps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            out.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            out.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(out)
+
+
+def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.reshape(-1).double(), b.reshape(-1).double()
+    return float(a @ b / (a.norm() * b.norm() + 1e-30))
+
+
+def grid_mesh(n_tri: int, device):
+    """A screen-filling, gently perspective grid of about ``n_tri`` triangles: pos [1, V, 4], tri [F, 3]."""
+    n = max(2, int(math.sqrt(n_tri / 2)))
+    xs = torch.linspace(-1.05, 1.05, n + 1, device=device)
+    y, x = torch.meshgrid(xs, xs, indexing="ij")
+    w = 1.0 + 0.2 * (x + 1.05)
+    pos = torch.stack([x * w, y * w, 0.3 * w * torch.sin(3 * x) * torch.cos(2 * y), w], -1).reshape(1, -1, 4)
+    idx = torch.arange((n + 1) * (n + 1), device=device, dtype=torch.int32).reshape(n + 1, n + 1)
+    a, b, c, d = idx[:-1, :-1], idx[:-1, 1:], idx[1:, 1:], idx[1:, :-1]
+    tri = torch.cat([torch.stack([a, b, c], -1).reshape(-1, 3), torch.stack([a, c, d], -1).reshape(-1, 3)])
+    return pos.contiguous(), tri.contiguous()
+
+
+def sphere(n_tri: int, device):
+    rings = max(3, int(math.sqrt(n_tri / 4)))
+    v, uv, f = core.uv_sphere(rings, 2 * rings)
+    v = torch.from_numpy(v).to(device)
+    w = 2.6 + v[:, 2:3]
+    pos = torch.cat([v[:, :2] * 2.2, 0.5 * v[:, 2:3], w], 1)[None].contiguous()
+    return pos, torch.from_numpy(f).to(device), torch.from_numpy(uv).to(device)
+
+
+def run_pair(name, make, inputs, reps, results):
+    """Times forward and backward of ``make(lib, reduce)`` (returns the output) for each mode
+    and nvdiffrast; checks agreement. ``inputs``: tensors whose gradients are compared."""
+    row = {}
+    g = None
+    ref = {}
+    libs = [("ours", m) for m in MODES] + ([("nvdiffrast", None)] if nvdr is not None else [])
+    for lib, mode in libs:
+        module = ours if lib == "ours" else nvdr
+        fwd = lambda: make(module, mode)  # noqa: E731
+        with torch.no_grad():
+            t_fwd = timed(fwd, reps)
+        out = fwd()
+        if g is None:
+            g = torch.randn_like(out)
+        grads = torch.autograd.grad(out, inputs, g, retain_graph=True, allow_unused=True)
+        t_bwd = timed(lambda: torch.autograd.grad(out, inputs, g, retain_graph=True, allow_unused=True), reps)
+        key = lib if mode is None else f"{lib}_{mode}"
+        row[key] = {"forward_ms": t_fwd, "backward_ms": t_bwd}
+        if mode == "arc":
+            ref = {"out": out.detach(), "grads": grads}
+        if lib == "nvdiffrast" and ref:
+            row[key]["max_abs_image_diff"] = float((out.detach() - ref["out"]).abs().max())
+            row[key]["grad_cosine"] = [cosine(a, b) for a, b in zip(ref["grads"], grads)
+                                       if a is not None and b is not None]
+        print(f"{name:9s} {key:18s} fwd {t_fwd:8.3f} ms  bwd {t_bwd:8.3f} ms  {row[key].get('grad_cosine', '')}",
+              flush=True)
+    results[name] = row
+
+
+def bench_texture(name, minify, size, tex_size, reps, results):
+    scale = (minify if minify else 0.25) * size / tex_size  # uv span of the image, in texture widths
+    y, x = torch.meshgrid(torch.arange(size, device=DEVICE), torch.arange(size, device=DEVICE), indexing="ij")
+    angle = 0.3  # rotated, so neighbouring pixels do not share texel rows exactly
+    u = ((x + 0.5) * math.cos(angle) - (y + 0.5) * math.sin(angle)) / size * scale
+    v = ((x + 0.5) * math.sin(angle) + (y + 0.5) * math.cos(angle)) / size * scale
+    uv = torch.stack([u, v], -1)[None].float().contiguous().requires_grad_(True)
+    d = scale / size
+    uv_da = torch.tensor([d * math.cos(angle), -d * math.sin(angle), d * math.sin(angle), d * math.cos(angle)],
+                         device=DEVICE).expand(1, size, size, 4).contiguous().requires_grad_(True)
+    tex = torch.rand(1, tex_size, tex_size, 4, device=DEVICE).requires_grad_(True)
+    make = lambda lib, mode: lib.texture(tex, uv, uv_da, filter_mode="linear-mipmap-linear",  # noqa: E731
+                                         **({"reduce": mode} if mode else {}))
+    run_pair(name, make, (tex, uv, uv_da), reps, results)
+
+
+def bench_interp_raster(size, n_tri, reps, results, which):
+    pos, tri = grid_mesh(n_tri, DEVICE)
+    pos.requires_grad_(True)
+    ctx = ours.RasterizeCudaContext()
+    nctx = nvdr.RasterizeCudaContext() if nvdr is not None and DEVICE.type == "cuda" else None
+    if "raster" in which:
+        def make_r(lib, mode):
+            kw = {"reduce": mode} if mode else {}
+            rast, _ = lib.rasterize(ctx if lib is ours else nctx, pos, tri, (size, size), grad_db=False, **kw)
+            return rast
+        run_pair("raster", make_r, (pos,), reps, results)
+    if "interp" in which:
+        with torch.no_grad():
+            rast, _ = ours.rasterize(ctx, pos, tri, (size, size))
+        rast.requires_grad_(True)
+        attr = torch.rand(1, pos.shape[1], 8, device=DEVICE).requires_grad_(True)
+        make_i = lambda lib, mode: lib.interpolate(attr, rast, tri, **({"reduce": mode} if mode else {}))[0]  # noqa
+        run_pair("interp", make_i, (attr, rast), reps, results)
+
+
+def bench_chain(size, n_tri, tex_size, reps, results):
+    pos, tri, uv = sphere(n_tri, DEVICE)
+    pos.requires_grad_(True)
+    tex = torch.rand(1, tex_size, tex_size, 3, device=DEVICE).requires_grad_(True)
+    topo = {"ours": ours.antialias_construct_topology_hash(tri)}
+    if nvdr is not None:
+        topo["nvdiffrast"] = nvdr.antialias_construct_topology_hash(tri)
+    ctxs = {"ours": ours.RasterizeCudaContext(),
+            "nvdiffrast": nvdr.RasterizeCudaContext() if nvdr is not None and DEVICE.type == "cuda" else None}
+
+    def make(lib, mode):
+        key = "ours" if lib is ours else "nvdiffrast"
+        kw = {"reduce": mode} if mode else {}
+        rast, db = lib.rasterize(ctxs[key], pos, tri, (size, size), **kw)
+        texc, texd = lib.interpolate(uv[None], rast, tri, rast_db=db, diff_attrs="all", **kw)
+        color = lib.texture(tex, texc, texd, filter_mode="linear-mipmap-linear", **kw)
+        return lib.antialias(color, rast, pos, tri, topology_hash=topo[key], **kw)
+
+    run_pair("chain", make, (pos, tex), reps, results)
+
+
+def main(argv=None):
+    global DEVICE
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="*", default=["tex_mag", "tex_min", "interp", "raster", "chain"])
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU: checks the script, times nothing")
+    args = ap.parse_args(argv)
+    if args.smoke:
+        DEVICE = torch.device("cpu")
+        out, tex, tris, chain_out, chain_tex, reps = 64, 32, 2000, 48, 64, 1
+    else:
+        if not torch.cuda.is_available():
+            sys.exit("bench_mesh.py needs a CUDA GPU (or --smoke)")
+        DEVICE = torch.device("cuda")
+        out, tex, tris, chain_out, chain_tex, reps = 2048, 1024, 1_000_000, 1024, 2048, args.reps
+    print(f"device {DEVICE}, nvdiffrast {'found' if nvdr is not None else 'not importable: peers skipped'}")
+    results = {}
+    if "tex_mag" in args.only:
+        bench_texture("tex_mag", 0, out, tex, reps, results)
+    if "tex_min" in args.only:
+        bench_texture("tex_min", 4.5, out, tex, reps, results)
+    which = [w for w in ("interp", "raster") if w in args.only]
+    if which:
+        bench_interp_raster(out, tris, reps, results, which)
+    if "chain" in args.only:
+        bench_chain(chain_out, 100_000 if not args.smoke else 500, chain_tex, reps, results)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return results
+
+
+DEVICE = torch.device("cpu")
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,207 @@
+"""rasterize against the brute-force float64 reference: coverage, depth test, barycentrics,
+their pixel derivatives, the backward into positions in every reduce mode, and edge cases."""
+
+import numpy as np
+import pytest
+import torch
+import warp as wp
+
+import arc_warp.mesh as mesh
+from mesh_scenes import REDUCE_CASES, REDUCE_IDS, cpu_blocks, random_mesh, t64, wa
+from reference_mesh import barycentrics, rasterize as ref_rasterize
+
+wp.config.quiet = True
+H, W = 13, 17  # not multiples of 16, not square
+
+# Pixels whose decision is within this of flipping (barycentric near 0 or a depth
+# near-tie) may legitimately differ between float32 and float64; |b| of 1e-4 is ~100x
+# the float32 round-off of the edge functions at these magnitudes.
+MARGIN = 1e-4
+
+
+def run(pos, tri, **kw):
+    rast, db = mesh.rasterize(wa(pos), wa(tri, wp.int32), (H, W), **kw)
+    return rast.numpy(), db.numpy()
+
+
+def test_forward_matches_reference(rng):
+    pos, tri = random_mesh(rng)
+    rast, db = run(pos, tri)
+    ref, ref_db, margin = (x.numpy() for x in ref_rasterize(t64(pos), torch.from_numpy(tri), H, W))
+    clear = margin > MARGIN
+    assert clear.mean() > 0.9
+    np.testing.assert_array_equal(rast[..., 3][clear], ref[..., 3][clear])
+    hit = clear & (ref[..., 3] > 0)
+    assert hit.sum() > 100
+    # float32 barycentrics of O(1) edge functions: a few ulps of 1, amplified by 1/|S|
+    np.testing.assert_allclose(rast[hit][:, :3], ref[hit][:, :3], atol=2e-5)
+    np.testing.assert_allclose(db[hit], ref_db[hit], rtol=1e-4, atol=1e-5)
+    assert np.all(rast[ref[..., 3] == 0][:, 3][(clear[ref[..., 3] == 0])] == 0)
+
+
+def test_big_triangles_match_reference(rng):
+    # 48x40 pixels: triangles spanning most of the image exceed the per-thread box limit
+    # and take the per-pixel path, mixed with small ones that stay per-triangle.
+    h, w = 40, 48
+    pos, tri = random_mesh(rng, batch=2, n_tri=10, spread=1.3)
+    small, small_tri = random_mesh(rng, batch=2, n_tri=30, spread=0.05)
+    small[..., :2] += rng.uniform(-0.8, 0.8, (2, 1, 2)).astype(np.float32) * small[..., 3:]
+    pos = np.concatenate([pos, small], 1)
+    tri = np.concatenate([tri, small_tri + pos.shape[1] - small.shape[1]]).astype(np.int32)
+    rast, db = mesh.rasterize(wa(pos), wa(tri, wp.int32), (h, w))
+    ref, ref_db, margin = (x.numpy() for x in ref_rasterize(t64(pos), torch.from_numpy(tri), h, w))
+    clear = margin > MARGIN
+    np.testing.assert_array_equal(rast.numpy()[..., 3][clear], ref[..., 3][clear])
+    ids = np.unique(rast.numpy()[..., 3])
+    assert (ids > 10).any() and ((ids > 0) & (ids <= 10)).any()  # both paths drew
+    hit = clear & (ref[..., 3] > 0)
+    np.testing.assert_allclose(rast.numpy()[hit][:, :3], ref[hit][:, :3], atol=2e-5)
+
+
+def test_deterministic_bits(rng):
+    pos, tri = random_mesh(rng, n_tri=40)  # many overlaps
+    a, _ = run(pos, tri)
+    b, _ = run(pos, tri)
+    assert a.tobytes() == b.tobytes()
+
+
+def test_range_mode_uses_global_ids(rng):
+    pos, tri = random_mesh(rng, batch=1)
+    ranges = np.array([[0, 5], [5, 7]], np.int32)
+    rast, _ = mesh.rasterize(wa(pos[0]), wa(tri, wp.int32), (H, W), ranges=ranges)
+    ids = rast.numpy()[..., 3]
+    assert ids[0].max() <= 5 and set(np.unique(ids[1])) - {0} <= set(range(6, 13))
+    full, _, _ = ref_rasterize(t64(pos), torch.from_numpy(tri[0:5]), H, W)
+    np.testing.assert_array_equal(ids[0] > 0, full.numpy()[0, ..., 3] > 0)
+
+
+def test_watertight_shared_edges():
+    # A square split along its diagonal whose corners and diagonal pass exactly
+    # through pixel centres: every pixel inside is covered exactly once.
+    h = w = 8
+    c = [(2 * k + 1) / 8 - 1 for k in (1, 6)]  # NDC of pixel centres 1 and 6
+    pos = np.array([[c[0], c[0], 0, 1], [c[1], c[0], 0, 1], [c[1], c[1], 0, 1], [c[0], c[1], 0, 1]], np.float32)
+    for tri in ([[0, 1, 2], [0, 2, 3]], [[0, 2, 1], [2, 0, 3]]):
+        rast, _ = mesh.rasterize(wa(pos[None]), wa(np.array(tri, np.int32), wp.int32), (h, w))
+        ids = rast.numpy()[0, ..., 3]
+        inner = np.zeros((h, w), bool)
+        inner[2:6, 2:6] = True  # strictly inside the square
+        assert np.all(ids[inner] > 0), ids
+        # each triangle alone: coverage sets are disjoint (pixels on the diagonal go to one)
+        alone = [mesh.rasterize(wa(pos[None]), wa(np.array([t], np.int32), wp.int32), (h, w))[0].numpy()[0, ..., 3] > 0
+                 for t in tri]
+        assert not (alone[0] & alone[1]).any()
+        np.testing.assert_array_equal(alone[0] | alone[1], ids > 0)
+        assert all(alone[0][k, k] or alone[1][k, k] for k in range(2, 6))
+
+
+def test_near_plane_and_behind_camera():
+    # One triangle crosses w = 0 (one vertex behind the eye; its z/w reaches -1, the near
+    # plane, before w does), one lies wholly behind.
+    pos = np.array([[[-0.5, -0.5, 0.0, 1.0], [0.5, -0.5, 0.0, 1.0], [0.0, 0.5, -1.0, -0.5],
+                     [-0.5, -0.5, 0.5, -1.0], [0.5, -0.5, 0.5, -1.0], [0.0, 0.5, 0.5, -2.0]]], np.float32)
+    tri = np.array([[0, 1, 2], [3, 4, 5]], np.int32)
+    rast, _ = run(pos, tri)
+    ref, _, margin = (x.numpy() for x in ref_rasterize(t64(pos), torch.from_numpy(tri), H, W))
+    clear = margin > MARGIN
+    np.testing.assert_array_equal(rast[..., 3][clear], ref[..., 3][clear])
+    assert 0 < (rast[..., 3] == 1).sum() and not (rast[..., 3] == 2).any()
+    zw = rast[..., 2][rast[..., 3] > 0]
+    assert np.all((zw >= -1) & (zw <= 1))
+
+
+def test_corrupt_and_degenerate_triangles_are_skipped(rng):
+    pos, tri = random_mesh(rng, batch=1, n_tri=4)
+    nan_vertex = np.array([[[np.nan, 0.0, 0.0, 1.0]]], np.float32)
+    pos_bad = np.concatenate([pos, nan_vertex], 1)
+    v_nan = pos.shape[1]
+    extra = [[v_nan, tri[0, 1], tri[0, 2]],  # NaN vertex
+             [0, 1, v_nan + 5], [-1, 2, 3],  # out of range
+             [tri[0, 0], tri[0, 0], tri[0, 1]]]  # zero area
+    rast, _ = run(pos_bad, np.concatenate([tri, extra]).astype(np.int32))
+    ref, _ = run(pos, tri)
+    np.testing.assert_array_equal(rast, ref)
+
+
+@pytest.mark.parametrize("shape", [(1, 1), (1, 7), (5, 1)])
+def test_tiny_images(rng, shape):
+    pos, tri = random_mesh(rng, batch=1)
+    rast, db = mesh.rasterize(wa(pos), wa(tri, wp.int32), shape)
+    assert rast.shape == (1, *shape, 4) and db.shape == (1, *shape, 4)
+    ref, _, margin = (x.numpy() for x in ref_rasterize(t64(pos), torch.from_numpy(tri), *shape))
+    clear = margin > MARGIN
+    np.testing.assert_array_equal(rast.numpy()[..., 3][clear], ref[..., 3][clear])
+    assert np.isfinite(rast.numpy()).all() and np.isfinite(db.numpy()).all()
+
+
+def test_empty_mesh():
+    rast, db = mesh.rasterize(wa(np.zeros((1, 0, 4), np.float32)), wa(np.zeros((0, 3), np.int32), wp.int32), (4, 5))
+    assert rast.shape == (1, 4, 5, 4) and not rast.numpy().any() and not db.numpy().any()
+
+
+def test_validation_errors(rng):
+    pos, tri = random_mesh(rng, batch=1)
+    with pytest.raises(TypeError, match="pos"):
+        mesh.rasterize(pos, wa(tri, wp.int32), (4, 4))
+    with pytest.raises(ValueError, match="last axis 4"):
+        mesh.rasterize(wa(pos[..., :3]), wa(tri, wp.int32), (4, 4))
+    with pytest.raises(TypeError, match="int32"):
+        mesh.rasterize(wa(pos), wa(tri.astype(np.float32)), (4, 4))
+    with pytest.raises(ValueError, match="ranges"):
+        mesh.rasterize(wa(pos[0]), wa(tri, wp.int32), (4, 4))
+    with pytest.raises(ValueError, match="outside"):
+        mesh.rasterize(wa(pos[0]), wa(tri, wp.int32), (4, 4), ranges=np.array([[3, 100]]))
+    with pytest.raises(ValueError, match="resolution"):
+        mesh.rasterize(wa(pos), wa(tri, wp.int32), (0, 4))
+    with pytest.raises(ValueError, match="reduce mode"):
+        mesh.rasterize(wa(pos), wa(tri, wp.int32), (4, 4), reduce="fast")
+
+
+def reference_pos_grad(pos, tri, ids, g, gdb):
+    p = t64(pos).requires_grad_(True)
+    out = barycentrics(p, torch.from_numpy(tri), torch.from_numpy(ids).round().long(), H, W)
+    loss = (out[0] * t64(g[..., 0])).sum() + (out[1] * t64(g[..., 1])).sum()
+    for k in range(4):
+        loss = loss + (out[2 + k] * t64(gdb[..., k])).sum()
+    loss.backward()
+    return p.grad.numpy()
+
+
+@pytest.mark.parametrize("blocks,mode,threshold", REDUCE_CASES, ids=REDUCE_IDS)
+def test_backward_matches_reference(rng, blocks, mode, threshold):
+    pos, tri = random_mesh(rng)
+    rast, _ = run(pos, tri)
+    g = rng.standard_normal(rast.shape).astype(np.float32)
+    gdb = rng.standard_normal(rast.shape).astype(np.float32) * 0.1
+    with cpu_blocks(blocks):
+        got = mesh.rasterize_backward(wa(pos), wa(tri, wp.int32), wa(rast), wa(g), wa(gdb), reduce=mode,
+                                      threshold=threshold).numpy()
+    want = reference_pos_grad(pos, tri, rast[..., 3], g, gdb)
+    assert np.abs(want).max() > 1.0
+    # float32 sums of ~200 per-pixel terms each O(|g| / |S|): 1e-4 relative to the largest
+    np.testing.assert_allclose(got, want, atol=2e-4 * np.abs(want).max())
+    assert not got[..., 2].any()  # z gets no gradient
+
+
+def test_tape_and_finite_differences(rng):
+    pos, tri = random_mesh(rng, batch=1, n_tri=3)
+    g = rng.standard_normal((1, H, W, 4)).astype(np.float32)
+    p = wa(pos, requires_grad=True)
+    tape = wp.Tape()
+    with tape:
+        rast, db = mesh.rasterize(p, wa(tri, wp.int32), (H, W), grad_db=False)
+    rast.grad.assign(g)
+    tape.backward()
+    ids = rast.numpy()[..., 3]
+    got = p.grad.numpy()
+    # central differences in float64 of sum(g * (u, v)) at fixed visibility
+    def loss(q):
+        u, v, *_ = barycentrics(t64(q), torch.from_numpy(tri), torch.from_numpy(ids).round().long(), H, W)
+        return float((u * t64(g[..., 0])).sum() + (v * t64(g[..., 1])).sum())
+    eps = 1e-4
+    for vi, c in [(tri[0, 0], 0), (tri[1, 1], 1), (tri[2, 2], 3)]:
+        d = np.zeros_like(pos, dtype=np.float64)
+        d[0, vi, c] = eps
+        fd = (loss(pos + d) - loss(pos - d)) / (2 * eps)
+        # O(eps^2) truncation of a smooth rational function; float32 grad sums ~1e-5 rel
+        assert abs(got[0, vi, c] - fd) <= 1e-3 * max(1.0, abs(fd)), (vi, c, got[0, vi, c], fd)

@@ -1,0 +1,144 @@
+"""texture against the float64 reference: filter modes x boundary modes, mip pyramids of
+square, non-square, NPOT and 1x1 textures, gradients into tex / uv / uv_da / bias in
+every reduce mode, tape and validation."""
+
+import numpy as np
+import pytest
+import warp as wp
+
+import arc_warp.mesh as mesh
+from mesh_scenes import REDUCE_CASES, REDUCE_IDS, cpu_blocks, t64, wa
+from reference_mesh import texture as ref_texture
+
+wp.config.quiet = True
+H, W = 9, 13
+MODES = ["nearest", "linear", "linear-mipmap-nearest", "linear-mipmap-linear"]
+
+
+def inputs(rng, tex_shape=(2, 16, 8, 3), batch=2, scale=1.0):
+    tex = rng.uniform(0, 1, tex_shape).astype(np.float32)
+    uv = rng.uniform(-0.3, 1.3, (batch, H, W, 2)).astype(np.float32)
+    # footprints from ~0.3 to ~6 texels: magnified and minified pixels
+    uv_da = (rng.standard_normal((batch, H, W, 4)) * np.exp(rng.uniform(-1.5, 1.8, (batch, H, W, 1))) * scale
+             / 16).astype(np.float32)
+    bias = rng.uniform(-0.5, 0.5, (batch, H, W)).astype(np.float32)
+    return tex, uv, uv_da, bias
+
+
+def away_from_steps(uv, tex_shape, margin=1e-3):
+    """Pixels whose texel coordinates are not within ``margin`` of a nearest/linear step
+    (float32 vs float64 may round those to the other texel)."""
+    ok = np.ones(uv.shape[:3], bool)
+    for level in range(6):
+        for axis, size in ((0, tex_shape[2]), (1, tex_shape[1])):
+            s = max(size >> level, 1)
+            for off in (0.0, 0.5):
+                t = uv[..., axis] * s - off
+                ok &= np.abs(t - np.round(t)) > margin
+    return ok
+
+
+@pytest.mark.parametrize("boundary", ["wrap", "clamp", "zero"])
+@pytest.mark.parametrize("filter_mode", MODES)
+def test_forward_matches_reference(rng, filter_mode, boundary):
+    tex, uv, uv_da, bias = inputs(rng)
+    da = uv_da if "mipmap" in filter_mode else None
+    b = bias if "mipmap" in filter_mode else None
+    out = mesh.texture(wa(tex), wa(uv), wa(da) if da is not None else None, wa(b) if b is not None else None,
+                       filter_mode=filter_mode, boundary_mode=boundary).numpy()
+    ref = ref_texture(t64(tex), t64(uv), t64(da) if da is not None else None, t64(b) if b is not None else None,
+                      filter_mode, boundary).numpy()
+    ok = away_from_steps(uv, tex.shape)
+    assert ok.mean() > 0.8
+    # float32 weights of values in [0, 1]: a few ulps; lod floors may flip near integers,
+    # which the reference-vs-float32 lod check below excludes
+    diff = np.abs(out - ref).max(-1)
+    assert np.mean(diff[ok] < 1e-5) > 0.97, np.sort(diff[ok])[-5:]
+
+
+@pytest.mark.parametrize("shape,levels", [((1, 1, 1, 2), None), ((1, 12, 20, 1), 2), ((1, 1, 8, 4), None),
+                                          ((2, 6, 10, 3), 1)], ids=["1x1", "npot_12x20", "1x8", "npot_6x10"])
+def test_sizes(rng, shape, levels):
+    tex, uv, uv_da, bias = inputs(rng, tex_shape=shape, batch=2 if shape[0] == 2 else 1)
+    if levels is not None:  # NPOT: the full pyramid reaches an odd side, as in nvdiffrast
+        with pytest.raises(ValueError, match="max_mip_level"):
+            mesh.texture(wa(tex), wa(uv), wa(uv_da))
+    out = mesh.texture(wa(tex), wa(uv), wa(uv_da), max_mip_level=levels).numpy()
+    ref = ref_texture(t64(tex), t64(uv), t64(uv_da), None, "linear-mipmap-linear", "wrap", levels).numpy()
+    ok = away_from_steps(uv, tex.shape)
+    assert np.mean(np.abs(out - ref).max(-1)[ok] < 1e-5) > 0.97
+
+
+def reference_grads(tex, uv, uv_da, bias, filter_mode, boundary, g):
+    ts = [t64(x).requires_grad_(True) if x is not None else None for x in (tex, uv, uv_da, bias)]
+    out = ref_texture(*ts, filter_mode, boundary)
+    (out * t64(g)).sum().backward()
+    return [t.grad.numpy() if t is not None and t.grad is not None else None for t in ts]
+
+
+@pytest.mark.parametrize("blocks,mode,threshold", REDUCE_CASES, ids=REDUCE_IDS)
+def test_backward_modes(rng, blocks, mode, threshold):
+    # magnified (many pixels per texel): the contended case ARC merges
+    tex, uv, uv_da, bias = inputs(rng, tex_shape=(1, 4, 4, 4), scale=0.1)
+    ok = away_from_steps(uv, tex.shape, margin=2e-3)
+    g = (rng.standard_normal((2, H, W, 4)) * ok[..., None]).astype(np.float32)  # no cotangent near steps
+    with cpu_blocks(blocks):
+        got = mesh.texture_backward(wa(tex), wa(uv), wa(g), wa(uv_da), None, filter_mode="linear-mipmap-linear",
+                                    reduce=mode, threshold=threshold)
+    want = reference_grads(tex, uv, uv_da, None, "linear-mipmap-linear", "wrap", g)
+    # texel gradients sum ~230 terms |g w| <~ 3: float32 round-off ~1e-5 relative to the largest
+    np.testing.assert_allclose(got[0].numpy(), want[0], atol=2e-5 * np.abs(want[0]).max())
+    np.testing.assert_allclose(got[1].numpy(), want[1], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got[2].numpy(), want[2], rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("filter_mode,boundary", [("nearest", "zero"), ("linear", "clamp"),
+                                                   ("linear-mipmap-nearest", "wrap"), ("linear-mipmap-linear", "zero")])
+def test_backward_filters(rng, filter_mode, boundary):
+    tex, uv, uv_da, bias = inputs(rng, tex_shape=(2, 8, 16, 2))
+    uv = np.clip(uv, -0.2, 1.2)
+    use_mip = "mipmap" in filter_mode
+    da, b = (uv_da, bias) if use_mip else (None, None)
+    ok = away_from_steps(uv, tex.shape, margin=2e-3)
+    g = (rng.standard_normal((2, H, W, 2)) * ok[..., None]).astype(np.float32)  # no cotangent near steps
+    got = mesh.texture_backward(wa(tex), wa(uv), wa(g), wa(da) if use_mip else None, wa(b) if use_mip else None,
+                                filter_mode=filter_mode, boundary_mode=boundary)
+    want = reference_grads(tex, uv, da, b, filter_mode, boundary, g)
+    np.testing.assert_allclose(got[0].numpy(), want[0], atol=2e-5 * np.abs(want[0]).max())
+    if filter_mode != "nearest":
+        np.testing.assert_allclose(got[1].numpy(), want[1], rtol=1e-4, atol=2e-4)
+    if filter_mode == "linear-mipmap-linear":
+        # lod gradients: the reference differentiates the clamp too; compare where unclamped
+        np.testing.assert_allclose(got[3].numpy(), want[3], rtol=1e-3, atol=1e-4)
+        np.testing.assert_allclose(got[2].numpy(), want[2], rtol=1e-3, atol=2e-4)
+
+
+@pytest.mark.parametrize("prebuilt", [False, True], ids=["mip_inside", "mip_prebuilt"])
+def test_tape(rng, prebuilt):
+    tex, uv, uv_da, _ = inputs(rng, tex_shape=(1, 8, 8, 3))
+    t = wa(tex, requires_grad=True)
+    u = wa(uv, requires_grad=True)
+    stack = mesh.build_mip(t) if prebuilt else None
+    tape = wp.Tape()
+    with tape:
+        out = mesh.texture(t, u, wa(uv_da), mip=stack)
+    g = rng.standard_normal(out.shape).astype(np.float32)
+    out.grad.assign(g)
+    tape.backward()
+    gt, gu, _, _ = mesh.texture_backward(wa(tex), wa(uv), wa(g), wa(uv_da))
+    np.testing.assert_allclose(t.grad.numpy(), gt.numpy(), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(u.grad.numpy(), gu.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_validation(rng):
+    tex, uv, uv_da, _ = inputs(rng)
+    with pytest.raises(ValueError, match="filter_mode"):
+        mesh.texture(wa(tex), wa(uv), filter_mode="cubic")
+    with pytest.raises(ValueError, match="cube"):
+        mesh.texture(wa(tex), wa(uv), boundary_mode="cube")
+    with pytest.raises(ValueError, match="uv_da or mip_level_bias"):
+        mesh.texture(wa(tex), wa(uv), filter_mode="linear-mipmap-linear")
+    with pytest.raises(ValueError, match="minibatch"):
+        mesh.texture(wa(np.zeros((3, 4, 4, 1), np.float32)), wa(uv))
+    with pytest.raises(ValueError, match="uv"):
+        mesh.texture(wa(tex), wa(uv[..., :1]))
