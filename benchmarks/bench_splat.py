@@ -83,7 +83,7 @@ def time_arc_warp(scene: dict, cotangent: np.ndarray, device, reps: int) -> dict
         launches[f"{mode}/forward_ms"] = lambda s=settings: arc_warp.render_gaussians(**arrays, camera=cam, settings=s)
         launches[f"{mode}/backward_ms"] = lambda o=out, g=grads: arc_warp.render_gaussians_backward(o, grad_color, grads=g)
         launches[f"{mode}/raster_backward_ms"] = lambda o=out, m=mode, t=threshold, s=settings: raster_backward(
-            o._project, o._bins, o._images, s.background, grad_color, zeros, zeros, zeros, m, False, t
+            o._project, o._bins, o._images, s.background, grad_color, zeros, zeros, zeros, m, False, t, o._frame
         )
     # All modes interleaved in every repetition: their ratios are free of drift.
     times = median_times_ms(launches, device, warmup=3, reps=reps)

@@ -1,7 +1,7 @@
 """torch.autograd.Functions over arc_warp.mesh (the drop-in in :mod:`arc_warp_torch.mesh` wraps them).
 
 Tensors cross into Warp without copies (``wp.from_torch`` / ``wp.to_torch``) and every
-launch runs on torch's current stream of the inputs' device (``warp_stream``), so no
+launch runs on torch's current stream of the inputs' device (``RenderContext.stream``), so no
 synchronisation is needed. Inputs arrive float32/int32 and contiguous.
 """
 
@@ -11,7 +11,7 @@ import torch
 import warp as wp
 
 import arc_warp.mesh as core
-from arc_warp_torch._autograd import warp_stream
+from arc_warp_torch._autograd import default_context
 
 
 def to_warp(t: torch.Tensor | None):
@@ -27,7 +27,7 @@ def to_torch(a) -> torch.Tensor | None:
 class Rasterize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, pos, tri, resolution, ranges, grad_db, reduce):
-        with warp_stream(pos.device):
+        with default_context(pos.device).stream():
             rast, rast_db = core.rasterize(to_warp(pos), to_warp(tri), resolution, ranges=ranges, grad_db=grad_db,
                                            reduce=reduce)
         out, out_db = to_torch(rast), to_torch(rast_db)
@@ -42,7 +42,7 @@ class Rasterize(torch.autograd.Function):
         pos, tri, rast = ctx.saved_tensors
         ranges, grad_db, reduce = ctx.settings
         g_db = g_db.contiguous() if grad_db and g_db is not None else None
-        with warp_stream(pos.device):
+        with default_context(pos.device).stream():
             grad = core.rasterize_backward(to_warp(pos), to_warp(tri), to_warp(rast), to_warp(g_rast.contiguous()),
                                            to_warp(g_db), ranges=ranges, reduce=reduce)
         return to_torch(grad), None, None, None, None, None
@@ -51,7 +51,7 @@ class Rasterize(torch.autograd.Function):
 class Interpolate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, attr, rast, tri, rast_db, diff_attrs, reduce):
-        with warp_stream(attr.device):
+        with default_context(attr.device).stream():
             out, out_da = core.interpolate(to_warp(attr), to_warp(rast), to_warp(tri), to_warp(rast_db), diff_attrs,
                                            reduce=reduce)
         ctx.save_for_backward(attr, rast, tri, rast_db)
@@ -62,7 +62,7 @@ class Interpolate(torch.autograd.Function):
     def backward(ctx, g_out, g_da):
         attr, rast, tri, rast_db = ctx.saved_tensors
         diff_attrs, reduce = ctx.settings
-        with warp_stream(attr.device):
+        with default_context(attr.device).stream():
             ga, gr, gdb = core.interpolate_backward(
                 to_warp(attr), to_warp(rast), to_warp(tri), to_warp(g_out.contiguous()), to_warp(rast_db),
                 to_warp(g_da.contiguous()) if g_da is not None and g_da.numel() else None, diff_attrs, reduce=reduce)
@@ -73,7 +73,7 @@ class Texture(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tex, uv, uv_da, bias, mip, filter_mode, boundary_mode, max_mip_level, reduce):
         w = [to_warp(t) for t in (tex, uv, uv_da, bias)]
-        with warp_stream(tex.device):
+        with default_context(tex.device).stream():
             if mip is None and "mipmap" in core.resolve_filter_mode(filter_mode, uv_da is not None, bias is not None):
                 mip = core.build_mip(w[0], max_mip_level)  # kept for the backward
             out = core.texture(*w, mip=mip, filter_mode=filter_mode, boundary_mode=boundary_mode,
@@ -86,7 +86,7 @@ class Texture(torch.autograd.Function):
     def backward(ctx, g_out):
         tex, uv, uv_da, bias = ctx.saved_tensors
         mip, filter_mode, boundary_mode, max_mip_level, reduce = ctx.settings
-        with warp_stream(tex.device):
+        with default_context(tex.device).stream():
             grads = core.texture_backward(to_warp(tex), to_warp(uv), to_warp(g_out.contiguous()), to_warp(uv_da),
                                           to_warp(bias), mip, filter_mode, boundary_mode, max_mip_level,
                                           reduce=reduce)
@@ -96,7 +96,7 @@ class Texture(torch.autograd.Function):
 class Antialias(torch.autograd.Function):
     @staticmethod
     def forward(ctx, color, rast, pos, tri, topology_hash, pos_gradient_boost, reduce):
-        with warp_stream(color.device):
+        with default_context(color.device).stream():
             if topology_hash is None:
                 topology_hash = core.antialias_construct_topology_hash(to_warp(tri))
             out = core.antialias(to_warp(color), to_warp(rast), to_warp(pos), to_warp(tri), topology_hash,
@@ -109,7 +109,7 @@ class Antialias(torch.autograd.Function):
     def backward(ctx, g_out):
         color, rast, pos, tri = ctx.saved_tensors
         topology_hash, boost, reduce = ctx.settings
-        with warp_stream(color.device):
+        with default_context(color.device).stream():
             gc, gp = core.antialias_backward(to_warp(color), to_warp(rast), to_warp(pos), to_warp(tri),
                                              to_warp(g_out.contiguous()), topology_hash, boost, reduce=reduce)
         return to_torch(gc), None, to_torch(gp), None, None, None, None

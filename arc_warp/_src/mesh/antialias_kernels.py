@@ -17,7 +17,7 @@ import warp as wp
 
 from arc_warp._src.mesh.funcs import float_to_id, same_sign, tile_pixel
 from arc_warp._src.mesh.raster_kernels import tri_vertices
-from arc_warp._src.reduce_funcs import accumulator
+from arc_warp._src.arc.reduce_funcs import accumulator
 
 F32_MAX = wp.constant(3.402823466e38)
 EPS = wp.constant(0.0625)  # crossings up to 1/16 pixel outside the segment still count

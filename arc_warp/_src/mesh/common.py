@@ -7,8 +7,8 @@ import functools
 import numpy as np
 import warp as wp
 
-from arc_warp._src.calibrate import resolve_threshold
-from arc_warp._src.reduce_funcs import check_mode
+from arc_warp._src.arc.calibrate import resolve_threshold
+from arc_warp._src.arc.reduce_funcs import check_mode
 
 BLOCK = 256
 """Threads per block of every per-pixel kernel: a multiple of 32, so that on the CPU with

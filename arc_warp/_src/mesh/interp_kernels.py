@@ -11,7 +11,7 @@ import warp as wp
 
 from arc_warp._src.mesh.funcs import float_to_id, tile_pixel
 from arc_warp._src.mesh.raster_kernels import tri_vertices
-from arc_warp._src.reduce_funcs import accumulator
+from arc_warp._src.arc.reduce_funcs import accumulator
 
 
 @wp.func

@@ -22,7 +22,7 @@ from arc_warp._src.mesh.funcs import (
     id_to_float,
     tile_pixel,
 )
-from arc_warp._src.reduce_funcs import accumulator
+from arc_warp._src.arc.reduce_funcs import accumulator
 
 EMPTY_KEY = wp.constant(wp.int64(9223372036854775807))
 

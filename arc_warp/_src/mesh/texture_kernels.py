@@ -18,7 +18,7 @@ import functools
 import warp as wp
 
 from arc_warp._src.mesh.funcs import tile_pixel
-from arc_warp._src.reduce_funcs import accumulator
+from arc_warp._src.arc.reduce_funcs import accumulator
 
 NEAREST, LINEAR, MIP_NEAREST, MIP_LINEAR = 0, 1, 2, 3
 FILTER_MODES = {"nearest": NEAREST, "linear": LINEAR, "linear-mipmap-nearest": MIP_NEAREST,
