@@ -259,7 +259,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-optim", action="store_true", help="skip the optimizer table")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
+    import warp as wp
+
+    wp.init()
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: use --device cpu --tiny for a smoke test", file=sys.stderr)
         return 2

@@ -42,6 +42,7 @@ def run_all(device, mode, pos, tri, attr, tex, color, g):
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.skipif(not wp.is_cpu_available(), reason="needs Warp's CPU backend too")
 def test_cuda_matches_cpu(mode):
     rng = np.random.default_rng(0)
     pos, tri = random_mesh(rng, batch=2, n_tri=200, n_vert=120, spread=1.0)

@@ -122,7 +122,10 @@ def test_torch_repeated_step_allocates_nothing(rng, device):
         grads.append(step())
         counts.append(ctx.workspace.allocations)
     assert counts[0] > 0 and counts[1] == counts[0] and counts[2] == counts[0]
-    torch.testing.assert_close(grads[2], grads[0], rtol=0, atol=0)
+    # the same buffers give the same result: exactly on the CPU, up to the order of the
+    # GPU's float atomics on CUDA (the deterministic mode's own tests check exactness there)
+    exact = device != "cuda"
+    torch.testing.assert_close(grads[2], grads[0], rtol=0 if exact else 1e-5, atol=0 if exact else 1e-6)
     if device == "cuda":  # nothing else grows Warp's pool either
         torch.cuda.synchronize()
         used = wp.get_mempool_used_mem_current("cuda")

@@ -15,9 +15,19 @@ from arc_warp_torch._autograd import default_context
 
 
 def to_warp(t: torch.Tensor | None):
-    """Zero-copy Warp view (no Warp-side gradient buffers), or None."""
-    wp.init()  # idempotent; from_torch needs an initialised runtime
-    return None if t is None else wp.from_torch(t.detach(), requires_grad=False)
+    """Zero-copy Warp view (no Warp-side gradient buffers) of a contiguous tensor, or None.
+
+    Made from the pointer, so a size-1 axis whose torch stride is not the packed one (torch
+    ignores it, Warp's contiguity check does not) still gives a contiguous Warp array. The
+    view does not keep ``t`` alive; the autograd Function holds it for the call."""
+    if t is None:
+        return None
+    wp.init()  # idempotent
+    t = t.detach().contiguous()
+    if t.numel() == 0:
+        return wp.from_torch(t, requires_grad=False)
+    return wp.array(ptr=t.data_ptr(), dtype=wp.dtype_from_torch(t.dtype), shape=tuple(t.shape),
+                    device=wp.device_from_torch(t.device))
 
 
 def to_torch(a) -> torch.Tensor | None:
