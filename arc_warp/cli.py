@@ -49,24 +49,22 @@ def unit_rgb(text):
     return rgb
 
 
-def positive_int(text):
+def _positive(text, kind, what):
     try:
-        value = int(text)
+        value = kind(text)
     except ValueError:
         value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
     return value
+
+
+def positive_int(text):
+    return _positive(text, int, "an integer >= 1")
 
 
 def positive_float(text):
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
-    return value
+    return _positive(text, float, "a finite number > 0")
 
 
 def quiet_warp():

@@ -7,19 +7,25 @@ def _type_name(dtype) -> str:
     return getattr(dtype, "__name__", repr(dtype))
 
 
-def check_array(value, name: str, dtype, ndim: int, shape=None, device=None) -> wp.array:
+def check_array(value, name: str, dtype, ndim, shape=None, device=None, last=None) -> wp.array:
     """Raises TypeError/ValueError unless ``value`` is a contiguous wp.array as described.
 
-    ``dtype`` is a Warp type (``float`` means ``wp.float32``); ``shape``, when given, is
-    the exact shape; ``device``, when given, the device every input must share.
+    ``dtype`` is a Warp type (``float`` means ``wp.float32``); ``ndim`` an int or a tuple of
+    accepted ranks; ``shape``, when given, the exact shape; ``last``, when given, the size
+    of the last axis; ``device``, when given, the device every input must share.
     """
     dtype = wp.float32 if dtype is float else dtype
+    ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)
     if not isinstance(value, wp.array):
         raise TypeError(f"{name} must be a wp.array(dtype={_type_name(dtype)}), got {type(value).__name__}")
     if value.dtype != dtype:
         raise TypeError(f"{name} must have dtype {_type_name(dtype)}, got {_type_name(value.dtype)}")
-    if value.ndim != ndim or (shape is not None and tuple(value.shape) != tuple(shape)):
-        want = shape if shape is not None else f"{ndim} dims"
+    if (value.ndim not in ranks or (shape is not None and tuple(value.shape) != tuple(shape))
+            or (last is not None and value.shape[-1] != last)):
+        if shape is not None:
+            want = str(tuple(shape))
+        else:
+            want = " or ".join(f"{r}-D" for r in ranks) + (f" with last axis {last}" if last is not None else "")
         raise ValueError(f"{name} must have shape {want}, got {tuple(value.shape)}")
     if not value.is_contiguous:
         raise ValueError(f"{name} must be contiguous; pass a contiguous copy (arr.contiguous())")

@@ -9,6 +9,7 @@ import warp as wp
 
 from arc_warp._src.arc.calibrate import resolve_threshold
 from arc_warp._src.arc.reduce_funcs import check_mode
+from arc_warp._src.validate import check_array
 
 BLOCK = 256
 """Threads per block of every per-pixel kernel: a multiple of 32, so that on the CPU with
@@ -49,28 +50,12 @@ def vector_view(arr: wp.array, k: int) -> wp.array:
 def float_array(value, name: str, ndims: tuple[int, ...], last: int | None = None, device=None) -> wp.array:
     """Checks a contiguous float32 wp.array with one of ``ndims`` dimensions (and last axis
     ``last`` if given) on ``device``; raises TypeError/ValueError naming what came."""
-    return _array(value, name, wp.float32, ndims, last, device)
+    return check_array(value, name, wp.float32, ndims, None, device, last)
 
 
 def int_array(value, name: str, ndims: tuple[int, ...], last: int | None = None, device=None) -> wp.array:
     """As :func:`float_array` for int32 arrays."""
-    return _array(value, name, wp.int32, ndims, last, device)
-
-
-def _array(value, name, dtype, ndims, last, device) -> wp.array:
-    kind = "float32" if dtype is wp.float32 else "int32"
-    shape_txt = " or ".join(f"{n}-D" for n in ndims) + (f" with last axis {last}" if last is not None else "")
-    if not isinstance(value, wp.array):
-        raise TypeError(f"{name}: expected a {kind} wp.array ({shape_txt}), got {type(value).__name__}")
-    if value.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {kind}, got {getattr(value.dtype, '__name__', value.dtype)}")
-    if value.ndim not in ndims or (last is not None and value.shape[-1] != last):
-        raise ValueError(f"{name}: expected {shape_txt}, got shape {tuple(value.shape)}")
-    if not value.is_contiguous:
-        raise ValueError(f"{name}: expected a contiguous array")
-    if device is not None and value.device != device:
-        raise ValueError(f"{name}: expected device {device}, got {value.device}")
-    return value
+    return check_array(value, name, wp.int32, ndims, None, device, last)
 
 
 def check_shape(value: wp.array, name: str, shape: tuple) -> wp.array:

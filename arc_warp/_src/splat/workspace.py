@@ -45,27 +45,26 @@ class Frame:
         """The Warp device of the workspace this frame belongs to."""
         return self._workspace.device
 
-    def array(self, name: str, shape, dtype, zero: bool = False) -> wp.array:
-        """The buffer ``name`` with exactly ``shape`` and ``dtype``; ``zero`` memsets it."""
+    def _buffer(self, name: str, shape, dtype, zero_new: bool) -> tuple[wp.array, bool]:
+        """The buffer ``name`` of exactly ``shape`` and ``dtype``, and whether it is new."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = _PYTHON_DTYPES.get(dtype, dtype)
         a = self._arrays.get(name)
         if a is None or a.shape != shape or a.dtype != dtype:
-            a = self._workspace._allocate(shape, dtype, zero)
-            self._arrays[name] = a
-        elif zero:
+            a = self._arrays[name] = self._workspace._allocate(shape, dtype, zero_new)
+            return a, True
+        return a, False
+
+    def array(self, name: str, shape, dtype, zero: bool = False) -> wp.array:
+        """The buffer ``name`` with exactly ``shape`` and ``dtype``; ``zero`` memsets it."""
+        a, new = self._buffer(name, shape, dtype, zero)
+        if zero and not new:
             a.zero_()
         return a
 
     def zeros_once(self, name: str, shape, dtype) -> wp.array:
         """A read-only zero buffer: zeroed when allocated, never written afterwards."""
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        dtype = _PYTHON_DTYPES.get(dtype, dtype)
-        a = self._arrays.get(name)
-        if a is None or a.shape != shape or a.dtype != dtype:
-            a = self._workspace._allocate(shape, dtype, True)
-            self._arrays[name] = a
-        return a
+        return self._buffer(name, shape, dtype, True)[0]
 
     def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
         """``wp.launch(kernel, dim, inputs=args)`` on the current stream, prepared once per
