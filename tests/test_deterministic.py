@@ -121,15 +121,15 @@ def test_ten_backward_passes_are_bit_identical_on_gpu():
     for _ in range(9):
         for d, a in zip(first, _grads(arrays, cam, cots, "deterministic")):
             np.testing.assert_array_equal(a, d)
-    arc = _grads(arrays, cam, cots, "arc")
-    for d, w in zip(first, arc):
-        # Both are float32 sums of up to ~1e5 per-pixel terms under random cotangents, in
-        # different orders, and arc's atomics add thousands of warp partials into one
-        # float32 running sum; a few large Gaussians cancel heavily. Measured on the H200:
-        # 14 of 3M mean components off by up to 1e-3 of the largest, relative L2 2.6e-4.
-        d64, w64 = d.astype(np.float64), w.astype(np.float64)
-        assert np.linalg.norm(d64 - w64) <= 1e-3 * np.linalg.norm(w64)
-        np.testing.assert_allclose(d, w, rtol=1e-3, atol=2e-3 * np.abs(w).max())
+    # Against arc: float32 sums of up to ~1e5 per-pixel terms, in another order. Under
+    # random cotangents quats and scales cancel heavily, and arc differs from ITSELF run to
+    # run by up to ~1e-3 relative L2 (H200: atomic vs atomic 1.1e-3 quats, 1.5e-3 scales);
+    # deterministic must sit within that spread of arc.
+    arc, arc2 = _grads(arrays, cam, cots, "arc"), _grads(arrays, cam, cots, "arc")
+    for d, w, w2 in zip(first, arc, arc2):
+        d, w, w2 = (x.astype(np.float64) for x in (d, w, w2))
+        spread = np.linalg.norm(w2 - w) + 1e-6 * np.linalg.norm(w)
+        assert np.linalg.norm(d - w) <= 3.0 * spread
 
 
 @pytest.mark.gpu
