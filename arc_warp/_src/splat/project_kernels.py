@@ -29,23 +29,7 @@ from arc_warp._src.splat.geometry_funcs import (
     tile_bbox,
 )
 from arc_warp._src.splat.sh_kernels import make_color_vjp
-
-# Slots of the ``bad`` flags array (slot 0 holds the intersection count).
-BAD_SLOTS = ("means", "quats", "scales", "opacities", "colors", "quats (zero norm)")
-
-
-@wp.func
-def nonfinite3(v: wp.vec3) -> bool:
-    return not (wp.isfinite(v[0]) and wp.isfinite(v[1]) and wp.isfinite(v[2]))
-
-
-@wp.kernel(enable_backward=False)
-def flag_nonfinite(values: wp.array(dtype=float), bad: wp.array(dtype=wp.int32), slot: int):
-    """Sets ``bad[slot] = 1`` if any value is NaN or Inf (flat float view of an input)."""
-    i = wp.tid()
-    if not wp.isfinite(values[i]):
-        bad[slot] = 1
-
+from arc_warp._src.splat.validate_kernels import nonfinite3
 
 @wp.func
 def count_tiles(geom: wp.vec4, conic: wp.vec4, radius: wp.vec2i, tiles_x: int, tiles_y: int) -> wp.int64:

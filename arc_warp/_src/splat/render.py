@@ -7,7 +7,7 @@ import warp as wp
 from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD
 from arc_warp._src.camera import Camera
 from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
-from arc_warp._src.splat.project_kernels import BAD_SLOTS
+from arc_warp._src.splat.validate_kernels import BAD_SLOTS
 from arc_warp._src.splat.project_ops import camera_params, project, project_backward
 from arc_warp._src.splat.raster_ops import raster_backward, rasterize
 from arc_warp._src.splat.records import BinResult, GaussianGrads, GaussianInputs, RenderOutput, RenderSettings

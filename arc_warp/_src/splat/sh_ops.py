@@ -6,7 +6,7 @@ Its backward runs inside the projection backward (``project_ops.project_backward
 import warp as wp
 
 from arc_warp._src.splat.geometry_funcs import CameraParams
-from arc_warp._src.splat.project_kernels import BAD_SLOTS, flag_nonfinite
+from arc_warp._src.splat.validate_kernels import BAD_SLOTS, flag_nonfinite
 from arc_warp._src.splat.records import GaussianInputs, ProjectResult
 from arc_warp._src.splat.sh_kernels import make_sh_fwd
 from arc_warp._src.splat.workspace import Frame

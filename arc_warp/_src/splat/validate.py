@@ -5,7 +5,7 @@ import math
 import numpy as np
 import warp as wp
 
-from arc_warp._src.splat.project_kernels import BAD_SLOTS
+from arc_warp._src.splat.validate_kernels import BAD_SLOTS
 from arc_warp._src.validate import check_array
 from arc_warp._src.splat.records import GaussianGrads, GaussianInputs, RenderSettings
 
