@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import warp as wp
 
 import arc_warp.mesh as core
 import arc_warp_torch.mesh as dr
@@ -82,6 +83,7 @@ def main(argv=None):
     ap.add_argument("--reduce", default="arc")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
+    wp.config.log_level = wp.LOG_WARNING  # no per-module load lines
     torch.manual_seed(args.seed)
     args.out.mkdir(parents=True, exist_ok=True)
 
