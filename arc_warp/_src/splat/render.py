@@ -112,7 +112,7 @@ def render_gaussians(
     if workspace is None:
         # a one-off workspace; only "arc" reads the threshold (resolving may calibrate once)
         unused = FALLBACK_THRESHOLD if settings.reduce != "arc" or settings.threshold is not None else None
-        workspace = Workspace(inputs.means.device, unused)
+        workspace = Workspace(inputs.means.device, unused, replay=False)
     elif workspace.device != inputs.means.device:
         raise ValueError(f"workspace is on {workspace.device} but the inputs are on {inputs.means.device}")
     frame = workspace.acquire()

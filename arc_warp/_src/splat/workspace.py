@@ -74,6 +74,10 @@ class Frame:
         launched at several places."""
         if dim == 0:
             return  # Warp records no command for an empty launch
+        if not self._workspace.replay:
+            wp.launch(kernel, dim=dim, inputs=args, device=self._workspace.device, block_dim=block_dim,
+                      record_tape=False)
+            return
         key = kernel if key is None else key
         record = self._launches.get(key)
         if record is None:
@@ -125,10 +129,14 @@ class Workspace:
         allocations: number of Warp arrays this workspace has allocated so far; a
             repeated forward + backward of one size leaves it unchanged.
         threshold: the resolved ARC threshold.
+        replay: False for a workspace used once (``render_gaussians`` without
+            ``workspace=``): its launches go straight to ``wp.launch``, since preparing a
+            launch for replay costs more host time than it saves on a single call.
     """
 
-    def __init__(self, device=None, threshold: int | None = None):
+    def __init__(self, device=None, threshold: int | None = None, replay: bool = True):
         self.device = wp.get_device(device)
+        self.replay = replay
         self.threshold = resolve_threshold(self.device, threshold)
         self.allocations = 0
         self._free: list[Frame] = []
