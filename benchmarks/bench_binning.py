@@ -26,9 +26,9 @@ import warp as wp
 import arc_warp
 from arc_warp._src.arc.timing import median_times_ms
 from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections
-from arc_warp._src.splat.project_kernels import BAD_SLOTS
+from arc_warp._src.splat.validate_kernels import BAD_SLOTS
 from arc_warp._src.splat.raster_ops import raster_backward
-from bench_splat import HEIGHT, WIDTH, make_scene
+from bench_splat import HEIGHT, WIDTH, make_scene, scene_arrays
 
 TILE = 16
 
@@ -48,13 +48,7 @@ def run(n: int, regime: str, large_factor: float, reps: int, device) -> dict:
     if regime == "large":
         scene["scales"] = np.ascontiguousarray(scene["scales"] * np.float32(large_factor))
     cam = scene["camera"]
-    arrays = dict(
-        means=wp.array(scene["means"], dtype=wp.vec3, device=device),
-        quats=wp.array(scene["quats"], dtype=wp.vec4, device=device),
-        scales=wp.array(scene["scales"], dtype=wp.vec3, device=device),
-        opacities=wp.array(scene["opacities"], dtype=float, device=device),
-        colors=wp.array(scene["sh"], dtype=wp.vec3, device=device),
-    )
+    arrays = scene_arrays(scene, device)
     rng = np.random.default_rng(1)
     grad_color = wp.array(rng.normal(size=(HEIGHT, WIDTH, 3)).astype(np.float32), dtype=wp.vec3, device=device)
     zeros = wp.zeros((HEIGHT, WIDTH), dtype=float, device=device)
@@ -65,8 +59,8 @@ def run(n: int, regime: str, large_factor: float, reps: int, device) -> dict:
     flags = wp.zeros(1 + len(BAD_SLOTS), dtype=wp.int32, device=device)
 
     def bin_once():
-        scan, host_flags = count_intersections(out._project, flags)
-        sort_intersections(out._project, scan, int(host_flags[0]), out._bins.tiles_x, out._bins.tiles_y)
+        scan, host_flags = count_intersections(out._project, flags, out._frame)
+        sort_intersections(out._project, scan, int(host_flags[0]), out._bins.tiles_x, out._bins.tiles_y, out._frame)
     times = median_times_ms(
         {
             "forward_ms": lambda: arc_warp.render_gaussians(**arrays, camera=cam, settings=settings),
@@ -74,7 +68,7 @@ def run(n: int, regime: str, large_factor: float, reps: int, device) -> dict:
             "bin_ms": bin_once,
             "raster_backward_ms": lambda: raster_backward(
                 out._project, out._bins, out._images, settings.background, grad_color, zeros, zeros, zeros,
-                "arc", False, threshold,
+                "arc", False, threshold, out._frame,
             ),
         },
         device,

@@ -63,15 +63,20 @@ def make_scene(n: int, seed: int = 0) -> dict:
     }
 
 
-def time_arc_warp(scene: dict, cotangent: np.ndarray, device, reps: int) -> dict:
-    cam = scene["camera"]
-    arrays = dict(
+def scene_arrays(scene: dict, device) -> dict:
+    """The scene's Gaussians as Warp arrays, keyed as ``render_gaussians`` takes them."""
+    return dict(
         means=wp.array(scene["means"], dtype=wp.vec3, device=device),
         quats=wp.array(scene["quats"], dtype=wp.vec4, device=device),
         scales=wp.array(scene["scales"], dtype=wp.vec3, device=device),
         opacities=wp.array(scene["opacities"], dtype=float, device=device),
         colors=wp.array(scene["sh"], dtype=wp.vec3, device=device),
     )
+
+
+def time_arc_warp(scene: dict, cotangent: np.ndarray, device, reps: int) -> dict:
+    cam = scene["camera"]
+    arrays = scene_arrays(scene, device)
     grad_color = wp.array(cotangent, dtype=wp.vec3, device=device)
     zeros = wp.zeros((HEIGHT, WIDTH), dtype=float, device=device)
     launches = {}

@@ -11,16 +11,12 @@ import numpy as np  # noqa: E402
 import warp as wp  # noqa: E402
 
 import arc_warp  # noqa: E402
-from bench_splat import HEIGHT, WIDTH, make_scene  # noqa: E402
+from bench_splat import HEIGHT, WIDTH, make_scene, scene_arrays  # noqa: E402
 
 wp.config.log_level = wp.LOG_WARNING
 scene = make_scene(1_000_000)
 dev = wp.get_device("cuda")
-arrays = dict(means=wp.array(scene["means"], dtype=wp.vec3, device=dev),
-              quats=wp.array(scene["quats"], dtype=wp.vec4, device=dev),
-              scales=wp.array(scene["scales"], dtype=wp.vec3, device=dev),
-              opacities=wp.array(scene["opacities"], dtype=float, device=dev),
-              colors=wp.array(scene["sh"], dtype=wp.vec3, device=dev))
+arrays = scene_arrays(scene, dev)
 g = wp.array(np.random.default_rng(1).standard_normal((HEIGHT, WIDTH, 3)).astype(np.float32), dtype=wp.vec3, device=dev)
 s = arc_warp.RenderSettings(reduce="arc")
 for _ in range(3):

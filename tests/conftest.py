@@ -1,6 +1,7 @@
 """Shared pytest fixtures: CPU device, per-test seeding, CPU-block toggling, small random
 Gaussian scenes."""
 
+import contextlib
 import zlib
 from dataclasses import dataclass
 
@@ -103,11 +104,20 @@ def make_scene():
     return random_scene
 
 
+@contextlib.contextmanager
+def cpu_blocks_enabled(enabled: bool):
+    """``wp.config.enable_cpu_blocks`` set to ``enabled`` inside the block, restored after."""
+    saved = wp.config.enable_cpu_blocks
+    wp.config.enable_cpu_blocks = enabled
+    try:
+        yield enabled
+    finally:
+        wp.config.enable_cpu_blocks = saved
+
+
 @pytest.fixture(params=[False, True], ids=["threads", "cpu_blocks"])
 def cpu_blocks(request):
     """Runs the test with wp.config.enable_cpu_blocks off and on (restored afterwards); with
     it on, CPU launches with block_dim > 1 emulate GPU blocks with fibers, so keep them tiny."""
-    old = wp.config.enable_cpu_blocks
-    wp.config.enable_cpu_blocks = request.param
-    yield request.param
-    wp.config.enable_cpu_blocks = old
+    with cpu_blocks_enabled(request.param):
+        yield request.param

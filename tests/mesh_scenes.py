@@ -1,10 +1,10 @@
 """Small random mesh scenes and helpers shared by the mesh tests."""
 
-import contextlib
-
 import numpy as np
 import torch
 import warp as wp
+
+from conftest import cpu_blocks_enabled as cpu_blocks  # noqa: F401 (the mesh tests import it from here)
 
 DEVICE = "cpu"
 
@@ -14,16 +14,6 @@ DEVICE = "cpu"
 REDUCE_CASES = [(False, "atomic", None), (False, "arc", None), (True, "warp", None), (True, "serial", None),
                 (True, "arc", 6)]
 REDUCE_IDS = ["atomic", "arc_lanes", "warp_emulated", "serial_emulated", "arc_emulated"]
-
-
-@contextlib.contextmanager
-def cpu_blocks(enabled: bool):
-    saved = wp.config.enable_cpu_blocks
-    wp.config.enable_cpu_blocks = enabled
-    try:
-        yield
-    finally:
-        wp.config.enable_cpu_blocks = saved
 
 
 def wa(x, dtype=wp.float32, requires_grad=False):

@@ -6,13 +6,13 @@ Float32 tolerance: each sum has at most a few hundred float32 terms of magnitude
 so the reordering error is far below 1e-4 absolute.
 """
 
-import contextlib
 
 import numpy as np
 import pytest
 import warp as wp
 
 import arc_warp
+from conftest import cpu_blocks_enabled as cpu_blocks
 from arc_warp._src.arc.intrinsics import (
     active_mask,
     ballot,
@@ -28,16 +28,6 @@ DEVICE = "cpu"
 ATOL = 1e-4
 Vec9 = wp.types.vector(9, wp.float32)
 DTYPES = [(wp.float32, 1), (wp.vec2, 2), (wp.vec3, 3), (wp.vec4, 4), (Vec9, 9)]
-
-
-@contextlib.contextmanager
-def cpu_blocks(enabled: bool):
-    saved = wp.config.enable_cpu_blocks
-    wp.config.enable_cpu_blocks = enabled
-    try:
-        yield
-    finally:
-        wp.config.enable_cpu_blocks = saved
 
 
 def index_pattern(name: str, n: int, m: int, rng) -> np.ndarray:
