@@ -339,7 +339,7 @@ def test_missing_newton_gives_install_hint(monkeypatch):
     monkeypatch.setitem(sys.modules, "newton", None)  # import newton now raises ImportError
     monkeypatch.delitem(sys.modules, "arc_warp_newton.newton_bridge", raising=False)
     monkeypatch.delattr(awn, "newton_bridge", raising=False)
-    with pytest.raises(ImportError, match=r"pip install arc-warp\[newton\]"):
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[newton\]'"):
         awn.NewtonRollout  # noqa: B018
     g = awn.particles_to_gaussians(vec3(np.zeros((2, 3)), "cpu"), 0.1, (1, 1, 1))  # newton-free part works
     assert g.count == 2
@@ -355,3 +355,12 @@ def test_broken_plugin_import_fails_collection(tmp_path):
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300)
     assert proc.returncode == pytest.ExitCode.INTERRUPTED, proc.stdout[-2000:]
     assert "throw_ball" in proc.stdout
+
+
+def test_example_with_newton_backend_and_no_newton_says_so(monkeypatch, capsys):
+    monkeypatch.setitem(sys.modules, "newton", None)  # import newton now raises ImportError
+    with pytest.raises(SystemExit) as info:
+        throw_ball.main(["--backend", "newton", "--iters", "1"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--backend newton needs the newton simulator" in err and "--backend warp" in err

@@ -7,7 +7,7 @@ render them with ``arc_warp.render_gaussians`` on the same ``wp.Tape`` and call
 
 The conversions and the minimal Warp integrator (:class:`ParticleIntegrator`) need only
 warp and numpy. :class:`NewtonRollout` and :func:`shape_surface_samples` need newton
-(``pip install arc-warp[newton]``); they are imported on first use.
+(the checkout's ``newton`` extra); they are imported on first use.
 """
 
 from .convert_ops import (
@@ -23,6 +23,7 @@ from .convert_ops import (
 from .integrator_ops import IntegratorSettings, ParticleIntegrator
 
 _NEWTON_NAMES = ("NewtonRollout", "shape_surface_samples")
+NEWTON_HINT = "pip install -e '.[newton]' (from the arc_warp checkout)"
 
 
 def __getattr__(name):
@@ -33,7 +34,7 @@ def __getattr__(name):
             if exc.name is None or not exc.name.startswith("newton"):
                 raise
             raise ImportError(
-                f"arc_warp_newton.{name} needs the newton simulator: pip install arc-warp[newton]"
+                f"arc_warp_newton.{name} needs the newton simulator: {NEWTON_HINT}"
             ) from exc
         return getattr(newton_bridge, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -47,6 +48,7 @@ def newton_available() -> bool:
 
 
 __all__ = [
+    "NEWTON_HINT",
     "IntegratorSettings",
     "NewtonRollout",
     "ParticleIntegrator",

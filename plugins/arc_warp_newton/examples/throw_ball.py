@@ -28,7 +28,7 @@ import numpy as np
 import warp as wp
 
 from arc_warp import Camera, RenderSettings, render_gaussians
-from arc_warp_newton import IntegratorSettings, ParticleIntegrator, particles_to_gaussians
+from arc_warp_newton import NEWTON_HINT, IntegratorSettings, ParticleIntegrator, particles_to_gaussians
 from arc_warp_newton.fit_ops import Adam, image_mse
 
 
@@ -223,6 +223,11 @@ def main(argv=None) -> int:
     parser.add_argument("--device", default=None, help="Warp device, e.g. cpu or cuda:0")
     parser.add_argument("--log-every", type=int, default=10)
     args = parser.parse_args(argv)
+    if args.backend == "newton":
+        try:
+            import newton  # noqa: F401
+        except ImportError:
+            parser.error(f"--backend newton needs the newton simulator: {NEWTON_HINT}, or use --backend warp")
     wp.config.log_level = wp.LOG_WARNING
     cfg = ThrowBallConfig(backend=args.backend, iterations=args.iters, width=args.size, height=args.size)
     res = fit(cfg, args.device, args.log_every)
