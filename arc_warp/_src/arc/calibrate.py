@@ -152,7 +152,6 @@ def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targe
         arc_ms=arc_ms,
         warp_version=wp.config.version,
         date=datetime.date.today().isoformat(),
-        arc_warp_version=_arc_warp_version(),
     )
     _memory_cache[device.name] = result
     _store(result)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import warp as wp
 
 from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD
@@ -211,15 +213,19 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings, f
     )
 
 
+def _grads_into(frame: Frame, inputs: GaussianInputs, own_grads: bool) -> GaussianGrads:
+    """Where the backward adds the input gradients: with ``own_grads``, each input's
+    ``.grad`` where it requires grad; everywhere else a zeroed buffer of ``frame``."""
+    names = (f.name for f in dataclasses.fields(GaussianGrads))
+    return GaussianGrads(*(
+        a.grad if own_grads and a.requires_grad else frame.array(f"grad_{name}", a.shape, a.dtype, zero=True)
+        for name, a in zip(names, inputs.arrays)
+    ))
+
+
 def _tape_backward(out: RenderOutput):
     """Tape callback: output .grad -> input .grad (scratch for inputs without one)."""
-    names = ("means", "quats", "scales", "opacities", "colors")
-    grads = GaussianGrads(
-        *(
-            a.grad if a.requires_grad else out._frame.array(f"grad_{name}", a.shape, a.dtype, zero=True)
-            for name, a in zip(names, out._inputs.arrays)
-        )
-    )
+    grads = _grads_into(out._frame, out._inputs, own_grads=True)
     render_gaussians_backward(
         out, out.color.grad, out.alpha.grad, out.depth.grad, out.expected_depth.grad, grads=grads
     )
@@ -268,10 +274,7 @@ def render_gaussians_backward(
     v_depth = cotangent(grad_depth, "grad_depth", wp.float32)
     v_expected = cotangent(grad_expected_depth, "grad_expected_depth", wp.float32)
     if grads is None:
-        names = ("means", "quats", "scales", "opacities", "colors")
-        grads = GaussianGrads(
-            *(frame.array(f"grad_{name}", a.shape, a.dtype, zero=True) for name, a in zip(names, inputs.arrays))
-        )
+        grads = _grads_into(frame, inputs, own_grads=False)
     else:
         check_grads(grads, inputs)
     if inputs.count == 0:
