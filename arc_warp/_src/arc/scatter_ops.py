@@ -10,6 +10,8 @@ import numpy as np
 import warp as wp
 import warp.utils
 
+from arc_warp._src.validate import check_array
+
 from .calibrate import resolve_threshold
 from .intrinsics import cpu_launch_guard, reduce_scatter
 from .reduce_funcs import _component_ops, accumulator, check_mode, vector_length
@@ -145,19 +147,6 @@ def _count_out_of_range(indices: wp.array(dtype=wp.int32), size: int, bad: wp.ar
         wp.atomic_add(bad, 0, 1)
 
 
-def _check_array(name: str, a, dtype=None, ndim: int = 1):
-    if not isinstance(a, wp.array):
-        raise TypeError(f"{name} must be a wp.array; got {type(a).__name__}")
-    if a.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D; got shape {a.shape}")
-    if dtype is not None and not wp.types.types_equal(a.dtype, dtype):
-        raise TypeError(
-            f"{name} must have dtype {wp.types.type_repr(dtype)}; got {wp.types.type_repr(a.dtype)}"
-        )
-    if not a.is_contiguous:
-        raise ValueError(f"{name} must be contiguous; copy it with .contiguous() first")
-
-
 def scatter_add(
     dest: wp.array,  # (M,) float32 / vec2 / vec3 / vec4 / vector(K, float32)
     indices: wp.array,  # (N,) int32 in [0, M)
@@ -194,9 +183,9 @@ def scatter_add(
     if not isinstance(dest, wp.array):
         raise TypeError(f"dest must be a wp.array; got {type(dest).__name__}")
     vector_length(dest.dtype)
-    _check_array("dest", dest)
-    _check_array("indices", indices, wp.int32)
-    _check_array("values", values, dest.dtype)
+    check_array(dest, "dest", dest.dtype, 1)
+    check_array(indices, "indices", wp.int32, 1)
+    check_array(values, "values", dest.dtype, 1)
     if indices.shape[0] != values.shape[0]:
         raise ValueError(
             f"indices and values must have the same length; got {indices.shape[0]} and {values.shape[0]}"
