@@ -9,6 +9,7 @@ import warp as wp
 
 from arc_warp._src.arc.calibrate import resolve_threshold
 from arc_warp._src.arc.reduce_funcs import check_mode
+from arc_warp._src.tape import active_tape
 from arc_warp._src.validate import check_array
 
 BLOCK = 256
@@ -92,11 +93,6 @@ def grad_or_new(grad, name: str, like: wp.array) -> wp.array:
 
 def zeros_if_none(value, shape, device) -> wp.array:
     return value if value is not None else wp.zeros(shape, dtype=wp.float32, device=device)
-
-
-def active_tape():
-    """The active ``wp.Tape`` (Warp has no public getter), or None."""
-    return wp._src.context.runtime.tape
 
 
 def record(inputs: list, outputs: list, backward) -> None:

@@ -9,13 +9,14 @@ import warp as wp
 from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD
 from arc_warp._src.camera import Camera
 from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
-from arc_warp._src.splat.validate_kernels import BAD_SLOTS
 from arc_warp._src.splat.project_ops import camera_params, project, project_backward
 from arc_warp._src.splat.raster_ops import raster_backward, rasterize
 from arc_warp._src.splat.records import BinResult, GaussianGrads, GaussianInputs, RenderOutput, RenderSettings
 from arc_warp._src.splat.sh_ops import compute_colors
 from arc_warp._src.splat.validate import check_array, check_grads, check_inputs, raise_on_flags
+from arc_warp._src.splat.validate_kernels import BAD_SLOTS
 from arc_warp._src.splat.workspace import Frame, Workspace
+from arc_warp._src.tape import active_tape
 
 # Names and dtypes of the (H, W) images a caller may supply through ``outputs``.
 IMAGE_OUTPUTS = {"color": wp.vec3, "alpha": wp.float32, "depth": wp.float32, "expected_depth": wp.float32}
@@ -121,17 +122,11 @@ def render_gaussians(
     out = _forward(inputs, camera, settings, frame, outputs)
     workspace.release_with(out, frame)
     if tape is None:
-        tape = _active_tape()
+        tape = active_tape()
     if tape is not None and any(a.requires_grad for a in inputs.arrays):
         tracked = [a for a in (out.color, out.alpha, out.depth, out.expected_depth, *inputs.arrays) if a.requires_grad]
         tape.record_func(lambda: _tape_backward(out), tracked)
     return out
-
-
-def _active_tape() -> wp.Tape | None:
-    """The tape of an enclosing ``with tape:`` block. Warp 1.19 has no public getter, so
-    this is the one place that reads its runtime; pass ``tape=`` to avoid it."""
-    return wp._src.context.runtime.tape
 
 
 def _camera_args(workspace: Workspace, camera: Camera):
