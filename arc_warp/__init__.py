@@ -5,12 +5,13 @@ __version__ = "0.2.0"
 from .ply import GaussianPly, PlyFormatError, read_ply, write_ply
 from .arc import MODES, Calibration, accumulator, calibrate, resolve_threshold, scatter_add, warp_plan, warp_reducer
 from ._src.png import write_png
-from .splat import Camera, GaussianGrads, RenderOutput, RenderSettings, Workspace, render_gaussians, render_gaussians_backward
+from .splat import Camera, DeviceCameras, GaussianGrads, RenderOutput, RenderSettings, Workspace, render_gaussians, render_gaussians_backward
 
 __all__ = [
     "MODES",
     "Calibration",
     "Camera",
+    "DeviceCameras",
     "GaussianGrads",
     "GaussianPly",
     "PlyFormatError",

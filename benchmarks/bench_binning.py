@@ -59,8 +59,8 @@ def run(n: int, regime: str, large_factor: float, reps: int, device) -> dict:
     flags = wp.zeros(1 + len(BAD_SLOTS), dtype=wp.int32, device=device)
 
     def bin_once():
-        scan, host_flags = count_intersections(out._project, flags, out._frame)
-        sort_intersections(out._project, scan, int(host_flags[0]), out._bins.tiles_x, out._bins.tiles_y, out._frame)
+        scan = count_intersections(out._project, flags, out._frame)
+        sort_intersections(out._project, scan, int(flags.numpy()[0]), out._bins.tiles_x, out._bins.tiles_y, out._frame)
     times = median_times_ms(
         {
             "forward_ms": lambda: arc_warp.render_gaussians(**arrays, camera=cam, settings=settings),

@@ -415,3 +415,24 @@ def test_cuda_side_stream_matches_default_stream(rng):
         # Atomics land in another order: float32 reassociation only, which is small
         # against the gradient's scale but not against entries that nearly cancel.
         np.testing.assert_allclose(g1[k], g0[k], rtol=0, atol=1e-4 * np.abs(g0[k]).max(), err_msg=k)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_cameras_stay_on_the_device(rng):
+    """viewmats/Ks on the GPU are read there (DeviceCameras, no host copy) and render like
+    the same cameras given on the host; a NaN in them raises ValueError."""
+    scene = random_scene(rng, n=64, width=48, height=32, sh_degree=2)
+    results = []
+    for where in ("cuda", "cpu"):
+        gpu = params_of(scene, device="cuda")
+        viewmats, ks = cameras_of(scene, device=where)
+        colors_g, _, _ = render(gpu, scene, viewmats, ks)
+        colors_g.square().sum().backward()
+        results.append((colors_g.detach().cpu().numpy(), gpu["means"].grad.cpu().numpy()))
+    np.testing.assert_allclose(results[0][0], results[1][0], atol=1e-5)
+    np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-3, atol=1e-4 * np.abs(results[1][1]).max())
+    viewmats, ks = cameras_of(scene, device="cuda")
+    viewmats[0, 0, 0] = float("nan")
+    with pytest.raises(ValueError, match="viewmat/K"):
+        render(params_of(scene, device="cuda"), scene, viewmats, ks)

@@ -89,6 +89,67 @@ def test_live_renders_do_not_share_buffers(rng):
     assert counts[1] == counts[0]
 
 
+def _sort_sizes(monkeypatch):
+    """Records the size each sort is queued with."""
+    import arc_warp._src.splat.render as render_module
+
+    sizes, sort = [], render_module.sort_intersections
+    monkeypatch.setattr(render_module, "sort_intersections",
+                        lambda proj, depth, size, *a: sizes.append(size) or sort(proj, depth, size, *a))
+    return sizes
+
+
+@pytest.mark.parametrize("reduce", ["arc", "deterministic"])
+def test_kept_sort_size_and_overflow_give_exact_results(rng, monkeypatch, reduce):
+    """After the first render of a size, the sort is sized from the workspace's capacity
+    (no readback first); a scene whose total exceeds it is re-rendered, so images and
+    gradients equal a one-off render's, and the exact total replaces the size."""
+    small = random_scene(rng, n=6, width=40, height=32, size_px_range=(0.3, 1.0))
+    big = random_scene(rng, n=120, width=40, height=32, size_px_range=(4.0, 12.0))
+    settings = RenderSettings(reduce=reduce)
+    cot = wp.array(rng.normal(size=(32, 40, 3)), dtype=wp.vec3, device="cpu")
+    monkeypatch.setattr("arc_warp._src.splat.workspace.SORT_SLACK", 0)  # tiny scenes overflow too
+    ws = Workspace("cpu")
+    sizes = _sort_sizes(monkeypatch)
+    _warp_step(_arrays(small), _camera(small), settings, ws, cot)
+    grid = (3, 2)
+    kept = ws.sort_size(grid)
+    assert kept is not None and kept > sizes[0]  # headroom over the first, exact total
+    overflows = 0
+    for scene in (small, big, small):
+        expected = _warp_step(_arrays(scene), _camera(scene), settings, None, cot)
+        sizes.clear()
+        out = render_gaussians(*_arrays(scene), _camera(scene), settings, ws)
+        grads = render_gaussians_backward(out, cot)
+        np.testing.assert_array_equal(out.color.numpy(), expected[0])
+        np.testing.assert_array_equal(grads.means.numpy(), expected[1])
+        assert sizes[0] == kept  # queued with the kept size, before any readback
+        total = out._bins.n_isects
+        assert total == int(np.sum(out._project.tiles_per_gauss.numpy()))
+        if total > kept:  # the overflow: a second, exact sort, and a larger kept size
+            assert sizes[1:] == [total] and ws.sort_size(grid) >= total
+            overflows += 1
+        kept = ws.sort_size(grid)
+    assert overflows == 1  # the big scene
+    assert len(sizes) == 1 and kept > 4 * out._bins.n_isects  # the big scene's total is remembered
+
+
+def test_camera_list_renders_like_single_cameras(rng):
+    """A list of cameras is queued in one call (outputs= as a list) and equals per-camera
+    renders."""
+    scene = random_scene(rng, n=50, width=24, height=20)
+    cams = [_camera(scene), _camera(random_scene(rng, n=1, width=24, height=20))]
+    targets = [{"color": wp.zeros((20, 24), dtype=wp.vec3, device="cpu")}, None]
+    ws = Workspace("cpu")
+    for _ in range(2):  # the first call reads totals back, the second sorts with the kept size
+        outs = render_gaussians(*_arrays(scene), cams, workspace=ws, outputs=targets)
+        assert outs[0].color is targets[0]["color"]
+        for out, cam in zip(outs, cams):
+            np.testing.assert_array_equal(out.color.numpy(), render_gaussians(*_arrays(scene), cam).color.numpy())
+    with pytest.raises(ValueError, match="list of 2 cameras"):
+        render_gaussians(*_arrays(scene), cams, outputs=targets[:1])
+
+
 def test_workspace_checks_its_arguments(rng):
     scene = random_scene(rng, n=4, width=8, height=8)
     with pytest.raises(TypeError, match="workspace"):
@@ -142,3 +203,32 @@ def test_torch_repeated_step_allocates_nothing(rng, device):
         colors.sum().backward()
         counts.append(ctx.workspace.allocations)
     assert counts[3] == counts[2] == counts[1] > counts[0]
+
+
+def test_device_cameras_render_like_host_cameras(rng):
+    """DeviceCameras (matrices in device arrays, read by the projection kernel) render and
+    differentiate like the same Cameras; invalid matrices raise ValueError."""
+    from arc_warp import DeviceCameras
+
+    scene = random_scene(rng, n=60, width=24, height=20, sh_degree=1)
+    other = random_scene(rng, n=1, width=24, height=20)
+    cams = [_camera(scene), _camera(other)]
+    viewmats = wp.array(np.stack([c.world_to_camera for c in cams]).astype(np.float32), dtype=wp.mat44, device="cpu")
+    ks = wp.array(np.stack([c.K for c in cams]).astype(np.float32), dtype=wp.mat33, device="cpu")
+    device_cams = DeviceCameras(viewmats, ks, 24, 20)
+    cot = wp.array(rng.normal(size=(20, 24, 3)), dtype=wp.vec3, device="cpu")
+    ws = Workspace("cpu")
+    for _ in range(2):
+        outs = render_gaussians(*_arrays(scene), device_cams, workspace=ws)
+        assert [o.camera_index for o in outs] == [0, 1]
+        for out, cam in zip(outs, cams):
+            ref = render_gaussians(*_arrays(scene), cam)
+            np.testing.assert_allclose(out.color.numpy(), ref.color.numpy(), atol=1e-5)
+            got = render_gaussians_backward(out, cot).colors.numpy()
+            np.testing.assert_allclose(got, render_gaussians_backward(ref, cot).colors.numpy(), rtol=1e-4, atol=1e-5)
+    bad = viewmats.numpy()
+    bad[1, 0, 0] = np.nan
+    with pytest.raises(ValueError, match="camera's viewmat/K"):
+        render_gaussians(*_arrays(scene), DeviceCameras(wp.array(bad, dtype=wp.mat44, device="cpu"), ks, 24, 20))
+    with pytest.raises(TypeError, match="intrinsics"):
+        DeviceCameras(viewmats, viewmats, 24, 20)

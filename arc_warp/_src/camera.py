@@ -12,6 +12,9 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import warp as wp
+
+from arc_warp._src.validate import check_array
 
 
 def _as_vec3(value, name: str) -> np.ndarray:
@@ -177,3 +180,43 @@ class Camera:
             if not isinstance(cam, Camera):
                 raise TypeError(f"Camera.batch expects Camera objects, item {i} is {type(cam).__name__}")
         return cams
+
+
+@dataclass(frozen=True, eq=False)
+class DeviceCameras:
+    """C pinhole cameras of one image size whose matrices stay on the device.
+
+    ``render_gaussians`` reads them in its projection kernel, so cameras computed on the
+    device (or held in torch CUDA tensors) need no copy to the host and no sync. Same
+    conventions as :class:`Camera`; the values are checked on the device, with the
+    Gaussians' flags: a non-finite matrix, a focal length <= 0 or a last row other than
+    (0, 0, 0, 1) raises ValueError from ``render_gaussians``.
+
+    Args:
+        viewmats: (C,) ``wp.mat44`` float32 world -> camera rigid transforms.
+        intrinsics: (C,) ``wp.mat33`` float32 ``[[fx, 0, cx], [0, fy, cy], [0, 0, 1]]``
+            (pixels), on the device of ``viewmats``.
+        width, height: image size in pixels (>= 1).
+        near, far: depth range on camera z (world units), ``0 < near < far``.
+    """
+
+    viewmats: object
+    intrinsics: object
+    width: int
+    height: int
+    near: float = 0.01
+    far: float = 1e10
+
+    def __post_init__(self):
+        check_array(self.viewmats, "DeviceCameras.viewmats", wp.mat44, 1)
+        check_array(self.intrinsics, "DeviceCameras.intrinsics", wp.mat33, 1, self.viewmats.shape,
+                    self.viewmats.device)
+        for name in ("width", "height"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"DeviceCameras.{name} must be an int >= 1, got {value!r}")
+        if not (0.0 < self.near < self.far):
+            raise ValueError(f"DeviceCameras needs 0 < near < far, got near={self.near!r}, far={self.far!r}")
+
+    def __len__(self) -> int:
+        return self.viewmats.shape[0]

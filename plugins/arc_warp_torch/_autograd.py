@@ -9,12 +9,12 @@ and convert their inputs first; this module assumes float32, contiguous, same-de
 import contextlib
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 import warp as wp
 
-from arc_warp import (Camera, GaussianGrads, RenderSettings, Workspace, render_gaussians,
+from arc_warp import (Camera, DeviceCameras, GaussianGrads, RenderSettings, Workspace, render_gaussians,
                       render_gaussians_backward)
 
 
@@ -67,7 +67,8 @@ class RenderContext:
 
     def view(self, t: torch.Tensor, dtype) -> wp.array:
         """Zero-copy Warp view of a float32/int32 contiguous tensor whose last axis packs
-        `dtype` (a vector type) or not (a scalar type).
+        `dtype` (a vector type), whose last two axes pack it (a matrix type), or not (a
+        scalar type).
 
         The view does NOT keep `t` alive: the caller keeps `t` alive while Warp uses it
         (torch saves what the backward reads). Owning views (`wp.from_torch`) held by
@@ -80,7 +81,10 @@ class RenderContext:
         if a is None:
             if len(self._views) >= 512:  # bounded: pointers of freed tensors pile up
                 self._views.clear()
-            shape = tuple(t.shape[:-1]) if wp.types.type_is_vector(dtype) else tuple(t.shape)
+            if wp.types.type_is_matrix(dtype):
+                shape = tuple(t.shape[:-2])
+            else:
+                shape = tuple(t.shape[:-1]) if wp.types.type_is_vector(dtype) else tuple(t.shape)
             a = wp.array(ptr=t.data_ptr(), dtype=dtype, shape=shape, device=self._wdevice)
             self._views[key] = a
         return a
@@ -215,21 +219,21 @@ class _RenderGaussians(torch.autograd.Function):
                 means, quats, scales, opacities, colors):
         ctx.set_materialize_grads(False)
         c, n = len(cameras), means.shape[0]
-        h, w = cameras[0].height, cameras[0].width
+        size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
+        h, w = size.height, size.width
         new = means.new_empty
         images = (new((c, h, w, 3)), new((c, h, w)), new((c, h, w)), new((c, h, w)))
         radii = torch.empty((c, n, 2), dtype=torch.int32, device=means.device)
         inputs = (means, quats, scales, opacities, colors)
-        outs = []
         with context.stream():
             arrays = [context.view(t, dt) for t, dt in zip(inputs, INPUT_DTYPES)]
-            wimages = [context.view(t, dt) for t, dt in zip(images, IMAGE_DTYPES)]
-            wm2d = context.view(means2d_out, wp.vec2)
-            wradii = context.view(radii, wp.vec2i)
-            for i, camera in enumerate(cameras):
-                targets = {name: img[i] for name, img in zip(IMAGE_NAMES, wimages)}
-                targets["means2d"], targets["radii"] = wm2d[i], wradii[i]
-                outs.append(render_gaussians(*arrays, camera, settings, context.workspace, targets))
+            targets = []
+            for i in range(c):
+                views = {name: context.view(img[i], dt) for name, img, dt in zip(IMAGE_NAMES, images, IMAGE_DTYPES)}
+                views["means2d"], views["radii"] = context.view(means2d_out[i], wp.vec2), context.view(radii[i], wp.vec2i)
+                targets.append(views)
+            # all C cameras queued before the one wait that checks them (render_gaussians)
+            outs = render_gaussians(*arrays, cameras, settings, context.workspace, targets)
         ctx.mark_non_differentiable(radii)
         # Saved only so torch raises if anything the Warp backward reads was modified in place.
         ctx.save_for_backward(*inputs, *images)
@@ -312,7 +316,7 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
                  scales: torch.Tensor,  # [N, 3] float32 linear
                  opacities: torch.Tensor,  # [N] float32 in [0, 1]
                  colors: torch.Tensor,  # [N, 3] RGB or [N, K, 3] SH, float32
-                 cameras: Sequence[Camera],
+                 cameras: Union[Sequence[Camera], DeviceCameras],
                  settings: RenderSettings,
                  sink: Optional[Means2dSink] = None,
                  means2d_out: Optional[torch.Tensor] = None,  # [C, N, 2] float32
@@ -333,7 +337,9 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     if means2d_out is None:
         means2d_out = means.new_empty((c, n, 2))
     sink_tensor = None if sink is None else sink.tensor
-    *images, radii = _RenderGaussians.apply(context, tuple(cameras), settings, means2d_out.detach(),
+    if not isinstance(cameras, DeviceCameras):
+        cameras = tuple(cameras)
+    *images, radii = _RenderGaussians.apply(context, cameras, settings, means2d_out.detach(),
                                             sink, sink_tensor, means, quats, scales, opacities,
                                             colors)
     return BatchRender(*images, means2d_out.detach(), radii)

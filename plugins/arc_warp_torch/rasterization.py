@@ -5,7 +5,9 @@ from typing import Optional, Tuple
 
 import torch
 
-from arc_warp import RenderSettings
+import warp as wp
+
+from arc_warp import DeviceCameras, RenderSettings
 
 from ._autograd import Means2dSink, RenderContext, check_tensor, default_context, render_batch
 
@@ -40,11 +42,12 @@ def _sh_degree_and_colors(colors, n: int, sh_degree: Optional[int], device):
 
 def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane: float,
              context: RenderContext):
-    """Validate [C,4,4] viewmats and [C,3,3] Ks; return a list of C `Camera`s (cached by
-    value in `context`).
+    """Validate [C,4,4] viewmats and [C,3,3] Ks; return the cameras to render.
 
-    Host tensors are read in place; device tensors come to the host in ONE copy (both
-    packed together), which waits for the device: keep cameras on the host to avoid it."""
+    CUDA tensors on the context's device stay there: `arc_warp.DeviceCameras` views of
+    them, read by the projection kernel (no host copy, no sync; their values are checked
+    on the device). Host tensors are read in place into C `Camera`s (cached by value in
+    `context`); CUDA tensors on another device come to the host in one copy."""
     if not isinstance(viewmats, torch.Tensor) or not isinstance(Ks, torch.Tensor):
         raise TypeError(f"viewmats, Ks: expected torch.Tensors, got {type(viewmats).__name__}, "
                         f"{type(Ks).__name__}")
@@ -59,6 +62,11 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
         raise ValueError("viewmats/Ks require grad, but camera gradients are not supported; "
                          "pass detached tensors")
     c = viewmats.shape[0]
+    if viewmats.device == context.device == Ks.device and context.device.type == "cuda":
+        vm = viewmats.detach().to(torch.float32).contiguous()
+        ks = Ks.detach().to(torch.float32).contiguous()
+        return DeviceCameras(context.view(vm, wp.mat44), context.view(ks, wp.mat33), width, height,
+                             near_plane, far_plane)
     if viewmats.device.type == "cpu" and Ks.device.type == "cpu":
         vm, ks = viewmats.detach().numpy(), Ks.detach().numpy()
     else:

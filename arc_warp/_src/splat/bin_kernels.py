@@ -48,25 +48,29 @@ def write_keys(
     cum_tiles: wp.array(dtype=wp.int64),
     tiles_x: int,
     tiles_y: int,
+    capacity: int,
     keys: wp.array(dtype=wp.int32),
     gauss_ids: wp.array(dtype=wp.int32),
 ):
     """Tile keys of the ``j``-th Gaussian in depth order, for the tiles ``count_tiles``
     counted, in the same ``row_span`` walk; writes exactly ``tiles_per_gauss[i]`` entries
     (a shortfall, which the shared walk rules out, would get tile ``tiles_x * tiles_y``,
-    which sorts last and belongs to no range)."""
+    which sorts last and belongs to no range). Entries from ``capacity`` on are dropped:
+    the sort was sized before the total was known, and the host re-renders when the
+    total it reads back exceeds ``capacity``."""
     j = wp.tid()
     i = order[j]
     count = tiles_per_gauss[i]
-    if count == wp.int64(0):
+    start = cum_tiles[j] - count
+    if count == wp.int64(0) or start >= wp.int64(capacity):
         return
     splat = splats[i]
     geom = splat.geom
     f = footprint(geom, splat.conic)
     box = tile_bbox(wp.vec2(geom[0], geom[1]), radii[i], tiles_x, tiles_y)
-    # the host checked that the total fits an int32 index
-    end = int(cum_tiles[j])
-    k = int(cum_tiles[j] - count)
+    # both fit an int32 index now: start < capacity and end is clamped to it
+    end = int(wp.min(cum_tiles[j], wp.int64(capacity)))
+    k = int(start)
     for ty in range(box[1], box[3]):
         span = row_span(f, ty, box)
         for tx in range(span[0], span[1]):
@@ -78,6 +82,16 @@ def write_keys(
         keys[k] = tiles_x * tiles_y
         gauss_ids[k] = i
         k += 1
+
+
+@wp.kernel(enable_backward=False)
+def pad_keys(cum_tiles: wp.array(dtype=wp.int64), filler: int, keys: wp.array(dtype=wp.int32)):
+    """Key ``filler`` (the tile past the last, which sorts last and belongs to no range) for
+    the entries past the intersection total, so a sort sized before the total was known
+    sorts only real keys ahead of them."""
+    i = wp.tid()
+    if wp.int64(i) >= cum_tiles[cum_tiles.shape[0] - 1]:
+        keys[i] = filler
 
 
 @wp.kernel(enable_backward=False)

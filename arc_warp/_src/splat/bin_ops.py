@@ -1,11 +1,14 @@
-"""Tile binning: depth-order the Gaussians, count overlaps, read the total back once, write
-tile keys front to back and sort them stably by tile."""
+"""Tile binning: depth-order the Gaussians, count overlaps, write tile keys front to back
+into a sort of a given size and sort them stably by tile.
 
-import numpy as np
+The sort size comes either from reading the total back (one host sync) or, without any
+sync, from the workspace's capacity kept from earlier renders; the caller reads the total
+back after everything is queued and re-renders on the rare overflow (``render``)."""
+
 import warp as wp
 import warp.utils
 
-from arc_warp._src.splat.bin_kernels import copy_last, depth_keys, gather_counts, tile_ranges, write_keys
+from arc_warp._src.splat.bin_kernels import copy_last, depth_keys, gather_counts, pad_keys, tile_ranges, write_keys
 from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, TILE_SIZE
 from arc_warp._src.splat.records import BinResult, DepthOrder, ProjectResult
 from arc_warp._src.splat.validate import check_intersections
@@ -27,13 +30,12 @@ def tile_grid(width: int, height: int) -> tuple[int, int]:
     return tiles_x, tiles_y
 
 
-def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame) -> tuple[DepthOrder, np.ndarray]:
-    """Depth order of the Gaussians, the int64 scan of their tile counts in that order, and
-    ``flags`` read back to the host.
+def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame) -> DepthOrder:
+    """Depth order of the Gaussians and the int64 scan of their tile counts in that order.
 
-    ``flags[0]`` receives the intersection total (saturated at 2^31 - 1), so this single
-    readback (the one host sync of the forward) returns the sort size together with the
-    input-check flags. Scratch comes from ``frame.shared``: it lives for one render call.
+    ``flags[0]`` receives the intersection total (saturated at 2^31 - 1), so one readback
+    of ``flags`` returns the sort size together with the input-check flags. Scratch comes
+    from ``frame.shared``: it is valid until the next render call's binning.
     """
     n = proj.radii.shape[0]
     shared = frame.shared
@@ -48,35 +50,43 @@ def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame) -> t
     frame.launch(gather_counts, n, [order, proj.tiles_per_gauss, counts])
     wp.utils.array_scan(counts, cum_tiles, inclusive=True)
     frame.launch(copy_last, 1, [cum_tiles, flags])
-    return DepthOrder(order=order, cum_tiles=cum_tiles), flags.numpy()
+    return DepthOrder(order=order, cum_tiles=cum_tiles)
 
 
 def sort_intersections(
-    proj: ProjectResult, depth: DepthOrder, n_isects: int, tiles_x: int, tiles_y: int, frame: Frame
+    proj: ProjectResult, depth: DepthOrder, sort_size: int, tiles_x: int, tiles_y: int, frame: Frame,
+    reserve: int = 0,
 ) -> BinResult:
     """Tile keys written front to back, then sorted stably by tile alone, so each tile's
     range is in depth order with equal depths in Gaussian order (as one sort of
     ``tile << 32 | depth`` keys, but radix passes over ~log2(tiles) bits, not 32 more).
 
-    ``n_isects`` is ``flags[0]`` from :func:`count_intersections`; a total too large for one
-    sort raises ValueError before anything is allocated. The sort buffers come from
-    ``frame`` with spare capacity, so a count that varies a little between steps reuses them.
+    ``sort_size`` entries are sorted: the total read back (``flags[0]`` after
+    :func:`count_intersections`), or a capacity chosen before the total is known; entries
+    past the total are padded with the filler tile, entries past ``sort_size`` are
+    dropped (the caller re-renders then). A size too large for one sort raises
+    ValueError before anything is allocated. The sort buffers come from ``frame`` with
+    room for at least ``reserve`` entries and spare capacity, so a size that varies a
+    little between steps reuses them.
+    ``BinResult.n_isects`` is ``sort_size`` until the caller sets the exact total.
     """
     n_tiles = tiles_x * tiles_y
     check_intersections(
-        n_isects, lambda: int(depth.cum_tiles[-1:].numpy()[0]), proj.radii.shape[0], tiles_x, tiles_y
+        sort_size, lambda: int(depth.cum_tiles[-1:].numpy()[0]), proj.radii.shape[0], tiles_x, tiles_y
     )
-    keys = frame.shared.capacity("sort_keys", 2 * n_isects, wp.int32)
-    gauss_ids = frame.capacity("sort_ids", 2 * n_isects, wp.int32)
+    room = 2 * max(sort_size, reserve)
+    keys = frame.shared.capacity("sort_keys", room, wp.int32)
+    gauss_ids = frame.capacity("sort_ids", room, wp.int32)
     ranges = frame.array("tile_ranges", n_tiles, wp.vec2i, zero=True)
-    if n_isects > 0:
+    if sort_size > 0:
         frame.launch(
             write_keys,
             proj.radii.shape[0],
             [depth.order, proj.splats, proj.radii, proj.tiles_per_gauss, depth.cum_tiles, tiles_x, tiles_y,
-             keys, gauss_ids],
+             sort_size, keys, gauss_ids],
         )
+        frame.launch(pad_keys, sort_size, [depth.cum_tiles, n_tiles, keys])
         # tile ids and the filler tile n_tiles
-        wp.utils.radix_sort_pairs(keys, gauss_ids, n_isects, 0, n_tiles.bit_length())
-        frame.launch(tile_ranges, n_isects, [keys, n_isects, ranges])
-    return BinResult(tiles_x=tiles_x, tiles_y=tiles_y, n_isects=n_isects, gauss_ids=gauss_ids, tile_ranges=ranges)
+        wp.utils.radix_sort_pairs(keys, gauss_ids, sort_size, 0, n_tiles.bit_length())
+        frame.launch(tile_ranges, sort_size, [keys, sort_size, ranges])
+    return BinResult(tiles_x=tiles_x, tiles_y=tiles_y, n_isects=sort_size, gauss_ids=gauss_ids, tile_ranges=ranges)

@@ -62,7 +62,7 @@ def make_project_fwd(antialiased: bool):
         quats: wp.array(dtype=wp.vec4),
         scales: wp.array(dtype=wp.vec3),
         opacities: wp.array(dtype=float),
-        cam: CameraParams,
+        cams: wp.array(dtype=CameraParams),
         eps2d: float,
         tiles_x: int,
         tiles_y: int,
@@ -72,7 +72,8 @@ def make_project_fwd(antialiased: bool):
         tiles_per_gauss: wp.array(dtype=wp.int64),
         bad: wp.array(dtype=wp.int32),
     ):
-        project_one(wp.tid(), means, quats, scales, opacities, cam, eps2d, tiles_x, tiles_y, means2d,
+        # the camera is read from device memory, so cameras on the device need no host copy
+        project_one(wp.tid(), means, quats, scales, opacities, cams[0], eps2d, tiles_x, tiles_y, means2d,
                     splats, radii, tiles_per_gauss, bad, wp.static(antialiased))
 
     return project_fwd
@@ -196,7 +197,7 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False):
         scales: wp.array(dtype=wp.vec3),
         colors: color_t,
         opacities: wp.array(dtype=float),
-        cam: CameraParams,
+        cams: wp.array(dtype=CameraParams),
         eps2d: float,
         radii: wp.array(dtype=wp.vec2i),
         splats: wp.array(dtype=Splat2D),
@@ -212,6 +213,7 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False):
         i = wp.tid()
         if radii[i][0] <= 0:
             return
+        cam = cams[0]
         g = raster_grads[i]
         mean = means[i]
         v_xy = wp.vec2(g[G_XY], g[G_XY + 1])
@@ -279,3 +281,48 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False):
         v_means[i] = v_mean + wp.transpose(cam.rot) * v_p
 
     return project_bwd
+
+
+@wp.kernel(enable_backward=False)
+def camera_from_matrices(
+    viewmats: wp.array(dtype=wp.mat44),
+    intrinsics: wp.array(dtype=wp.mat33),
+    index: int,
+    width: int,
+    height: int,
+    near: float,
+    far: float,
+    cams: wp.array(dtype=CameraParams),
+    bad: wp.array(dtype=wp.int32),
+    slot: int,
+):
+    """``cams[0]`` = camera ``index`` of device-side matrices. An invalid camera (non-finite,
+    focal length <= 0, last row not (0, 0, 0, 1)) sets ``bad[slot]`` and gets an empty
+    depth range, so every Gaussian is culled."""
+    m = viewmats[index]
+    k = intrinsics[index]
+    cam = CameraParams()
+    cam.rot = wp.mat33(m[0, 0], m[0, 1], m[0, 2], m[1, 0], m[1, 1], m[1, 2], m[2, 0], m[2, 1], m[2, 2])
+    cam.trans = wp.vec3(m[0, 3], m[1, 3], m[2, 3])
+    cam.center = -(wp.transpose(cam.rot) * cam.trans)  # rigid: R^T (-t)
+    cam.fx = k[0, 0]
+    cam.fy = k[1, 1]
+    cam.cx = k[0, 2]
+    cam.cy = k[1, 2]
+    cam.width = width
+    cam.height = height
+    cam.near = near
+    cam.far = far
+    finite = True
+    for r in range(4):
+        for c in range(4):
+            finite = finite and wp.isfinite(m[r, c])
+    for r in range(3):
+        for c in range(3):
+            finite = finite and wp.isfinite(k[r, c])
+    last_row = m[3, 0] == 0.0 and m[3, 1] == 0.0 and m[3, 2] == 0.0 and m[3, 3] == 1.0
+    if not (finite and last_row and cam.fx > 0.0 and cam.fy > 0.0):
+        bad[slot] = 1
+        cam.near = 1.0
+        cam.far = 0.0
+    cams[0] = cam

@@ -3,15 +3,16 @@
 import numpy as np
 import warp as wp
 
-from arc_warp._src.camera import Camera
+from arc_warp._src.camera import Camera, DeviceCameras
 from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
-from arc_warp._src.splat.project_kernels import make_project_bwd, make_project_fwd
+from arc_warp._src.splat.project_kernels import camera_from_matrices, make_project_bwd, make_project_fwd
+from arc_warp._src.splat.validate_kernels import BAD_SLOTS
 from arc_warp._src.splat.records import GaussianGrads, GaussianInputs, ProjectResult
 from arc_warp._src.splat.workspace import Frame
 
 
-def camera_params(camera: Camera) -> CameraParams:
-    """float32 kernel argument of ``camera``."""
+def camera_params(camera: Camera, device) -> wp.array:
+    """(1,) ``CameraParams`` on ``device``: the float32 kernel argument of ``camera``."""
     params = CameraParams()
     w2c = camera.world_to_camera
     params.rot = wp.mat33(*w2c[:3, :3].astype(np.float32).ravel())
@@ -25,12 +26,25 @@ def camera_params(camera: Camera) -> CameraParams:
     params.height = camera.height
     params.near = camera.near
     params.far = camera.far
-    return params
+    return wp.array([params], dtype=CameraParams, device=device)
+
+
+def device_camera_params(cameras: DeviceCameras, index: int, bad: wp.array, frame: Frame) -> wp.array:
+    """(1,) ``CameraParams`` of camera ``index`` of ``cameras``, made on the device in a
+    buffer of ``frame`` (no host copy); an invalid camera sets its flag in ``bad``."""
+    cams = frame.array("camera", 1, CameraParams)
+    frame.launch(
+        camera_from_matrices,
+        1,
+        [cameras.viewmats, cameras.intrinsics, index, cameras.width, cameras.height, float(cameras.near),
+         float(cameras.far), cams, bad, 1 + BAD_SLOTS.index("cameras")],
+    )
+    return cams
 
 
 def project(
     inputs: GaussianInputs,
-    cam: CameraParams,
+    cam: wp.array,  # (1,) CameraParams
     eps2d: float,
     tiles_x: int,
     tiles_y: int,
@@ -77,7 +91,7 @@ def project(
 
 def project_backward(
     inputs: GaussianInputs,
-    cam: CameraParams,
+    cam: wp.array,  # (1,) CameraParams
     proj: ProjectResult,
     raster_grads: wp.array,
     absgrad: bool,

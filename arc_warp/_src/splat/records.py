@@ -8,9 +8,8 @@ from dataclasses import dataclass, field
 import warp as wp
 
 from arc_warp._src.arc.calibrate import MAX_THRESHOLD, MIN_THRESHOLD
-from arc_warp._src.camera import Camera
+from arc_warp._src.camera import Camera, DeviceCameras
 from arc_warp._src.arc.reduce_funcs import MODES
-from arc_warp._src.splat.geometry_funcs import CameraParams
 
 
 
@@ -158,7 +157,8 @@ class RenderOutput:
     ``means2d`` (N,) wp.vec2 pixels, ``radii`` (N,) wp.vec2i ((0, 0) = culled).
     ``means2d_grad`` ((N,) wp.vec2, pixels) accumulates dL/dmean2d in every backward;
     ``means2d_absgrad`` (same shape) accumulates its per-pixel absolute values when
-    ``settings.absgrad`` is on, else it is ``None``.
+    ``settings.absgrad`` is on, else it is ``None``. ``camera`` is the :class:`Camera`
+    rendered, or the :class:`DeviceCameras` batch with ``camera_index`` naming the camera.
     """
 
     color: wp.array
@@ -167,13 +167,14 @@ class RenderOutput:
     expected_depth: wp.array
     means2d: wp.array
     radii: wp.array
-    camera: Camera
+    camera: Camera | DeviceCameras
     settings: RenderSettings
     means2d_grad: wp.array | None = None
     means2d_absgrad: wp.array | None = None
+    camera_index: int | None = None
     # forward state for the backward
     _inputs: GaussianInputs | None = field(default=None, repr=False)
-    _cam: CameraParams | None = field(default=None, repr=False)
+    _cam: wp.array | None = field(default=None, repr=False)  # (1,) CameraParams
     _project: ProjectResult | None = field(default=None, repr=False)
     _bins: BinResult | None = field(default=None, repr=False)
     _images: RasterImages | None = field(default=None, repr=False)

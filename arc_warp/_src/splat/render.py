@@ -7,9 +7,9 @@ import dataclasses
 import warp as wp
 
 from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD
-from arc_warp._src.camera import Camera
+from arc_warp._src.camera import Camera, DeviceCameras
 from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
-from arc_warp._src.splat.project_ops import camera_params, project, project_backward
+from arc_warp._src.splat.project_ops import camera_params, device_camera_params, project, project_backward
 from arc_warp._src.splat.raster_ops import raster_backward, rasterize
 from arc_warp._src.splat.records import BinResult, GaussianGrads, GaussianInputs, RenderOutput, RenderSettings
 from arc_warp._src.splat.sh_ops import compute_colors
@@ -28,7 +28,7 @@ def render_gaussians(
     scales: wp.array,  # (N,) wp.vec3, linear std-devs, world units
     opacities: wp.array,  # (N,) float32 in [0, 1]
     colors: wp.array,  # (N, (d+1)^2) wp.vec3 SH coefficients, or (N,) wp.vec3 RGB
-    camera: Camera | list[Camera] | tuple[Camera, ...],
+    camera: Camera | list[Camera] | tuple[Camera, ...] | DeviceCameras,
     settings: RenderSettings | None = None,
     workspace: Workspace | None = None,
     outputs: dict[str, wp.array] | None = None,
@@ -46,11 +46,21 @@ def render_gaussians(
 
     All arrays live on one device (cpu or cuda); outputs are allocated there.
 
+    Host syncs: the tile sort needs the number of Gaussian-tile intersections, which
+    only the device knows. With a ``workspace`` that has rendered this image size
+    before, the sort is sized from the workspace's kept capacity (1.25x the recent
+    totals) and nothing waits for the device until every camera of the call is queued;
+    then one wait reads all totals (the device meanwhile runs the queued sorts and
+    rasterisers), and a camera whose total exceeded the capacity is rendered again with
+    its total read back first (so results are always exact). Otherwise (first render of
+    a size, or no workspace) each camera reads its total back before sorting.
+
     Checks: types, dtypes, shapes and devices raise TypeError/ValueError before any
     launch. NaN/Inf in any input (and an all-zero quaternion) is found by the device:
     the projection kernel checks the values it reads anyway and one flat kernel
-    checks ``colors``; the flags come back with the single readback that sizes the
-    sort, and a ValueError is raised before binning or rasterising.
+    checks ``colors``; the flags come back with the intersection totals, and a
+    ValueError is raised before this function returns (non-finite Gaussians are culled,
+    so the queued work never reads or writes out of bounds).
 
     Gradients: if any input has ``requires_grad`` and a ``wp.Tape`` is given (``tape=``)
     or active (``with tape:``), the outputs get ``requires_grad`` and the backward is
@@ -74,8 +84,9 @@ def render_gaussians(
         tape.backward(loss)  # shift.grad now holds dL/dshift
 
     Args:
-        camera: a :class:`Camera`, or a list/tuple of them (see ``Camera.batch``), which
-            renders each camera and returns a list.
+        camera: a :class:`Camera`, or a list/tuple of them (see ``Camera.batch``), or
+            :class:`DeviceCameras` (matrices on the device, read there: no host copy);
+            a list or DeviceCameras renders each camera and returns a list.
         settings: :class:`RenderSettings`; ``None`` uses the defaults.
         workspace: a :class:`Workspace` whose buffers this render reuses: with one,
             repeated renders (and backwards) of the same N and image size allocate no
@@ -86,7 +97,8 @@ def render_gaussians(
         outputs: optional caller-owned (H, W) arrays for the images, by name:
             ``color`` (wp.vec3), ``alpha``, ``depth``, ``expected_depth`` (float32),
             and (N,) ``means2d`` (wp.vec2) and ``radii`` (wp.vec2i); the render writes
-            into them (one camera only). Missing names are allocated.
+            into them. For a list of cameras, a list of such dicts (or None), one per
+            camera. Missing names are allocated.
         tape: the ``wp.Tape`` to record the backward on; ``None`` uses the tape of an
             enclosing ``with tape:`` block, if any.
 
@@ -101,41 +113,53 @@ def render_gaussians(
         raise TypeError(f"workspace must be an arc_warp Workspace or None, got {type(workspace).__name__}")
     if tape is not None and not isinstance(tape, wp.Tape):
         raise TypeError(f"tape must be a wp.Tape or None, got {type(tape).__name__}")
-    if isinstance(camera, (list, tuple)):
-        if outputs is not None:
-            raise ValueError("outputs= takes the arrays of one camera; render a camera list without it")
-        return [
-            render_gaussians(means, quats, scales, opacities, colors, cam, settings, workspace, None, tape)
-            for cam in Camera.batch(camera)
-        ]
-    if not isinstance(camera, Camera):
-        raise TypeError(f"camera must be a Camera or a list of cameras, got {type(camera).__name__}")
+    batch = isinstance(camera, (list, tuple, DeviceCameras))
+    if isinstance(camera, DeviceCameras):
+        cameras = [(camera, i) for i in range(len(camera))]
+    elif batch:
+        cameras = [(cam, None) for cam in Camera.batch(camera)]
+    elif isinstance(camera, Camera):
+        cameras = [(camera, None)]
+    else:
+        raise TypeError(f"camera must be a Camera, a list of cameras or DeviceCameras, got {type(camera).__name__}")
+    if batch and outputs is not None and (not isinstance(outputs, (list, tuple)) or len(outputs) != len(cameras)):
+        raise ValueError(f"outputs= for a list of {len(cameras)} cameras must be a list of as many dicts (or None)")
     inputs = check_inputs(means, quats, scales, opacities, colors, settings)
-    outputs = _check_outputs(outputs, inputs, camera)
+    per_camera = outputs if batch and outputs is not None else [outputs] * len(cameras)
+    per_camera = [_check_outputs(o, inputs, cam) for o, (cam, _) in zip(per_camera, cameras)]
     if workspace is None:
         # a one-off workspace; only "arc" reads the threshold (resolving may calibrate once)
         unused = FALLBACK_THRESHOLD if settings.reduce != "arc" or settings.threshold is not None else None
         workspace = Workspace(inputs.means.device, unused, replay=False)
     elif workspace.device != inputs.means.device:
         raise ValueError(f"workspace is on {workspace.device} but the inputs are on {inputs.means.device}")
-    frame = workspace.acquire()
-    out = _forward(inputs, camera, settings, frame, outputs)
-    workspace.release_with(out, frame)
+    if isinstance(camera, DeviceCameras) and camera.viewmats.device != inputs.means.device:
+        raise ValueError(f"DeviceCameras are on {camera.viewmats.device} but the inputs are on {inputs.means.device}")
+    queued = []
+    for (cam, index), targets in zip(cameras, per_camera):
+        frame = workspace.acquire()
+        out, pending = _forward(inputs, cam, index, settings, frame, targets)
+        workspace.release_with(out, frame)
+        queued.append((out, pending, targets))
+    _settle(queued, workspace)
     if tape is None:
         tape = active_tape()
     if tape is not None and any(a.requires_grad for a in inputs.arrays):
-        tracked = [a for a in (out.color, out.alpha, out.depth, out.expected_depth, *inputs.arrays) if a.requires_grad]
-        tape.record_func(lambda: _tape_backward(out), tracked)
-    return out
+        for out, _, _ in queued:
+            tracked = [a for a in (out.color, out.alpha, out.depth, out.expected_depth, *inputs.arrays)
+                       if a.requires_grad]
+            tape.record_func(lambda out=out: _tape_backward(out), tracked)
+    outs = [out for out, _, _ in queued]
+    return outs if batch else outs[0]
 
 
-def _camera_args(workspace: Workspace, camera: Camera):
-    """``camera_params(camera)``, built once per Camera object that the workspace sees."""
+def _camera_args(workspace: Workspace, camera: Camera) -> wp.array:
+    """``camera_params(camera)`` on the workspace's device, made once per Camera object."""
     cached = workspace.camera_args.get(id(camera))
     if cached is None:
         if len(workspace.camera_args) >= 256:  # bounded: a loop making new cameras
             workspace.camera_args.clear()
-        cached = workspace.camera_args[id(camera)] = (camera, camera_params(camera))
+        cached = workspace.camera_args[id(camera)] = (camera, camera_params(camera, workspace.device))
     return cached[1]
 
 
@@ -155,9 +179,14 @@ def _check_outputs(outputs, inputs: GaussianInputs, camera: Camera) -> dict:
     return outputs
 
 
-def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings, frame: Frame, outputs: dict) -> RenderOutput:
+def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int | None, settings: RenderSettings,
+             frame: Frame, outputs: dict, exact: bool = False) -> tuple[RenderOutput, tuple | None]:
+    """Queues one camera's render (camera ``index`` of ``DeviceCameras``, or a Camera). The intersection sort is sized by the workspace's kept
+    capacity without waiting for the device, or (``exact``, or no capacity yet) by reading
+    the total back first. Returns the output and, for the first way, what :func:`_settle`
+    checks once all cameras are queued: (host copy of the flags, its event, sort size)."""
     tiles_x, tiles_y = tile_grid(camera.width, camera.height)
-    cam = _camera_args(frame._workspace, camera)
+    workspace = frame._workspace
     n = inputs.count
     shape = (camera.height, camera.width)
 
@@ -166,18 +195,38 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings, f
         return frame.array(name, shape, dtype) if given is None else given
 
     images_out = {name: output(name, shape, dtype) for name, dtype in IMAGE_OUTPUTS.items()}
-    flags = frame.shared.array("flags", 1 + len(BAD_SLOTS), wp.int32, zero=True)
+    flags = frame.array("flags", 1 + len(BAD_SLOTS), wp.int32, zero=True)
+    if index is None:
+        cam = _camera_args(workspace, camera)
+    else:
+        cam = device_camera_params(camera, index, flags, frame)
     proj = project(
         inputs, cam, settings.eps2d, tiles_x, tiles_y, flags, frame,
         output("means2d", n, wp.vec2),
         output("radii", n, wp.vec2i),
         settings.antialiased,
     )
+    pending = None
     if n > 0:
         compute_colors(inputs, cam, proj, flags, frame)  # flags bad colours before the readback
-        cum_tiles, host_flags = count_intersections(proj, flags, frame)
-        raise_on_flags(host_flags)
-        bins = sort_intersections(proj, cum_tiles, int(host_flags[0]), tiles_x, tiles_y, frame)
+        depth = count_intersections(proj, flags, frame)
+        host_flags = frame.host_array("host_flags", flags.shape[0], wp.int32)
+        wp.copy(host_flags, flags)
+        event = frame.event()
+        if event is not None:
+            wp.record_event(event)
+        sort_size = None if exact else workspace.sort_size((tiles_x, tiles_y))
+        if sort_size is None:
+            if event is not None:
+                wp.synchronize_event(event)  # the one host sync of this render
+            sort_size = int(host_flags.numpy()[0])
+            raise_on_flags(host_flags.numpy())
+            workspace.observe_total((tiles_x, tiles_y), sort_size)
+        else:
+            pending = (host_flags, event, sort_size)
+        # buffers for the size later renders will sort, so those allocate nothing
+        reserve = workspace.sort_size((tiles_x, tiles_y)) or 0
+        bins = sort_intersections(proj, depth, sort_size, tiles_x, tiles_y, frame, reserve)
     else:
         bins = BinResult(tiles_x, tiles_y, 0, frame.capacity("sort_ids", 0, wp.int32),
                          frame.array("tile_ranges", tiles_x * tiles_y, wp.vec2i, zero=True))
@@ -188,7 +237,7 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings, f
             img.requires_grad = True
     means2d_grad = frame.array("means2d_grad", n, wp.vec2, zero=True)
     means2d_absgrad = frame.array("means2d_absgrad", n, wp.vec2, zero=True) if settings.absgrad else None
-    return RenderOutput(
+    out = RenderOutput(
         color=images.color,
         alpha=images.alpha,
         depth=images.depth,
@@ -199,6 +248,7 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings, f
         settings=settings,
         means2d_grad=means2d_grad,
         means2d_absgrad=means2d_absgrad,
+        camera_index=index,
         _inputs=inputs,
         _cam=cam,
         _project=proj,
@@ -206,6 +256,37 @@ def _forward(inputs: GaussianInputs, camera: Camera, settings: RenderSettings, f
         _images=images,
         _frame=frame,
     )
+    return out, pending
+
+
+def _settle(queued: list, workspace: Workspace) -> None:
+    """Checks the renders queued without a sync, after all of them are queued: one wait for
+    the last flags copy (work on one stream is ordered, so the earlier copies are done
+    too; the device meanwhile runs the queued sorts and rasterisers), then per render the
+    input flags (ValueError) and the intersection total. A total over the sort size it was
+    queued with re-renders that camera with the total read back first (rare: the kept size
+    has 25% headroom over recent totals); otherwise the exact total replaces the size."""
+    pending = [p for _, p, _ in queued if p is not None]
+    if not pending:
+        return
+    if pending[-1][1] is not None:
+        wp.synchronize_event(pending[-1][1])
+    for out, p, targets in queued:
+        if p is None:
+            continue
+        host_flags, _, sort_size = p
+        flags = host_flags.numpy()
+        raise_on_flags(flags)
+        total = int(flags[0])
+        grid = (out._bins.tiles_x, out._bins.tiles_y)
+        workspace.observe_total(grid, total)
+        if total > sort_size:
+            redone, _ = _forward(out._inputs, out.camera, out.camera_index, out.settings, out._frame, targets,
+                                 exact=True)
+            for field in dataclasses.fields(RenderOutput):
+                setattr(out, field.name, getattr(redone, field.name))
+        else:
+            out._bins.n_isects = total
 
 
 def _grads_into(frame: Frame, inputs: GaussianInputs, own_grads: bool) -> GaussianGrads:

@@ -9,6 +9,8 @@ import functools
 
 import warp as wp
 
+from arc_warp._src.splat.geometry_funcs import CameraParams
+
 vec16 = wp.types.vector(16, wp.float32)
 
 SH_C0 = 0.2820947917738781
@@ -115,13 +117,13 @@ def make_sh_fwd(n_coeffs: int):
         means: wp.array(dtype=wp.vec3),
         coeffs: wp.array2d(dtype=wp.vec3),
         radii: wp.array(dtype=wp.vec2i),
-        cam_center: wp.vec3,
+        cams: wp.array(dtype=CameraParams),
         slot: int,
         rgb: wp.array(dtype=wp.vec3),
         bad: wp.array(dtype=wp.int32),
     ):
         i = wp.tid()
-        basis = sh_basis(wp.normalize(means[i] - cam_center))
+        basis = sh_basis(wp.normalize(means[i] - cams[0].center))
         value = wp.vec3(0.5)
         finite = True
         for k in range(wp.static(n_coeffs)):

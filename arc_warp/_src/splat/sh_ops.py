@@ -5,14 +5,13 @@ Its backward runs inside the projection backward (``project_ops.project_backward
 
 import warp as wp
 
-from arc_warp._src.splat.geometry_funcs import CameraParams
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS, flag_nonfinite
 from arc_warp._src.splat.records import GaussianInputs, ProjectResult
 from arc_warp._src.splat.sh_kernels import make_sh_fwd
 from arc_warp._src.splat.workspace import Frame
 
 
-def compute_colors(inputs: GaussianInputs, cam: CameraParams, proj: ProjectResult, bad: wp.array, frame: Frame):
+def compute_colors(inputs: GaussianInputs, cam: wp.array, proj: ProjectResult, bad: wp.array, frame: Frame):
     """Fills ``proj.rgb`` from SH coefficients and flags non-finite colour inputs in ``bad``.
 
     SH evaluation checks the coefficients it reads; plain RGB colours are used as-is
@@ -30,7 +29,7 @@ def compute_colors(inputs: GaussianInputs, cam: CameraParams, proj: ProjectResul
             inputs.means,
             inputs.colors,
             proj.radii,
-            cam.center,
+            cam,
             slot,
             proj.rgb,
             bad,

@@ -35,16 +35,24 @@ def check_inputs(means, quats, scales, opacities, colors, settings: RenderSettin
 
 
 _ZERO_QUAT_SLOT = BAD_SLOTS.index("quats (zero norm)") + 1
+_CAMERA_SLOT = BAD_SLOTS.index("cameras") + 1
 
 
 def raise_on_flags(flags: np.ndarray):
-    """ValueError naming each input the device checks found non-finite, and zero quaternions."""
-    bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if flags[slot] and slot != _ZERO_QUAT_SLOT]
+    """ValueError naming each input the device checks found non-finite, zero quaternions and
+    invalid device cameras."""
+    special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT)
+    bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if flags[slot] and slot not in special]
     problems = [f"non-finite (NaN/Inf) values in {', '.join(bad)}"] if bad else []
     if flags[_ZERO_QUAT_SLOT]:
         problems.append(
             "quats has quaternions of zero norm (all four components 0), which cannot be normalised "
             "into a rotation; use (1, 0, 0, 0) for an unrotated Gaussian"
+        )
+    if flags[_CAMERA_SLOT]:
+        problems.append(
+            "a camera's viewmat/K (DeviceCameras) is non-finite, has a focal length <= 0 or a viewmat "
+            "whose last row is not (0, 0, 0, 1); check the camera matrices"
         )
     if problems:
         raise ValueError("render_gaussians: " + "; ".join(problems))

@@ -7,7 +7,7 @@ and ``validate.raise_on_flags`` names what was wrong.
 import warp as wp
 
 # Slots of the ``bad`` flags array (slot 0 holds the intersection count).
-BAD_SLOTS = ("means", "quats", "scales", "opacities", "colors", "quats (zero norm)")
+BAD_SLOTS = ("means", "quats", "scales", "opacities", "colors", "quats (zero norm)", "cameras")
 
 
 @wp.func

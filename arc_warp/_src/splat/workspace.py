@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import weakref
 
 import warp as wp
@@ -11,6 +12,8 @@ from arc_warp._src.arc.calibrate import resolve_threshold
 
 _PYTHON_DTYPES = {float: wp.float32, int: wp.int32, bool: wp.bool}  # as wp.array stores them
 _REPACK = object()  # signature of an argument that is always repacked (structs, vectors)
+SORT_HISTORY = 64  # renders whose intersection totals set the sort size kept for the next
+SORT_SLACK = 4096  # entries added to every kept sort size, so small scenes rarely overflow
 
 
 def _signature(arg):
@@ -34,11 +37,12 @@ class Frame:
 
     def __init__(self, workspace: Workspace, shared: Frame | None = None):
         self._workspace = workspace
-        # buffers used only within one call (sort keys, scans, flags, gradient scratch),
+        # buffers used only within one call (sort keys, scans, gradient scratch),
         # shared by all frames of the workspace: work on one stream is ordered
         self.shared = self if shared is None else shared
         self._arrays: dict[str, wp.array] = {}
         self._launches: dict = {}  # key -> [wp.Launch, dim, argument signatures]
+        self._event = None
 
     @property
     def device(self):
@@ -97,6 +101,21 @@ class Frame:
                     signatures[i] = sig
         cmd.launch()
 
+    def host_array(self, name: str, shape, dtype) -> wp.array:
+        """A host buffer ``name`` that device copies into without blocking (page-locked on
+        CUDA; on the CPU the host is the device)."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        a = self._arrays.get(name)
+        if a is None or a.shape != shape or a.dtype != dtype:
+            a = self._arrays[name] = self._workspace._allocate(shape, dtype, False, host=True)
+        return a
+
+    def event(self) -> wp.Event | None:
+        """This frame's reusable CUDA event (None on the CPU, where work is synchronous)."""
+        if self._event is None and self.device.is_cuda:
+            self._event = wp.Event(self.device)
+        return self._event
+
     def capacity(self, name: str, count: int, dtype) -> wp.array:
         """A 1D buffer ``name`` of at least ``count`` entries (grown by 1.5x, never shrunk),
         for sizes that vary from call to call such as the tile-sort buffers."""
@@ -144,11 +163,34 @@ class Workspace:
         # kernel arguments derived from a Camera, by id; the entry keeps the camera alive
         # so an id is never reused while cached
         self.camera_args: dict[int, tuple] = {}
+        self._sort_sizes: dict[tuple[int, int], list] = {}  # grid -> [size, recent totals]
 
-    def _allocate(self, shape: tuple, dtype, zero: bool) -> wp.array:
+    def _allocate(self, shape: tuple, dtype, zero: bool, host: bool = False) -> wp.array:
         self.allocations += 1
         maker = wp.zeros if zero else wp.empty
+        if host and self.device.is_cuda:
+            return maker(shape, dtype=dtype, device="cpu", pinned=True)
         return maker(shape, dtype=dtype, device=self.device)
+
+    def sort_size(self, grid: tuple[int, int]) -> int | None:
+        """The intersection sort size to use on a ``grid`` = (tiles_x, tiles_y) image without
+        reading the total back first, or None (read it back: no render of that grid yet, or
+        a one-off workspace)."""
+        entry = self._sort_sizes.get(grid)
+        return None if entry is None or not self.replay else entry[0]
+
+    def observe_total(self, grid: tuple[int, int], total: int) -> None:
+        """Record a render's intersection total on ``grid``: the sort size becomes 1.25x the
+        largest of the last ``SORT_HISTORY`` totals (plus ``SORT_SLACK``) when a total
+        exceeds it, or when it is over twice that (views of a training set differ, so the
+        size follows their recent maximum rather than each view)."""
+        entry = self._sort_sizes.get(grid)
+        if entry is None:
+            entry = self._sort_sizes[grid] = [0, collections.deque(maxlen=SORT_HISTORY)]
+        entry[1].append(total)
+        want = max(entry[1]) * 5 // 4 + SORT_SLACK
+        if total > entry[0] or entry[0] > 2 * want:
+            entry[0] = want
 
     def acquire(self) -> Frame:
         """A free frame, or a new one."""
