@@ -14,11 +14,20 @@ regime and camera count C it reports, as medians after warm-up:
   high-water mark (``wp.get_mempool_used_mem_high``) over the library's runs.
 
 Libraries are imported if available and skipped otherwise: ``arc`` (arc_warp_torch),
-``gsplat`` and ``gsplat_packed`` (gsplat's ``rasterization``; its version is printed, so
-1.5.3 and 1.6.0 are told apart by running the script in each environment) and
-``fastergs`` (Faster-GS: add its adapter to ``_peer_renderers`` once its module is
-built; until then it is reported as unavailable). An optimizer table times one fused
+``gsplat`` and ``gsplat_packed`` (gsplat's ``rasterization``; rows are labelled with its
+version, e.g. ``gsplat-1.6.0``; 1.5.3 and 1.6.0 share the module name, so each runs in
+its own process with its own PYTHONPATH) and ``fastergs`` (Faster-GS's
+``FasterGSCudaBackend.torch_bindings.diff_rasterize``, one call per camera). Each library
+gets the parameters in the layout its authors train with: Faster-GS takes the raw
+parameters (it applies exp / sigmoid / normalisation in its kernels) with SH split into
+``[N,1,3]`` and ``[N,15,3]`` tensors and opacities ``[N,1]``; its step is also timed with its
+own ``FusedAdam``. Faster-GS copies counts to the host inside its forward, so its host
+time includes waiting for the device. An optimizer table times one fused
 ``SparseGaussianAdam`` step against ``torch.optim.Adam`` over the same parameters.
+
+``--check-peers`` renders a small scene with every library and prints, against arc, the
+max |image difference| and the cosine of each parameter's gradient (on the raw
+parameters, under a random cotangent): run it first after building a peer.
 
 Regimes: ``small`` splats of 0.3-1.5 pixels (few pixels each) and ``large`` ones of 4-16
 pixels at their depth.
@@ -27,6 +36,7 @@ Usage (GPU)::
 
     python benchmarks/bench_train_step.py --n 100000 300000 --regimes small large --cameras 1 4
     python benchmarks/bench_train_step.py --n 1000000 --libs arc gsplat --reps 10 --json out.json
+    python benchmarks/bench_train_step.py --check-peers --libs arc gsplat fastergs
 
 Smoke test on the CPU (tiny scene, arc only, host-time table)::
 
@@ -37,13 +47,17 @@ import argparse
 import json
 import sys
 import time
+from typing import Callable, NamedTuple
 
 import numpy as np
 import torch
 
 SH_DEGREE = 3
 REGIMES = {"small": (0.3, 1.5), "large": (4.0, 16.0)}  # std-dev range in pixels at the depth
-LRS = {"means": 1.6e-4, "quats": 1e-3, "log_scales": 5e-3, "logit_opacities": 5e-2, "sh": 2.5e-3}
+NEAR, FAR = 0.01, 1e10  # arc's and gsplat's default planes, passed to Faster-GS too
+# sh_rest: Faster-GS keeps SH degrees 1-3 apart, at 3DGS's 1/20 of the DC rate
+LRS = {"means": 1.6e-4, "quats": 1e-3, "log_scales": 5e-3, "logit_opacities": 5e-2, "sh": 2.5e-3,
+       "sh_rest": 2.5e-3 / 20}
 
 
 def _logit(p):
@@ -74,31 +88,45 @@ def make_scene(n, regime, width, height, cameras, seed=0):
     return {k: f32(v) for k, v in raw.items()}, f32(viewmats), f32(ks)
 
 
+class Library(NamedTuple):
+    """How the harness drives one renderer.
+
+    render(params, viewmats [C,4,4], Ks [C,3,3]) -> [C, H, W, 3] image; params: the leaf
+    tensors made by ``params(raw, device)`` (the library's training layout); optimizers:
+    the ``_optimizer`` kinds timed in its training step."""
+
+    render: Callable
+    params: Callable
+    optimizers: tuple = ("torch_adam",)
+
+
 def _renderers(libs, width, height):
-    """{name: render(means, quats, scales, opacities, sh, viewmats, Ks) -> [C, H, W, 3]}."""
+    """({label: Library}, notes); labels carry peer versions, e.g. ``gsplat-1.6.0``."""
     out, notes = {}, []
     if "arc" in libs:
         from arc_warp_torch import RenderContext, rasterization
 
         contexts = {}
 
-        def arc(means, *rest):
-            dev = means.device
+        def arc(p, viewmats, ks):
+            dev = p["means"].device
             if dev not in contexts:  # made once, outside the timed steps (calibrates here)
                 contexts[dev] = RenderContext(dev)
-            return rasterization(means, *rest[:-2], rest[-2], rest[-1], width, height,
+            return rasterization(*_activated(p), viewmats, ks, width, height,
                                  sh_degree=SH_DEGREE, context=contexts[dev])[0]
 
-        out["arc"] = arc
+        out["arc"] = Library(arc, _params, ("torch_adam", "fused_adam", "sparse_adam"))
     if {"gsplat", "gsplat_packed"} & set(libs):
         try:
             import gsplat
 
             for name, packed in (("gsplat", False), ("gsplat_packed", True)):
                 if name in libs:
-                    out[name] = lambda *a, packed=packed: gsplat.rasterization(
-                        *a, width, height, sh_degree=SH_DEGREE, packed=packed,
+                    render = lambda p, vm, ks, packed=packed: gsplat.rasterization(  # noqa: E731
+                        *_activated(p), vm, ks, width, height, sh_degree=SH_DEGREE, packed=packed,
                         rasterize_mode="classic")[0]
+                    out[f"gsplat-{gsplat.__version__}" + ("-packed" if packed else "")] = \
+                        Library(render, _params)
             notes.append(f"gsplat {gsplat.__version__}")
         except Exception as e:  # noqa: BLE001 - optional peer
             notes.append(f"gsplat unavailable ({type(e).__name__}: {e})")
@@ -110,16 +138,64 @@ def _renderers(libs, width, height):
 
 
 def _peer_renderers(width, height):
-    """Faster-GS through its torch module, if it is importable and has an adapter here."""
+    """Faster-GS through its torch module (``diff_rasterize``), if importable.
+
+    Called as its Renderer.render_image_training does: raw means, log-scales, unnormalised
+    wxyz quaternions and opacity logits [N,1]; SH as sh0 [N,1,3] + rest [N,15,3] with all
+    16 bases active; classic mode (proper_antialiasing False: 0.3 px dilation, as arc and
+    gsplat classic); black background; arc's near/far planes. It renders one camera per
+    call into a [3,H,W] image, so C cameras are C calls, stacked and permuted to [C,H,W,3]."""
     try:
-        import FasterGSCudaBackend  # noqa: F401
+        from FasterGSCudaBackend.torch_bindings import RasterizerSettings, diff_rasterize
     except Exception as e:  # noqa: BLE001 - optional peer
-        return {}, f"Faster-GS unavailable ({type(e).__name__})"
-    return {}, "Faster-GS importable but no adapter written yet: add one in _peer_renderers"
+        return {}, f"Faster-GS unavailable ({type(e).__name__}: {e})"
+    cache = {}
+
+    def settings(viewmats, ks):
+        """One RasterizerSettings per camera, made on first use (host copies) and kept with
+        the camera tensors, so the pointers in the key cannot be reused."""
+        key = (viewmats.data_ptr(), ks.data_ptr(), viewmats.shape[0])
+        if key not in cache:
+            dev = viewmats.device
+            vm, k = viewmats.detach().double().cpu(), ks.detach().double().cpu()
+            cams = [RasterizerSettings(
+                w2c=vm[c].float().contiguous().to(dev),  # rows 0-2 are read as float4: [R | t]
+                cam_position=torch.linalg.inv(vm[c])[:3, 3].float().contiguous().to(dev),
+                bg_color=torch.zeros(3, device=dev), active_sh_bases=(SH_DEGREE + 1) ** 2,
+                width=width, height=height, focal_x=float(k[c, 0, 0]), focal_y=float(k[c, 1, 1]),
+                center_x=float(k[c, 0, 2]), center_y=float(k[c, 1, 2]), near_plane=NEAR,
+                far_plane=FAR, proper_antialiasing=False) for c in range(vm.shape[0])]
+            cache[key] = (viewmats, ks, cams)
+        return cache[key][2]
+
+    no_densification = torch.empty(0)  # size 0: its backward skips the densification stats
+
+    def fastergs(p, viewmats, ks):
+        imgs = [diff_rasterize(p["means"], p["log_scales"], p["quats"], p["logit_opacities"], p["sh"],
+                               p["sh_rest"], no_densification, s) for s in settings(viewmats, ks)]
+        return (torch.stack(imgs) if len(imgs) > 1 else imgs[0][None]).permute(0, 2, 3, 1)
+
+    def params(raw, device):
+        """Faster-GS's training layout (contiguous: its kernels read raw pointers)."""
+        split = dict(raw, logit_opacities=raw["logit_opacities"][:, None], sh=raw["sh"][:, :1],
+                     sh_rest=raw["sh"][:, 1:])
+        return _params({k: v.contiguous() for k, v in split.items()}, device)
+
+    return {"fastergs": Library(fastergs, params, ("torch_adam", "fastergs_adam"))}, "Faster-GS"
 
 
 def _params(raw, device):
     return {k: v.to(device).clone().requires_grad_(True) for k, v in raw.items()}
+
+
+def _raw_layout(tensors):
+    """A library's parameters (or their gradients) in make_scene's raw layout: Faster-GS's
+    split SH [N,1,3] + [N,15,3] joined to [N,16,3], its opacities [N,1] flattened to [N]."""
+    out = dict(tensors)
+    if "sh_rest" in out:
+        out["sh"] = torch.cat([out["sh"], out.pop("sh_rest")], 1)
+    out["logit_opacities"] = out["logit_opacities"].reshape(-1)
+    return out
 
 
 def _activated(p):
@@ -153,22 +229,29 @@ class Timer:
 
 
 def _optimizer(kind, params):
+    """kind: "torch_adam"; arc's "fused_adam" / "sparse_adam" (SparseGaussianAdam); or
+    "fastergs_adam" (Faster-GS's FusedAdam, one tensor per group as its Model builds it)."""
     groups = [{"params": [v], "lr": LRS[k]} for k, v in params.items()]
     if kind == "torch_adam":
         return torch.optim.Adam(groups, eps=1e-15)
+    if kind == "fastergs_adam":
+        from FasterGSCudaBackend.torch_bindings import FusedAdam
+
+        return FusedAdam(groups, lr=0.0, eps=1e-15)
     from arc_warp_torch import SparseGaussianAdam
 
     return SparseGaussianAdam(groups, lr=0.0, eps=1e-15, bias_correction=True)
 
 
-def bench_library(render, raw, viewmats, ks, target, device, reps, optimizers):
-    """Median forward / backward / step times, host time per forward + backward, peak MiB."""
+def bench_library(lib, raw, viewmats, ks, target, device, reps):
+    """Median forward / backward / step times (one step per optimizer of ``lib``), host
+    time per forward + backward, ms."""
     cuda = device.type == "cuda"
-    params = _params(raw, device)
+    params = lib.params(raw, device)
     fwd, bwd, host = [], [], []
     for i in range(reps + 2):
         with Timer(cuda) as tf:
-            img = render(*_activated(params), viewmats, ks)
+            img = lib.render(params, viewmats, ks)
         loss = (img - target).abs().mean()
         with Timer(cuda) as tb:
             loss.backward()
@@ -180,12 +263,12 @@ def bench_library(render, raw, viewmats, ks, target, device, reps, optimizers):
             host.append(tf.host_ms + tb.host_ms)
     row = {"forward_ms": float(np.median(fwd)), "backward_ms": float(np.median(bwd)),
            "host_ms": float(np.median(host))}
-    for kind in optimizers:
+    for kind in lib.optimizers:
         opt = _optimizer(kind, params)
         steps = []
         for i in range(reps + 2):
             with Timer(cuda) as ts:
-                img = render(*_activated(params), viewmats, ks)
+                img = lib.render(params, viewmats, ks)
                 loss = (img - target).abs().mean()
                 loss.backward()
                 if kind == "sparse_adam":
@@ -244,6 +327,43 @@ def _peak_mib(device, warp_before):
     return (torch_peak + max(warp_peak, 0)) / 2**20
 
 
+def check_peers(libs, width, height, device, n=2000, cameras=2):
+    """Each library against arc on a small scene (both regimes, ``cameras`` cameras): max and
+    mean |image difference|, and per raw parameter the cosine and norm ratio of its gradient
+    to arc's under one random cotangent. Prints a line per library and regime; returns
+    {regime: {label: {...}}}."""
+    if "arc" not in libs or len(libs) < 2:
+        print("# --check-peers needs arc and at least one peer available")
+        return {}
+    out = {}
+    for regime in REGIMES:
+        raw, viewmats, ks = make_scene(n, regime, width, height, cameras, seed=1)
+        viewmats, ks = viewmats.to(device), ks.to(device)
+        cotangent = torch.rand(cameras, height, width, 3, device=device,
+                               generator=torch.Generator(device).manual_seed(1))
+        got = {}
+        for name, lib in libs.items():
+            params = lib.params(raw, device)
+            img = lib.render(params, viewmats, ks)
+            (img * cotangent).sum().backward()
+            got[name] = img.detach(), _raw_layout({k: v.grad for k, v in params.items()})
+        ref_img, ref_grads = got.pop("arc")
+        out[regime] = {}
+        for name, (img, grads) in got.items():
+            diff = (img - ref_img).abs()
+            res = {"max_abs_image_diff": float(diff.max()), "mean_abs_image_diff": float(diff.mean())}
+            for k, g in ref_grads.items():
+                a, b = grads[k].double().flatten(), g.double().flatten()
+                res[f"cos_{k}"] = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+                res[f"norm_ratio_{k}"] = float(a.norm() / b.norm())
+            out[regime][name] = res
+            print(f"# check {regime} N={n} {width}x{height} C={cameras} {name} vs arc: image max "
+                  f"{res['max_abs_image_diff']:.2e} mean {res['mean_abs_image_diff']:.2e}; grad cos / "
+                  "norm ratio " + ", ".join(f"{k} {res['cos_' + k]:.5f}/{res['norm_ratio_' + k]:.3f}"
+                                            for k in ref_grads), flush=True)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda")
@@ -257,6 +377,8 @@ def main(argv=None) -> int:
     ap.add_argument("--height", type=int, default=1080)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--no-optim", action="store_true", help="skip the optimizer table")
+    ap.add_argument("--check-peers", action="store_true",
+                    help="only compare every library with arc on a small scene (image, gradients)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     import warp as wp
@@ -273,12 +395,20 @@ def main(argv=None) -> int:
     import warp as wp
 
     wp.config.log_level = wp.LOG_WARNING if hasattr(wp, "LOG_WARNING") else wp.config.log_level
-    renders, notes = _renderers(args.libs, args.width, args.height)
+    if args.check_peers:
+        args.width, args.height = min(args.width, 320), min(args.height, 240)
+    libs, notes = _renderers(args.libs, args.width, args.height)
     print(f"# torch API, {args.width}x{args.height}, SH {SH_DEGREE}, device "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; " + "; ".join(notes))
+    if args.check_peers:
+        checks = check_peers(libs, args.width, args.height, device, n=min(args.n[0], 2000))
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"check": checks, "notes": notes, "args": vars(args)}, f, indent=1)
+        return 0
     rows = []
     header = ("| N | regime | C | library | forward ms | backward ms | step (torch Adam) ms | "
-              "step (fused) ms | step (sparse) ms | host ms fwd+bwd | peak MiB |")
+              "step (own fused Adam) ms | step (sparse) ms | host ms fwd+bwd | peak MiB |")
     print(header + "\n|" + "---|" * 11)
     for n in args.n:
         for regime in args.regimes:
@@ -287,22 +417,21 @@ def main(argv=None) -> int:
                 viewmats, ks = viewmats.to(device), ks.to(device)
                 target = torch.rand(c, args.height, args.width, 3, device=device,
                                     generator=torch.Generator(device).manual_seed(0))
-                for name, render in renders.items():
-                    opts = ["torch_adam"] + (["fused_adam", "sparse_adam"] if name == "arc" else [])
+                for name, lib in libs.items():
                     _peak_reset(device)
                     warp_before = wp.get_mempool_used_mem_current(wp.device_from_torch(device)) \
                         if device.type == "cuda" else 0
                     try:
-                        row = bench_library(render, raw, viewmats, ks, target, device, args.reps, opts)
+                        row = bench_library(lib, raw, viewmats, ks, target, device, args.reps)
                     except Exception as e:  # noqa: BLE001 - report, go on with the others
                         print(f"| {n} | {regime} | {c} | {name} | failed: {type(e).__name__}: {e} |")
                         continue
                     row.update(n=n, regime=regime, cameras=c, library=name,
                                peak_mib=_peak_mib(device, warp_before))
                     rows.append(row)
-                    cell = lambda k: f"{row[k]:.3f}" if k in row else "-"  # noqa: E731
+                    cell = lambda *ks: next((f"{row[k]:.3f}" for k in ks if k in row), "-")  # noqa: E731
                     print(f"| {n} | {regime} | {c} | {name} | {cell('forward_ms')} | {cell('backward_ms')} | "
-                          f"{cell('step_torch_adam_ms')} | {cell('step_fused_adam_ms')} | "
+                          f"{cell('step_torch_adam_ms')} | {cell('step_fused_adam_ms', 'step_fastergs_adam_ms')} | "
                           f"{cell('step_sparse_adam_ms')} | {cell('host_ms')} | {row['peak_mib']:.0f} |",
                           flush=True)
     optim = {}
