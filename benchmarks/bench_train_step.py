@@ -9,7 +9,10 @@ regime and camera count C it reports, as medians after warm-up:
   and of render + L1 + backward + ``torch.optim.Adam`` (arc_warp also with its fused
   ``SparseGaussianAdam``, dense and sparse);
 - host ms: ``time.perf_counter`` around the Python calls of the forward + backward,
-  read BEFORE synchronising, i.e. what the CPU spends issuing the work;
+  read BEFORE synchronising, i.e. what the CPU spends issuing the work, including any
+  wait for the device inside the calls; for arc also "wait ms", the part spent blocked
+  in Warp's event wait (its one wait per forward, ``wp.synchronize_event``), so host
+  ms - wait ms is arc_warp's Python time;
 - peak MiB: ``torch.cuda.max_memory_allocated`` plus Warp's stream-ordered pool
   high-water mark (``wp.get_mempool_used_mem_high``) over the library's runs.
 
@@ -203,6 +206,25 @@ def _activated(p):
             torch.sigmoid(p["logit_opacities"]), p["sh"])
 
 
+_WAITS = [0.0]  # ms spent in wp.synchronize_event since the last reset
+
+
+def _count_waits():
+    """Measurement only: time every ``wp.synchronize_event`` (arc_warp's one wait per forward)."""
+    import warp as wp
+
+    sync = wp.synchronize_event
+
+    def timed(event):
+        t0 = time.perf_counter()
+        try:
+            return sync(event)
+        finally:
+            _WAITS[0] += (time.perf_counter() - t0) * 1e3
+
+    wp.synchronize_event = timed
+
+
 class Timer:
     """CUDA events on a GPU; on the CPU the wall time (which is then also the busy time)."""
 
@@ -248,8 +270,9 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps):
     time per forward + backward, ms."""
     cuda = device.type == "cuda"
     params = lib.params(raw, device)
-    fwd, bwd, host = [], [], []
+    fwd, bwd, host, wait = [], [], [], []
     for i in range(reps + 2):
+        _WAITS[0] = 0.0
         with Timer(cuda) as tf:
             img = lib.render(params, viewmats, ks)
         loss = (img - target).abs().mean()
@@ -261,8 +284,9 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps):
             fwd.append(tf.device_ms())
             bwd.append(tb.device_ms())
             host.append(tf.host_ms + tb.host_ms)
+            wait.append(_WAITS[0])
     row = {"forward_ms": float(np.median(fwd)), "backward_ms": float(np.median(bwd)),
-           "host_ms": float(np.median(host))}
+           "host_ms": float(np.median(host)), "wait_ms": float(np.median(wait))}
     for kind in lib.optimizers:
         opt = _optimizer(kind, params)
         steps = []
@@ -398,6 +422,7 @@ def main(argv=None) -> int:
     if args.check_peers:
         args.width, args.height = min(args.width, 320), min(args.height, 240)
     libs, notes = _renderers(args.libs, args.width, args.height)
+    _count_waits()
     print(f"# torch API, {args.width}x{args.height}, SH {SH_DEGREE}, device "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; " + "; ".join(notes))
     if args.check_peers:
@@ -408,8 +433,8 @@ def main(argv=None) -> int:
         return 0
     rows = []
     header = ("| N | regime | C | library | forward ms | backward ms | step (torch Adam) ms | "
-              "step (own fused Adam) ms | step (sparse) ms | host ms fwd+bwd | peak MiB |")
-    print(header + "\n|" + "---|" * 11)
+              "step (own fused Adam) ms | step (sparse) ms | host ms fwd+bwd | of which wait ms | peak MiB |")
+    print(header + "\n|" + "---|" * 12)
     for n in args.n:
         for regime in args.regimes:
             for c in args.cameras:
@@ -432,7 +457,8 @@ def main(argv=None) -> int:
                     cell = lambda *ks: next((f"{row[k]:.3f}" for k in ks if k in row), "-")  # noqa: E731
                     print(f"| {n} | {regime} | {c} | {name} | {cell('forward_ms')} | {cell('backward_ms')} | "
                           f"{cell('step_torch_adam_ms')} | {cell('step_fused_adam_ms', 'step_fastergs_adam_ms')} | "
-                          f"{cell('step_sparse_adam_ms')} | {cell('host_ms')} | {row['peak_mib']:.0f} |",
+                          f"{cell('step_sparse_adam_ms')} | {cell('host_ms')} | "
+                          f"{cell('wait_ms') if name == 'arc' else '-'} | {row['peak_mib']:.0f} |",
                           flush=True)
     optim = {}
     if not args.no_optim and "arc" in args.libs:
