@@ -5,9 +5,14 @@ Gaussians at every step (:func:`particles_to_gaussians`, :func:`bodies_to_gaussi
 render them with ``arc_warp.render_gaussians`` on the same ``wp.Tape`` and call
 ``tape.backward``; gradients reach the simulation's initial state and parameters.
 
-The conversions and the minimal Warp integrator (:class:`ParticleIntegrator`) need only
-warp and numpy. :class:`NewtonRollout` and :func:`shape_surface_samples` need newton
-(the checkout's ``newton`` extra); they are imported on first use.
+Or render rigid bodies' triangle meshes with ``arc_warp.mesh``
+(:func:`render_body_meshes` of :class:`BodyMeshes` at ``State.body_q``, gathered from a
+model by :func:`model_mesh_shapes`): image losses then give the body poses gradients.
+
+The conversions, the mesh renderer and the minimal Warp integrator
+(:class:`ParticleIntegrator`) need only warp and numpy. :class:`NewtonRollout`,
+:func:`shape_surface_samples` and :func:`model_mesh_shapes` need newton (the checkout's
+``newton`` extra); they are imported on first use.
 """
 
 from .convert_ops import (
@@ -21,22 +26,27 @@ from .convert_ops import (
     sphere_surface_samples,
 )
 from .integrator_ops import IntegratorSettings, ParticleIntegrator
+from .mesh_render_ops import BodyMeshes, MeshRender, body_meshes_to_clip, camera_clip_matrix, render_body_meshes
 
-_NEWTON_NAMES = ("NewtonRollout", "shape_surface_samples")
+# name -> module that needs newton
+_NEWTON_NAMES = {"NewtonRollout": "newton_bridge", "shape_surface_samples": "newton_bridge",
+                 "model_mesh_shapes": "mesh_shapes"}
 NEWTON_HINT = "pip install -e '.[newton]' (from the arc_warp checkout)"
 
 
 def __getattr__(name):
     if name in _NEWTON_NAMES:
+        import importlib
+
         try:
-            from . import newton_bridge
+            module = importlib.import_module(f"{__name__}.{_NEWTON_NAMES[name]}")
         except ImportError as exc:
             if exc.name is None or not exc.name.startswith("newton"):
                 raise
             raise ImportError(
                 f"arc_warp_newton.{name} needs the newton simulator: {NEWTON_HINT}"
             ) from exc
-        return getattr(newton_bridge, name)
+        return getattr(module, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -49,16 +59,22 @@ def newton_available() -> bool:
 
 __all__ = [
     "NEWTON_HINT",
+    "BodyMeshes",
     "IntegratorSettings",
+    "MeshRender",
     "NewtonRollout",
     "ParticleIntegrator",
     "SimGaussians",
     "SurfaceSamples",
     "bodies_to_gaussians",
+    "body_meshes_to_clip",
     "box_surface_points",
     "box_surface_samples",
+    "camera_clip_matrix",
+    "model_mesh_shapes",
     "newton_available",
     "particles_to_gaussians",
+    "render_body_meshes",
     "shape_surface_samples",
     "sphere_surface_points",
     "sphere_surface_samples",
