@@ -62,13 +62,13 @@ def main():
     ap.add_argument("--reps", type=int, default=50)
     args = ap.parse_args()
     device = torch.device(args.device)
-    renders, _ = bts._renderers(["arc"], args.width, args.height)
+    libs, _ = bts._renderers(["arc"], args.width, args.height)
     raw, viewmats, ks = bts.make_scene(args.n, args.regime, args.width, args.height, args.cameras)
-    params = bts._params(raw, device)
+    params = libs["arc"].params(raw, device)
     viewmats, ks = viewmats.to(device), ks.to(device)
 
     def step():
-        img = renders["arc"](*bts._activated(params), viewmats, ks)
+        img = libs["arc"].render(params, viewmats, ks)
         img.sum().backward()
         for p in params.values():
             p.grad = None
