@@ -137,3 +137,44 @@ def test_antialiasing_renders_as_rasterization_antialiased(rng):
     with pytest.raises(ValueError, match="rasterize_mode"):
         rasterization(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"],
                       viewmats, ks, scene.width, scene.height, rasterize_mode="mip")
+
+
+def test_separate_dc_as_inria_current_train_py(rng):
+    """INRIA's current render() passes dc=features_dc [N,1,3] and shs=features_rest [N,K,3]
+    when its rasterizer exports SparseGaussianAdam: the image and each part's gradient are
+    those of shs = cat(dc, rest). The shim package serves the same objects."""
+    import importlib
+    import os
+    import sys
+
+    scene = random_scene(rng, n=40, width=24, height=20, sh_degree=2)
+    tx, ty = 0.5 * scene.width / scene.fx, 0.5 * scene.height / scene.fy
+    settings = inria_settings(scene.width, scene.height, tx, ty, scene.world_to_camera,
+                              torch.tensor([0.1, 0.2, 0.3]), 2)
+    p = params_of(scene, requires_grad=False)
+    geo = dict(means3D=p["means"], means2D=torch.zeros_like(p["means"]),
+               opacities=p["opacities"][:, None], scales=p["scales"], rotations=p["quats"])
+    weights = torch.tensor(rng.normal(size=(3, scene.height, scene.width)), dtype=torch.float32)
+    joint = p["colors"].clone().requires_grad_(True)
+    want, _, _ = GaussianRasterizer(settings)(**geo, shs=joint)
+    (want * weights).sum().backward()
+    dc = p["colors"][:, :1].clone().requires_grad_(True)
+    rest = p["colors"][:, 1:].clone().requires_grad_(True)
+    got, _, _ = GaussianRasterizer(settings)(**geo, dc=dc, shs=rest)
+    (got * weights).sum().backward()
+    np.testing.assert_array_equal(got.detach().numpy(), want.detach().numpy())
+    np.testing.assert_array_equal(dc.grad.numpy(), joint.grad[:, :1].numpy())
+    np.testing.assert_array_equal(rest.grad.numpy(), joint.grad[:, 1:].numpy())
+    with pytest.raises(ValueError, match="dc"):
+        GaussianRasterizer(settings)(**geo, dc=dc[:, :, :2], shs=rest)
+
+    shim = os.path.join(os.path.dirname(__file__), "..", "plugins", "inria_shim")
+    sys.path.insert(0, shim)
+    try:
+        module = importlib.import_module("diff_gaussian_rasterization")
+    finally:
+        sys.path.remove(shim)
+        sys.modules.pop("diff_gaussian_rasterization", None)
+    assert module.GaussianRasterizer is GaussianRasterizer
+    with pytest.raises(ImportError):
+        importlib.import_module("diff_gaussian_rasterization._C")

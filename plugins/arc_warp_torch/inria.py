@@ -159,8 +159,13 @@ class GaussianRasterizer(nn.Module):
                 colors_precomp: Optional[torch.Tensor] = None,  # [N, 3] RGB
                 scales: Optional[torch.Tensor] = None,  # [N, 3] linear
                 rotations: Optional[torch.Tensor] = None,  # [N, 4] wxyz
-                cov3D_precomp: Optional[torch.Tensor] = None):  # unsupported
+                cov3D_precomp: Optional[torch.Tensor] = None,  # unsupported
+                dc: Optional[torch.Tensor] = None):  # [N, 1, 3] or [N, 3] degree-0 SH
         """Render one camera. Returns (color [3, H, W], radii [N] int32, invdepth [1, H, W]).
+
+        dc with shs (INRIA's current train.py passes features_dc and features_rest this
+        way whenever its rasterizer exports SparseGaussianAdam, as this one does): the SH
+        coefficients are dc followed by shs ([N, 1 + K, 3]); dc alone is degree 0.
 
         color includes the background bg; radii is INRIA's ceil(3 sqrt(lambda_max)) of the
         dilated 2D covariance in pixels, 0 where INRIA culls (`radii > 0` is INRIA's
@@ -170,6 +175,15 @@ class GaussianRasterizer(nn.Module):
         further columns get 0.
         """
         s = self.raster_settings
+        means3D = check_tensor("means3D", means3D, (None, 3))
+        n = means3D.shape[0]
+        if dc is not None:
+            if colors_precomp is not None:
+                raise ValueError("dc (SH degree 0) and colors_precomp exclude each other")
+            dc = check_tensor("dc", dc, (n, 1, 3) if getattr(dc, "ndim", 0) == 3 else (n, 3),
+                              means3D.device).reshape(n, 1, 3)
+            shs = dc if shs is None else torch.cat(
+                [dc, check_tensor("shs", shs, (n, None, 3), means3D.device)], dim=1)
         if (shs is None) == (colors_precomp is None):
             raise ValueError("Please provide exactly one of either shs or colors_precomp")
         if cov3D_precomp is not None:
@@ -180,8 +194,7 @@ class GaussianRasterizer(nn.Module):
         if scales is None or rotations is None:
             raise ValueError("Please provide both scales and rotations (cov3D_precomp is not supported)")
         camera = _camera(s)
-        means3D = check_tensor("means3D", means3D, (None, 3))
-        device, n = means3D.device, means3D.shape[0]
+        device = means3D.device
         if isinstance(opacities, torch.Tensor) and opacities.shape == (n, 1):
             opacities = opacities.reshape(n)
         opacities = check_tensor("opacities", opacities, (n,), device)
