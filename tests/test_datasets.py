@@ -175,6 +175,26 @@ def test_transforms_json_pinhole_intrinsics(tmp_path):
     _check_dot(view, poses)
 
 
+def test_transforms_json_frames_without_images_skipped_as_instant_ngp(tmp_path):
+    """instant-ngp's captures (its data/nerf/fox) list frames whose blurry photo was deleted:
+    those are left out and reported, the hold-out is taken over the rest; a scene with no
+    image at all is an error naming one."""
+    poses = _transforms_scene(tmp_path, frames=9)
+    for i in (3, 5):
+        os.remove(tmp_path / "images" / f"frame_{i:05d}.png")
+    data = load_dataset(str(tmp_path))
+    assert len(data.train) + len(data.test) == 7
+    assert sorted(os.path.basename(p) for p in data.extras["skipped_frames"]) == [
+        "frame_00003.png", "frame_00005.png"]
+    assert [v.name for v in data.test] == ["images/frame_00000.png"]
+    for view in data.train + data.test:
+        _check_dot(view, poses)
+    for name in os.listdir(tmp_path / "images"):
+        os.remove(tmp_path / "images" / name)
+    with pytest.raises(FileNotFoundError, match="none of the 9 frames' images exist"):
+        load_dataset(str(tmp_path))
+
+
 # ------------------------------------------------------------------ load-time errors
 
 

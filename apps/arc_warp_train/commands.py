@@ -133,6 +133,10 @@ def _train_rank(args) -> int:
                           device=args.device, reduce=args.reduce, init_points=args.init_points,
                           cpu_threads=args.threads, progress=not args.no_progress,
                           check_sync=args.check_sync, optimizer=args.optimizer)
+        skipped = dataset.extras.get("skipped_frames", [])
+        if dist.is_main and skipped:
+            print(f"note: {len(skipped)} frames have no image file and are left out, as "
+                  f"instant-ngp does (first: {skipped[0]})", file=sys.stderr)
         if dist.is_main:
             ranks = f", {dist.world_size} data-parallel ranks ({dist.backend})" \
                 if dist.enabled else ""

@@ -175,12 +175,16 @@ def _frame_camera(frame, meta, where, image_size, downscale):
     return camera, K
 
 
-def _transforms_views(path, root, background, downscale):
-    """Views of one transforms*.json file (camera-to-world in the Blender/OpenGL axes)."""
+def _transforms_views(path, root, background, downscale, skip_missing=False):
+    """(views, skipped) of one transforms*.json file (camera-to-world in the Blender/OpenGL
+    axes). With `skip_missing`, frames whose image file does not exist are left out and
+    their paths returned in `skipped` (instant-ngp's rule: its captures list every frame
+    COLMAP posed, and blurry photos are deleted from images/ afterwards); otherwise a
+    missing image is an error."""
     from .colmap import image_folder, undistort
 
     meta = _read_json(path)
-    views = []
+    views, skipped = [], []
     for i, frame in enumerate(meta["frames"]):
         where = f"{path}: frame {i}"
         if not isinstance(frame, dict) or "file_path" not in frame \
@@ -197,6 +201,9 @@ def _transforms_views(path, root, background, downscale):
         if not os.path.splitext(file)[1]:
             file += ".png"
         where = f"{path}: frame {i} ({frame['file_path']})"
+        if skip_missing and not os.path.isfile(file):
+            skipped.append(file)
+            continue
         try:
             c2w = np.array(frame["transform_matrix"], dtype=np.float64)
         except (TypeError, ValueError):
@@ -212,14 +219,19 @@ def _transforms_views(path, root, background, downscale):
         c2w[:3, 1:3] *= -1.0  # OpenGL/Blender (y up, z back) -> OpenCV (y down, z forward)
         views.append(_checked_view(os.path.relpath(file, root), image, K, np.linalg.inv(c2w),
                                    where))
-    return views
+    if not views:
+        raise FileNotFoundError(f"{path}: none of the {len(skipped)} frames' images exist "
+                                f"(first: {skipped[0]})")
+    return views, skipped
 
 
 def load_nerf_synthetic(root, background=(1.0, 1.0, 1.0), downscale: int = 1,
                         test_every: int = 8) -> Dataset:
     """Read a transforms.json dataset: NeRF-synthetic (`root`/transforms_train.json with
     transforms_test.json or transforms_val.json) or nerfstudio / instant-ngp (one
-    `root`/transforms.json, every `test_every`-th frame by name held out).
+    `root`/transforms.json, every `test_every`-th frame by name held out; frames whose
+    image file is missing are skipped, as instant-ngp does, and listed in
+    extras['skipped_frames']).
 
     Frames: 'file_path' (extension optional, '.png' assumed) and a camera-to-world
     'transform_matrix' in the Blender convention. Intrinsics: 'camera_angle_x' (and
@@ -232,24 +244,27 @@ def load_nerf_synthetic(root, background=(1.0, 1.0, 1.0), downscale: int = 1,
     downscale = _check_downscale(downscale)
     split = os.path.join(root, "transforms_train.json")
     single = os.path.join(root, "transforms.json")
+    skipped = []
     if os.path.isfile(split):
-        train = _transforms_views(split, root, background, downscale)
+        train, _ = _transforms_views(split, root, background, downscale)
         held = next((s for s in ("test", "val")
                      if os.path.isfile(os.path.join(root, f"transforms_{s}.json"))), None)
         if held is not None:
-            test = _transforms_views(os.path.join(root, f"transforms_{held}.json"), root,
-                                     background, downscale)
+            test, _ = _transforms_views(os.path.join(root, f"transforms_{held}.json"), root,
+                                        background, downscale)
         else:
             train, test = llff_split(train, test_every)
         source = f"nerf_synthetic:{root}"
     elif os.path.isfile(single):
-        train, test = llff_split(_transforms_views(single, root, background, downscale),
-                                 test_every)
+        views, skipped = _transforms_views(single, root, background, downscale,
+                                           skip_missing=True)
+        train, test = llff_split(views, test_every)
         source = f"transforms:{root}"
     else:
         raise FileNotFoundError(f"{root}: no transforms_train.json or transforms.json "
                                 "(not a NeRF-synthetic or nerfstudio layout)")
-    return Dataset(train, test, background=tuple(float(b) for b in background), source=source)
+    return Dataset(train, test, background=tuple(float(b) for b in background), source=source,
+                   extras={"skipped_frames": skipped} if skipped else {})
 
 
 # ----------------------------------------------------------------------------------------
