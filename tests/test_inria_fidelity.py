@@ -178,3 +178,33 @@ def test_separate_dc_as_inria_current_train_py(rng):
     assert module.GaussianRasterizer is GaussianRasterizer
     with pytest.raises(ImportError):
         importlib.import_module("diff_gaussian_rasterization._C")
+
+
+def test_shim_2023_returns_color_and_radii(rng):
+    """plugins/inria_shim_2023 serves INRIA's 2023 API: two outputs, the drop-in's first two,
+    and no SparseGaussianAdam (so such a train.py keeps its torch Adam)."""
+    import importlib
+    import os
+    import sys
+
+    shim = os.path.join(os.path.dirname(__file__), "..", "plugins", "inria_shim_2023")
+    sys.path.insert(0, shim)
+    try:
+        module = importlib.import_module("diff_gaussian_rasterization")
+    finally:
+        sys.path.remove(shim)
+        sys.modules.pop("diff_gaussian_rasterization", None)
+    assert not hasattr(module, "SparseGaussianAdam")
+    scene = random_scene(rng, n=30, width=20, height=16, sh_degree=1)
+    tx, ty = 0.5 * scene.width / scene.fx, 0.5 * scene.height / scene.fy
+    settings = inria_settings(scene.width, scene.height, tx, ty, scene.world_to_camera,
+                              torch.zeros(3), 1)
+    p = params_of(scene, requires_grad=False)
+    kw = dict(means3D=p["means"], means2D=torch.zeros_like(p["means"]),
+              opacities=p["opacities"][:, None], shs=p["colors"], scales=p["scales"],
+              rotations=p["quats"])
+    old = module.GaussianRasterizer(raster_settings=module.GaussianRasterizationSettings(
+        *settings))(**kw)
+    new = GaussianRasterizer(settings)(**kw)
+    assert len(old) == 2
+    assert torch.equal(old[0], new[0]) and torch.equal(old[1], new[1])

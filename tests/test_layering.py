@@ -24,6 +24,7 @@ ALLOWED = {
     "plugins/arc_warp_trimesh": {"warp", "numpy", "arc_warp", "arc_warp_trimesh", "trimesh"},
     # INRIA's module name over the torch plugin's drop-in, and nothing else.
     "plugins/inria_shim": {"arc_warp_torch"},
+    "plugins/inria_shim_2023": {"arc_warp_torch"},
 }
 
 
