@@ -275,14 +275,15 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
     torch_grads = tuple(part.view_as(t) for part, t in zip(flat.split(sizes), inputs))
     with context.stream():
         output_grads = [None if g is None else g.to(torch.float32).contiguous() for g in output_grads]
-        wg = [None if g is None else context.view(g, dt) for g, dt in zip(output_grads, IMAGE_DTYPES)]
         into = GaussianGrads(*(context.view(g, dt) for g, dt in zip(torch_grads, INPUT_DTYPES)))
         for i, out in enumerate(outs):
             # The renderer accumulates into these; a second backward (retain_graph) starts at 0.
             for buf in (out.means2d_grad, out.means2d_absgrad):
                 if buf is not None:
                     buf.zero_()
-            render_gaussians_backward(out, *(None if g is None else g[i] for g in wg), grads=into)
+            # views of torch slices: cheaper than slicing a Warp view per camera
+            cotangents = (None if g is None else context.view(g[i], dt) for g, dt in zip(output_grads, IMAGE_DTYPES))
+            render_gaussians_backward(out, *cotangents, grads=into)
     if sink is None:
         return torch_grads, None
     target = sink.tensor

@@ -120,6 +120,7 @@ def project_one(
         bad[4] = 1
 
     radii[i] = wp.vec2i(0, 0)
+    means2d[i] = wp.vec2(0.0, 0.0)  # culled entries read 0 (here, not in a separate memset launch)
     tiles_per_gauss[i] = wp.int64(0)
     p = cam.rot * mean + cam.trans
     if not (p[2] >= cam.near and p[2] <= cam.far and opacity >= ALPHA_MIN):

@@ -59,7 +59,6 @@ def project(
     Scratch comes from ``frame``; ``means2d`` and ``radii`` are the caller's outputs.
     ``antialiased``: splat opacities carry the 2D filter's compensation."""
     n = inputs.count
-    means2d.zero_()  # culled entries keep 0
     result = ProjectResult(
         means2d=means2d,
         splats=frame.array("splats", n, Splat2D),  # culled entries are never read
