@@ -113,9 +113,10 @@ def rasterization(
         colors: [N, 3] RGB, or [N, K, 3] SH coefficients (evaluated per camera with the view
             direction; 0.5 is added and the result clamped at 0, as in gsplat/INRIA).
         viewmats: [C, 4, 4] world-to-camera matrices, not differentiable (ValueError if
-            they require grad). Host (cpu) tensors are read directly; device tensors are
-            copied to the host in one small copy per call, which waits for the device, so
-            keep cameras on the host in a training loop.
+            they require grad). CUDA tensors on the device of `means` stay there (read by
+            the projection kernel, no host copy or sync; non-finite values or fx, fy <= 0
+            raise ValueError after the render is queued); host (cpu) tensors are read
+            directly.
         Ks: [C, 3, 3] pinhole intrinsics in pixels; same handling as viewmats.
         width, height: image size in pixels.
         sh_degree: SH degree 0..3 to use from [N, K, 3] colors (the first (d+1)^2
