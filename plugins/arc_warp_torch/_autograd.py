@@ -52,6 +52,7 @@ class RenderContext:
         self._views = {}  # (pointer, shape, dtype) -> non-owning wp.array
         self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
         self.cameras = {}  # host camera values and image size -> arc_warp.Camera (bounded)
+        self._intrinsics = {}  # (fx, fy, cx, cy) -> [1, 3, 3] device K (bounded)
 
     def camera(self, fx, fy, cx, cy, width, height, world_to_camera, near, far) -> Camera:
         """The Camera of these values, made (and validated) once: a training loop revisits
@@ -88,6 +89,18 @@ class RenderContext:
             a = wp.array(ptr=t.data_ptr(), dtype=dtype, shape=shape, device=self._wdevice)
             self._views[key] = a
         return a
+
+    def intrinsics(self, fx: float, fy: float, cx: float, cy: float) -> torch.Tensor:
+        """[1, 3, 3] float32 K on this context's device, made once per value (a host-to-device
+        copy each call would wait for the device)."""
+        key = (fx, fy, cx, cy)
+        k = self._intrinsics.get(key)
+        if k is None:
+            if len(self._intrinsics) >= 256:
+                self._intrinsics.clear()
+            k = self._intrinsics[key] = torch.tensor([[[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]]],
+                                                     dtype=torch.float32, device=self.device)
+        return k
 
     def torch_view(self, a: wp.array) -> torch.Tensor:
         """Torch view of a workspace array (cached: workspace arrays live as long as it)."""
@@ -347,11 +360,13 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
 
 
 def render_camera(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor,
-                  opacities: torch.Tensor, colors: torch.Tensor, camera: Camera,
+                  opacities: torch.Tensor, colors: torch.Tensor, camera: Union[Camera, DeviceCameras],
                   settings: RenderSettings, sink: Optional[Means2dSink] = None,
                   context: Optional[RenderContext] = None) -> CameraRender:
-    """`render_batch` of one camera, without the camera axis (sink tensor [N, D])."""
-    r = render_batch(means, quats, scales, opacities, colors, (camera,), settings, sink,
+    """`render_batch` of one camera (a Camera, or DeviceCameras of one), without the
+    camera axis (sink tensor [N, D])."""
+    r = render_batch(means, quats, scales, opacities, colors,
+                     camera if isinstance(camera, DeviceCameras) else (camera,), settings, sink,
                      context=context)
     return CameraRender(r.color[0], r.alpha[0], r.depth[0], r.expected_depth[0], r.means2d[0],
                         r.radii[0])

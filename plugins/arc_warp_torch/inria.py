@@ -11,9 +11,11 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 
-from arc_warp import Camera, RenderSettings
+import warp as wp
 
-from ._autograd import Means2dSink, check_tensor, render_camera
+from arc_warp import Camera, DeviceCameras, RenderSettings
+
+from ._autograd import Means2dSink, RenderContext, check_tensor, default_context, render_camera
 from .optim import SparseGaussianAdam  # noqa: F401  (INRIA's train.py imports it from here)
 
 # INRIA culls Gaussians whose view-space depth is <= 0.2 (in_frustum in its CUDA code).
@@ -54,8 +56,21 @@ class GaussianRasterizationSettings(NamedTuple):
     threshold: Optional[int] = None
 
 
-def _camera(s: GaussianRasterizationSettings) -> Camera:
-    """INRIA intrinsics: fx = W / (2 tanfovx), principal point at the image centre."""
+class _View(NamedTuple):
+    """One INRIA camera: intrinsics in pixels and the world-to-camera matrix."""
+
+    fx: float
+    fy: float
+    cx: float
+    cy: float
+    width: int
+    height: int
+    w2c: torch.Tensor  # [4, 4] float32 world -> camera (row-major), on the Gaussians' device
+
+
+def _view(s: GaussianRasterizationSettings, device: torch.device) -> _View:
+    """INRIA intrinsics: fx = W / (2 tanfovx), principal point at the image centre; the
+    viewmatrix stays where it is (a GPU tensor is not copied to the host)."""
     w, h = s.image_width, s.image_height
     for name, v in (("image_width", w), ("image_height", h)):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -67,22 +82,31 @@ def _camera(s: GaussianRasterizationSettings) -> Camera:
     if not isinstance(vm, torch.Tensor) or tuple(vm.shape) != (4, 4):
         got = list(vm.shape) if isinstance(vm, torch.Tensor) else type(vm).__name__
         raise ValueError(f"raster_settings.viewmatrix: expected a [4, 4] tensor, got {got}")
-    world_to_camera = vm.detach().to("cpu", torch.float64).numpy().T.copy()
-    return Camera(w / (2.0 * tx), h / (2.0 * ty), 0.5 * w, 0.5 * h, w, h,
-                  world_to_camera=world_to_camera, near=INRIA_NEAR)
+    return _View(w / (2.0 * tx), h / (2.0 * ty), 0.5 * w, 0.5 * h, w, h,
+                 vm.detach().to(device, torch.float32).t())
+
+
+def _cameras(view: _View, context: RenderContext):
+    """What render_camera takes: on CUDA, DeviceCameras over the device viewmatrix and a
+    cached device K (no host copy or sync); on the CPU, a host Camera."""
+    if view.w2c.device.type != "cuda":
+        return Camera(view.fx, view.fy, view.cx, view.cy, view.width, view.height,
+                      world_to_camera=view.w2c.double().numpy(), near=INRIA_NEAR)
+    ks = context.intrinsics(view.fx, view.fy, view.cx, view.cy)
+    return DeviceCameras(context.view(view.w2c.contiguous()[None], wp.mat44), context.view(ks, wp.mat33),
+                         view.width, view.height, near=INRIA_NEAR)
 
 
 @torch.no_grad()
 def inria_radii(means3D: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
-                camera: Camera, tanfovx: float, tanfovy: float) -> torch.Tensor:
+                camera: _View, tanfovx: float, tanfovy: float) -> torch.Tensor:
     """[N] int32 radii as INRIA's preprocess defines them: ceil(3 sqrt(lambda_max)) of the
     2D covariance after its +0.3 dilation (lambda = mid +- sqrt(max(0.1, mid^2 - det))),
     0 where INRIA culls: view depth <= 0.2, a singular 2D covariance, or a 3-sigma square
     that touches no 16x16 tile of the image (in INRIA's pixel coordinates, centres at
     integers). means3D [N,3], scales [N,3] linear (scale_modifier applied), rotations
     [N,4] wxyz."""
-    dev = means3D.device
-    w2c = torch.tensor(camera.world_to_camera, dtype=torch.float32, device=dev)
+    w2c = camera.w2c
     rot = w2c[:3, :3]
     t = means3D.float() @ rot.T + w2c[:3, 3]
     z = t[:, 2]
@@ -193,8 +217,8 @@ class GaussianRasterizer(nn.Module):
                 "pipe.compute_cov3D_python = False)")
         if scales is None or rotations is None:
             raise ValueError("Please provide both scales and rotations (cov3D_precomp is not supported)")
-        camera = _camera(s)
         device = means3D.device
+        camera = _view(s, device)
         if isinstance(opacities, torch.Tensor) and opacities.shape == (n, 1):
             opacities = opacities.reshape(n)
         opacities = check_tensor("opacities", opacities, (n,), device)
@@ -221,7 +245,9 @@ class GaussianRasterizer(nn.Module):
         settings = RenderSettings(sh_degree=sh_degree, background=(0.0, 0.0, 0.0),
                                   reduce=s.reduce, threshold=s.threshold,
                                   antialiased=bool(s.antialiasing))
-        r = render_camera(means3D, rotations, scales, opacities, colors, camera, settings, sink)
+        context = default_context(device)
+        r = render_camera(means3D, rotations, scales, opacities, colors, _cameras(camera, context), settings,
+                          sink, context)
 
         color = (r.color + (1.0 - r.alpha)[..., None] * bg).permute(2, 0, 1)
         has_depth = r.depth > 0.0
