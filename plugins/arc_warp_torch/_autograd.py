@@ -8,6 +8,7 @@ and convert their inputs first; this module assumes float32, contiguous, same-de
 
 import contextlib
 import dataclasses
+import weakref
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
@@ -23,7 +24,9 @@ class RenderContext:
 
     - a :class:`arc_warp.Workspace`: repeated renders of one N and image size allocate
       no Warp arrays, and the ARC threshold is resolved (calibrated if needed) here, at
-      creation, never inside a training step;
+      creation, never inside a training step; the frame of a render whose backward has
+      run (without retain_graph) serves the next render even while its image is still
+      referenced (`release_finished`), so a training loop holds one frame, not two;
     - one ``wp.ScopedStream`` per torch CUDA stream, made on first use of that stream,
       so Warp launches on torch's current stream without a new wrapper per call;
     - on CUDA, Warp's pool release threshold, set here when this context is made:
@@ -51,6 +54,7 @@ class RenderContext:
         self._streams = {}
         self._views = {}  # (pointer, shape, dtype) -> non-owning wp.array
         self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
+        self._nodes = []  # weak references to the autograd nodes of renders still holding frames
         self.cameras = {}  # host camera values and image size -> arc_warp.Camera (bounded)
         self._intrinsics = {}  # (fx, fy, cx, cy) -> [1, 3, 3] device K (bounded)
 
@@ -101,6 +105,29 @@ class RenderContext:
             k = self._intrinsics[key] = torch.tensor([[[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]]],
                                                      dtype=torch.float32, device=self.device)
         return k
+
+    def track(self, node) -> None:
+        """Remember an autograd node holding render outputs (see `release_finished`)."""
+        self._nodes.append(weakref.ref(node))
+
+    def release_finished(self) -> None:
+        """Drop the render outputs of nodes whose backward has run without retain_graph, so
+        their workspace frames serve the next render. A training loop keeps the previous
+        step's image (and so its node) alive while it renders the next one; without this
+        it would hold two frames' buffers. torch frees a node's saved tensors after such
+        a backward, and a second backward through it raises torch's own error anyway."""
+        alive = []
+        for ref in self._nodes:
+            node = ref()
+            if node is None or node.outs is None:
+                continue
+            try:
+                node.saved_tensors
+            except RuntimeError:  # freed: the backward ran and the graph was not retained
+                node.outs = node.keep_alive = None
+                continue
+            alive.append(ref)
+        self._nodes = alive
 
     def torch_view(self, a: wp.array) -> torch.Tensor:
         """Torch view of a workspace array (cached: workspace arrays live as long as it)."""
@@ -231,6 +258,7 @@ class _RenderGaussians(torch.autograd.Function):
     def forward(ctx, context, cameras, settings, means2d_out, sink, sink_tensor,
                 means, quats, scales, opacities, colors):
         ctx.set_materialize_grads(False)
+        context.release_finished()  # frames of finished steps serve this render
         c, n = len(cameras), means.shape[0]
         size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
         h, w = size.height, size.width
@@ -251,6 +279,8 @@ class _RenderGaussians(torch.autograd.Function):
         # Saved only so torch raises if anything the Warp backward reads was modified in place.
         ctx.save_for_backward(*inputs, *images)
         ctx.outs, ctx.sink, ctx.context = outs, sink, context
+        if any(t.requires_grad for t in inputs):
+            context.track(ctx)
         # The backward reads these through non-owning views (see RenderContext.view); the
         # caller may drop them first. Neither has a grad_fn, so this makes no cycle.
         ctx.keep_alive = (means2d_out, radii)
