@@ -10,12 +10,13 @@ dominates. Forward and backward are measured separately, after warm-up:
   other processes do not count);
 * allocations: device memory allocations (the device allocator's ``allocate``);
 * launches: kernel invocations; fills: memsets and ``fill_`` calls (each a launch on CUDA);
-* with ``--profile``: cProfile of the repeated steps, top functions by own time.
+* with ``--profile N``: cProfile of N more steps, the top 25 functions by own time
+  (``--sort cumulative``: by time including callees, which ranks the ops and Functions).
 
 Usage::
 
     PYTHONPATH=.:plugins python benchmarks/profile_mesh.py [--size 64] [--tris 500] [--tex 64]
-        [--reps 50] [--profile 25]
+        [--reps 50] [--profile 25 [--sort cumulative]]
 """
 
 from __future__ import annotations
@@ -131,6 +132,7 @@ def main(argv=None):
     ap.add_argument("--reduce", default="arc")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile N steps, print the top 25")
+    ap.add_argument("--sort", default="tottime", choices=("tottime", "cumulative"), help="order of --profile")
     args = ap.parse_args(argv)
     wp.init()
     forward, backward, _ = make_chain(args.size, args.tris, args.tex, args.reduce)
@@ -146,7 +148,7 @@ def main(argv=None):
         for _ in range(args.profile):
             backward(forward())
         prof.disable()
-        pstats.Stats(prof).sort_stats("tottime").print_stats(25)
+        pstats.Stats(prof).sort_stats(args.sort).print_stats(25)
     return results
 
 

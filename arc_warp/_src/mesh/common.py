@@ -125,6 +125,14 @@ def zeros_once(workspace: Workspace | None, name: str, shape, dtype, device) -> 
     return workspace.shared.zeros_once(name, shape, dtype)
 
 
+def absent(workspace: Workspace | None, dtype, device, ndim: int = 1) -> wp.array:
+    """An empty ``ndim``-D array of ``dtype``: the argument a kernel gets for an optional
+    array that was not given (made once per workspace)."""
+    if workspace is None:
+        return wp.empty((0,) * ndim, dtype=dtype, device=device)
+    return workspace.shared.zeros_once(f"mesh_absent_{dtype.__name__}_{ndim}d", (0,) * ndim, dtype)
+
+
 def launch(workspace: Workspace | None, kernel, dim, args: list, device, block_dim: int | None = None,
            key=None) -> None:
     """``wp.launch(kernel, dim, inputs=args)`` off the tape; with a workspace, prepared once

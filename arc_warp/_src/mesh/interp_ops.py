@@ -7,6 +7,7 @@ import warp as wp
 
 from arc_warp._src.mesh.common import (
     BLOCK,
+    absent,
     check_shape,
     check_workspace,
     chunking,
@@ -91,7 +92,7 @@ def interpolate(
     given = (None, None) if out is None else out
     out = output(given[0], "out[0] (out)", (b, h, w, attr3.shape[2]), device)
     out_da = output(given[1], "out[1] (out_da)", (b, h, w, 2 * diff.shape[0]), device)
-    db = vec4_view(ws, rast_db_c) if rast_db_c is not None else wp.empty((0, 0, 0), dtype=wp.vec4, device=device)
+    db = vec4_view(ws, rast_db_c) if rast_db_c is not None else absent(ws, wp.vec4, device, 3)
     launch(ws, interp_fwd, (b, h, w), [attr3, vec4_view(ws, rast_c), db, tri_v, diff, out, out_da], device)
 
     def backward():
@@ -137,12 +138,12 @@ def interpolate_backward(
     go = go if go is not None else zeros_once(ws, "mesh_zero_grad_out", (b, h, w, num_a), wp.float32, device)
     if gda is None or diff.shape[0] == 0:
         gda = zeros_once(ws, "mesh_zero_grad_out_da", (1, 1), wp.float32, device)
-        diff = wp.empty(0, dtype=wp.int32, device=device)
+        diff = absent(ws, wp.int32, device)
     mode, t = reduce_settings(reduce, threshold, device)
     k, _ = chunking(num_a)
     gda2 = view(ws, gda, wp.float32, (n, gda.shape[3])) if gda.ndim == 4 else gda
-    db_flat = vec4_view(ws, rast_db_c, True) if rast_db_c is not None else wp.empty(0, dtype=wp.vec4, device=device)
-    g_db = vec4_view(ws, grad_rast_db, True) if rast_db is not None else wp.empty(0, dtype=wp.vec4, device=device)
+    db_flat = vec4_view(ws, rast_db_c, True) if rast_db_c is not None else absent(ws, wp.vec4, device)
+    g_db = vec4_view(ws, grad_rast_db, True) if rast_db is not None else absent(ws, wp.vec4, device)
     launch(ws, make_interp_bwd(mode, k), tiled_dim(b, h, w),
            [attr3, vec4_view(ws, rast_c, True), db_flat, tri_v, diff, view(ws, go, wp.float32, (n, num_a)), gda2, w,
             h, t, vector_view(ws, grad_attr, k), vec4_view(ws, grad_rast, True), g_db], device, block_dim=BLOCK)

@@ -7,6 +7,7 @@ import warp as wp
 
 from arc_warp._src.mesh.common import (
     BLOCK,
+    absent,
     check_shape,
     float_array,
     cotangent,
@@ -146,7 +147,7 @@ def rasterize_backward(
     g = cotangent(grad_rast, "grad_rast", shape, device)
     g = g if g is not None else zeros_once(ws, "mesh_zero_grad_rast", shape, wp.float32, device)
     gdb = cotangent(grad_rast_db, "grad_rast_db", shape, device)
-    gdb_flat = vec4_view(ws, gdb, True) if gdb is not None else wp.empty(0, dtype=wp.vec4, device=device)
+    gdb_flat = vec4_view(ws, gdb, True) if gdb is not None else absent(ws, wp.vec4, device)
     xs, xo, ys, yo = _pixel_grid(height, width)
     launch(ws, make_raster_bwd(mode), tiled_dim(b, height, width),
            [vec4_view(ws, rast, True), vec4_view(ws, g, True), gdb_flat, geom.pos, geom.tri, geom.instanced,

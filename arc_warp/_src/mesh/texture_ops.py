@@ -10,6 +10,7 @@ import warp as wp
 
 from arc_warp._src.mesh.common import (
     BLOCK,
+    absent,
     check_shape,
     check_workspace,
     chunking,
@@ -171,7 +172,7 @@ def _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_
 def _flat(ws, a, dtype, device):
     """Contiguous float32 ``a`` as a flat array of ``dtype`` (float, vec2, vec4), or an empty one for None."""
     if a is None:
-        return wp.empty(0, dtype=dtype, device=device)
+        return absent(ws, wp.float32 if dtype is float else dtype, device)
     if dtype is float:
         return view(ws, a, wp.float32, (a.size,))
     return view(ws, a, dtype, (a.size // dtype._length_,))
