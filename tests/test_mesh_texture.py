@@ -85,6 +85,12 @@ def test_backward_modes(rng, blocks, mode, threshold):
     with cpu_blocks(blocks):
         got = mesh.texture_backward(wa(tex), wa(uv), wa(g), wa(uv_da), None, filter_mode="linear-mipmap-linear",
                                     reduce=mode, threshold=threshold)
+        # tex's gradient not wanted: no texel scatter or fold, the per-pixel gradients unchanged
+        skip = mesh.texture_backward(wa(tex), wa(uv), wa(g), wa(uv_da), None, filter_mode="linear-mipmap-linear",
+                                     reduce=mode, threshold=threshold, tex_grad=False)
+    assert skip[0] is None
+    np.testing.assert_array_equal(skip[1].numpy(), got[1].numpy())
+    np.testing.assert_array_equal(skip[2].numpy(), got[2].numpy())
     want = reference_grads(tex, uv, uv_da, None, "linear-mipmap-linear", "wrap", g)
     # texel gradients sum ~230 terms |g w| <~ 3: float32 round-off ~1e-5 relative to the largest
     np.testing.assert_allclose(got[0].numpy(), want[0], atol=2e-5 * np.abs(want[0]).max())

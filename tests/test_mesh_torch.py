@@ -130,3 +130,17 @@ def test_repeated_chain_allocates_nothing(monkeypatch):
     assert allocations == []
     for a, b in zip(first, again):
         assert torch.equal(a, b)
+
+
+def test_inputs_without_grad_get_none():
+    """A fixed texture (or fixed uvs) is not scattered into; the other gradients are the same."""
+    pos, tri, uv, tex = scene()
+    grads = []
+    for tex_grad in (True, False):
+        p, t = pos.clone().requires_grad_(True), tex.clone().requires_grad_(tex_grad)
+        rast, db = dr.rasterize(None, p, tri, (H, W))
+        texc, texd = dr.interpolate(uv, rast, tri, rast_db=db, diff_attrs="all")
+        dr.texture(t, texc, texd, filter_mode="linear-mipmap-linear").square().sum().backward()
+        assert (t.grad is not None) == tex_grad and uv.grad is None
+        grads.append(p.grad)
+    assert torch.equal(grads[0], grads[1])

@@ -97,13 +97,14 @@ class Interpolate(torch.autograd.Function):
         attr, rast, tri, rast_db = ctx.saved_tensors
         diff_attrs, reduce = ctx.settings
         context = default_context(attr.device)
-        grads = [_zeros(t) for t in (attr, rast, rast_db)]
+        attr_grad = ctx.needs_input_grad[0]  # e.g. fixed uvs: no scatter into them
+        grads = [_zeros(attr) if attr_grad else None, _zeros(rast), _zeros(rast_db)]
         g_da = g_da.contiguous() if g_da is not None and g_da.numel() else None
         with context.stream():
             core.interpolate_backward(
                 _view(context, attr), _view(context, rast), _view(context, tri, wp.int32),
                 _view(context, g_out.contiguous()), _view(context, rast_db), _view(context, g_da), diff_attrs,
-                *(_view(context, g) for g in grads), reduce=reduce, workspace=context.workspace)
+                *(_view(context, g) for g in grads), reduce=reduce, workspace=context.workspace, attr_grad=attr_grad)
         return grads[0], grads[1], None, grads[2], None, None
 
 
@@ -131,12 +132,13 @@ class Texture(torch.autograd.Function):
         tex, uv, uv_da, bias = ctx.saved_tensors
         mip, filter_mode, boundary_mode, max_mip_level, reduce = ctx.settings
         context = default_context(tex.device)
-        grads = [_zeros(t) for t in (tex, uv, uv_da, bias)]
+        tex_grad = ctx.needs_input_grad[0]  # e.g. a fixed texture: no texel scatter, no fold
+        grads = [_zeros(tex) if tex_grad else None, *(_zeros(t) for t in (uv, uv_da, bias))]
         with context.stream():
             core.texture_backward(_view(context, tex), _view(context, uv), _view(context, g_out.contiguous()),
                                   _view(context, uv_da), _view(context, bias), mip, filter_mode, boundary_mode,
                                   max_mip_level, *(_view(context, g) for g in grads), reduce=reduce,
-                                  workspace=context.workspace)
+                                  workspace=context.workspace, tex_grad=tex_grad)
         return (*grads, None, None, None, None, None)
 
 

@@ -130,7 +130,7 @@ def absent(workspace: Workspace | None, dtype, device, ndim: int = 1) -> wp.arra
     array that was not given (made once per workspace)."""
     if workspace is None:
         return wp.empty((0,) * ndim, dtype=dtype, device=device)
-    return workspace.shared.zeros_once(f"mesh_absent_{dtype.__name__}_{ndim}d", (0,) * ndim, dtype)
+    return workspace.shared.zeros_once(f"mesh_absent_{wp.types.type_repr(dtype)}_{ndim}d", (0,) * ndim, dtype)
 
 
 def launch(workspace: Workspace | None, kernel, dim, args: list, device, block_dim: int | None = None,

@@ -98,7 +98,7 @@ def interpolate(
     def backward():
         interpolate_backward(attr, rast, tri, out.grad, rast_db, out_da.grad if diff.shape[0] else None, diff_attrs,
                              grad_attr=grad_of(attr), grad_rast=grad_of(rast), grad_rast_db=grad_of(rast_db),
-                             reduce=mode, threshold=threshold, workspace=ws)
+                             reduce=mode, threshold=threshold, workspace=ws, attr_grad=attr.requires_grad)
 
     inputs = [attr, rast] + ([rast_db] if rast_db is not None else [])
     record(inputs, [out, out_da], backward)
@@ -119,15 +119,17 @@ def interpolate_backward(
     reduce: str = "arc",
     threshold: int | None = None,
     workspace=None,  # arc_warp.Workspace (see interpolate)
-) -> tuple[wp.array, wp.array, wp.array | None]:
+    attr_grad: bool = True,  # False: attr's gradient is not wanted (skips its scatter)
+) -> tuple[wp.array | None, wp.array, wp.array | None]:
     """Gradients of :func:`interpolate` into ``attr`` (ARC scatter into each pixel's three
     vertices), ``rast`` (u, v) and ``rast_db``. Returns ``(grad_attr, grad_rast,
-    grad_rast_db)`` shaped like the inputs (``grad_rast_db`` None without ``rast_db``)."""
+    grad_rast_db)`` shaped like the inputs (``grad_rast_db`` None without ``rast_db``;
+    ``grad_attr`` None with ``attr_grad=False``)."""
     attr3, rast_c, tri_v, rast_db_c, diff, ws = _inputs(attr, rast, tri, rast_db, diff_attrs, workspace)
     device = rast_c.device
     b, h, w, _ = rast_c.shape
     n, num_a = b * h * w, attr3.shape[2]
-    grad_attr = grad_or_new(grad_attr, "grad_attr", attr)
+    grad_attr = grad_or_new(grad_attr, "grad_attr", attr) if attr_grad else None
     grad_rast = grad_or_new(grad_rast, "grad_rast", rast)
     if rast_db is not None:
         grad_rast_db = grad_or_new(grad_rast_db, "grad_rast_db", rast_db)
@@ -146,5 +148,6 @@ def interpolate_backward(
     g_db = vec4_view(ws, grad_rast_db, True) if rast_db is not None else absent(ws, wp.vec4, device)
     launch(ws, make_interp_bwd(mode, k), tiled_dim(b, h, w),
            [attr3, vec4_view(ws, rast_c, True), db_flat, tri_v, diff, view(ws, go, wp.float32, (n, num_a)), gda2, w,
-            h, t, vector_view(ws, grad_attr, k), vec4_view(ws, grad_rast, True), g_db], device, block_dim=BLOCK)
+            h, t, vector_view(ws, grad_attr, k) if attr_grad else absent(ws, wp.types.vector(k, wp.float32), device),
+            vec4_view(ws, grad_rast, True), g_db], device, block_dim=BLOCK)
     return grad_attr, grad_rast, grad_rast_db

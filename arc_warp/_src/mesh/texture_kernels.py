@@ -282,7 +282,7 @@ def make_tex_bwd(mode: str, filter_mode: int, k: int):
         tex_images: int,
         boundary: int,
         threshold: int,
-        gstack: wp.array(dtype=vec_k),  # (texels * C / k,) added into
+        gstack: wp.array(dtype=vec_k),  # (texels * C / k,) added into, or empty: not wanted
         grad_uv: wp.array(dtype=wp.vec2),  # (B*H*W,) added into, or empty
         grad_uv_da: wp.array(dtype=wp.vec4),  # (B*H*W,) added into, or empty
         grad_bias: wp.array(dtype=float),  # (B*H*W,) added into, or empty
@@ -293,6 +293,8 @@ def make_tex_bwd(mode: str, filter_mode: int, k: int):
         z = wp.min(tp[0], tex_images - 1)
         num_c = grad_out.shape[1]
         chunks = num_c // wp.static(k)
+        if gstack.shape[0] == 0:
+            chunks = 0  # the same for every lane, so the accumulator's warps stay converged
         size0 = sizes[0]
         t0 = wp.vec4i(-1, -1, -1, -1)
         t1 = wp.vec4i(-1, -1, -1, -1)

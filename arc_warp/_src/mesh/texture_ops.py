@@ -218,7 +218,8 @@ def texture(
     def backward():
         texture_backward(tex, uv, out.grad, uv_da, mip_level_bias, stack, filter_mode, boundary_mode, max_mip_level,
                          grad_tex=grad_of(tex), grad_uv=grad_of(uv), grad_uv_da=grad_of(uv_da),
-                         grad_mip_level_bias=grad_of(mip_level_bias), reduce=mode, threshold=threshold, workspace=ws)
+                         grad_mip_level_bias=grad_of(mip_level_bias), reduce=mode, threshold=threshold, workspace=ws,
+                         tex_grad=tex.requires_grad)
 
     record([tex, uv, uv_da, mip_level_bias], [out], backward)
     return out
@@ -241,18 +242,20 @@ def texture_backward(
     reduce: str = "arc",
     threshold: int | None = None,
     workspace=None,  # arc_warp.Workspace (see texture)
+    tex_grad: bool = True,  # False: tex's gradient is not wanted (skips the texel scatter and fold)
 ) -> tuple:
     """Gradients of :func:`texture`: ``(grad_tex, grad_uv, grad_uv_da, grad_mip_level_bias)``
     shaped like the inputs (None for absent ones). Texel gradients of every level are
     summed with the ``reduce`` accumulator, then folded into level 0. As in nvdiffrast,
     nearest filtering gives no uv gradient, and the level of detail's gradient reaches
-    ``uv_da``/``mip_level_bias`` only in 'linear-mipmap-linear'."""
+    ``uv_da``/``mip_level_bias`` only in 'linear-mipmap-linear'. ``grad_tex`` is None with
+    ``tex_grad=False``."""
     tex_c, uv_c, da_c, bias_c, stack, fmode, bmode, ws = _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode,
                                                                boundary_mode, max_mip_level, workspace)
     device = tex_c.device
     b, h, w, _ = uv_c.shape
     c = tex_c.shape[3]
-    grad_tex = grad_or_new(grad_tex, "grad_tex", tex)
+    grad_tex = grad_or_new(grad_tex, "grad_tex", tex) if tex_grad else None
     grad_uv = grad_or_new(grad_uv, "grad_uv", uv)
     grad_uv_da = grad_or_new(grad_uv_da, "grad_uv_da", uv_da) if uv_da is not None else None
     grad_bias = grad_or_new(grad_mip_level_bias, "grad_mip_level_bias", mip_level_bias) \
@@ -263,12 +266,14 @@ def texture_backward(
         return grad_tex, grad_uv, grad_uv_da, grad_bias
     mode, t = reduce_settings(reduce, threshold, device)
     k, _ = chunking(c)
-    gstack = scratch(ws, "mesh_tex_gstack", stack.data.shape, wp.float32, device, zero=True)
+    vec_k = wp.types.vector(k, wp.float32)
+    gstack = scratch(ws, "mesh_tex_gstack", stack.data.shape, wp.float32, device, zero=True) if tex_grad else None
     launch(ws, make_tex_bwd(mode, fmode, k), tiled_dim(b, h, w),
            [stack.data, stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
             _flat(ws, da_c, wp.vec4, device), _flat(ws, bias_c, float, device), view(ws, go, wp.float32, (n, c)), w, h,
-            tex_c.shape[0], bmode, t, vector_view(ws, gstack, k),
+            tex_c.shape[0], bmode, t, vector_view(ws, gstack, k) if tex_grad else absent(ws, vec_k, device),
             _flat(ws, grad_uv if fmode != NEAREST else None, wp.vec2, device), _flat(ws, grad_uv_da, wp.vec4, device),
             _flat(ws, grad_bias, float, device)], device, block_dim=BLOCK)
-    launch(ws, mip_fold, tuple(tex_c.shape[:3]), [gstack, stack.sizes, stack.offsets, grad_tex], device)
+    if tex_grad:
+        launch(ws, mip_fold, tuple(tex_c.shape[:3]), [gstack, stack.sizes, stack.offsets, grad_tex], device)
     return grad_tex, grad_uv, grad_uv_da, grad_bias
