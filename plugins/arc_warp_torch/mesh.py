@@ -22,7 +22,9 @@ What differs from nvdiffrast:
 - backward gradients are exact derivatives (nvdiffrast adds small epsilons to two
   denominators in rasterize's and antialias's backward);
 - ``ranges`` may be a CPU or CUDA int32 tensor (it is read on the host);
-- the topology hash is built on the host (one copy of ``tri``).
+- the topology hash is built on the host (one copy of ``tri``);
+- scratch buffers are kept per device (the ``RenderContext``'s workspace), so issue the
+  ops from one CUDA stream at a time, as for the splat rasteriser.
 """
 
 from __future__ import annotations
