@@ -9,7 +9,8 @@ dominates. Forward and backward are measured separately, after warm-up:
   ``invoke_cpu_blocks`` are wrapped and their time subtracted; ``time.thread_time``, so
   other processes do not count);
 * allocations: device memory allocations (the device allocator's ``allocate``);
-* launches: kernel invocations; fills: memsets and ``fill_`` calls (each a launch on CUDA);
+* launches: kernel invocations; fills: memsets and ``fill_`` calls (each a launch on CUDA),
+  Warp's and ``torch.zeros_like``'s (the drop-in's gradient buffers);
 * with ``--profile N``: cProfile of N more steps, the top 25 functions by own time
   (``--sort cumulative``: by time including callees, which ranks the ops and Functions).
 
@@ -44,7 +45,7 @@ def counters(device: str = "cpu"):
     while active; yields the dict of counts. Measurement only: it wraps Warp internals."""
     counts = {"allocations": 0, "launches": 0, "fills": 0, "kernel_s": 0.0}
     dev = wp.get_device(device)
-    alloc, memset, fill = dev.default_allocator.allocate, dev.memset, wtypes.array.fill_
+    alloc, memset, fill, zeros_like = dev.default_allocator.allocate, dev.memset, wtypes.array.fill_, torch.zeros_like
     invokes = {name: getattr(wctx, name) for name in ("invoke", "invoke_cpu_blocks")}
 
     def counted_alloc(*a, **k):
@@ -54,6 +55,10 @@ def counters(device: str = "cpu"):
     def counted_memset(*a, **k):
         counts["fills"] += 1
         return memset(*a, **k)
+
+    def counted_zeros_like(*a, **k):
+        counts["fills"] += 1
+        return zeros_like(*a, **k)
 
     def counted_fill(self, value):
         if value != 0 or not self.is_contiguous:  # zero_ of a contiguous array is a memset, counted above
@@ -71,12 +76,14 @@ def counters(device: str = "cpu"):
         return run
 
     dev.default_allocator.allocate, dev.memset, wtypes.array.fill_ = counted_alloc, counted_memset, counted_fill
+    torch.zeros_like = counted_zeros_like
     for name, fn in invokes.items():
         setattr(wctx, name, timed(fn))
     try:
         yield counts
     finally:
         dev.default_allocator.allocate, dev.memset, wtypes.array.fill_ = alloc, memset, fill
+        torch.zeros_like = zeros_like
         for name, fn in invokes.items():
             setattr(wctx, name, fn)
 
