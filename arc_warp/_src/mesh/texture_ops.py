@@ -35,6 +35,7 @@ from arc_warp._src.mesh.texture_kernels import (
     make_tex_bwd,
     make_tex_fwd,
     mip_build,
+    mip_build2,
     mip_fold,
 )
 
@@ -123,10 +124,17 @@ def build_mip(tex: wp.array, max_mip_level: int | None = None, out: wp.array | N
     # every row is written below (level 0 copied, the others built), so no zero fill
     data = output(out, "out", (texels, c), device)
     wp.copy(data, tex)
-    for level in range(1, len(sizes)):
-        (sw, sh), (dw, dh) = sizes[level - 1], sizes[level]
-        launch(ws, mip_build, (b, dh, dw), [data, int(offsets[level - 1]), sw, sh, int(offsets[level]), dw, dh],
-               device, key=("mesh_mip_build", level))
+    # two levels per launch, the last one alone if their count is odd
+    for level in range(1, len(sizes), 2):
+        src = [data, int(offsets[level - 1]), *sizes[level - 1]]
+        key = ("mesh_mip_build", level)
+        if level + 1 < len(sizes):
+            dw, dh = sizes[level + 1]
+            mid = [int(offsets[level]), *sizes[level]]
+            launch(ws, mip_build2, (b, dh, dw), [*src, *mid, int(offsets[level + 1]), dw, dh], device, key=key)
+        else:
+            dw, dh = sizes[level]
+            launch(ws, mip_build, (b, dh, dw), [*src, int(offsets[level]), dw, dh], device, key=key)
     return MipStack(data, device_constant(sizes, wp.vec2i, device), device_constant(offsets, wp.int32, device),
                     tuple(sizes), b, c)
 
