@@ -29,6 +29,13 @@ nvdiffrast.torch drop-in). Defined results instead of errors: triangles with
 out-of-range vertex indices or non-finite positions are not drawn; pixels whose
 ``rast`` id is out of range interpolate to 0. Shapes, dtypes, devices and options are
 checked before any launch (``TypeError`` / ``ValueError``).
+
+Repeated calls: pass ``workspace=arc_warp.Workspace(device)`` to keep scratch buffers
+(depth keys, mip gradients) and prepared launches across calls, and ``out=`` arrays
+(``build_mip(out=)``, sized by ``mip_shape``) to write results into memory the caller
+manages (they must not overlap the inputs); calls of one size then allocate no Warp arrays
+(the torch drop-in does both). A workspace's scratch is shared by its calls, so use it
+from one stream at a time.
 """
 
 from ._src.mesh.antialias_ops import (
@@ -40,7 +47,7 @@ from ._src.mesh.antialias_ops import (
 from ._src.mesh.interp_ops import interpolate, interpolate_backward
 from ._src.mesh.raster_ops import rasterize, rasterize_backward
 from ._src.mesh.primitives import cube, uv_sphere
-from ._src.mesh.texture_ops import MipStack, build_mip, resolve_filter_mode, texture, texture_backward
+from ._src.mesh.texture_ops import MipStack, build_mip, mip_shape, resolve_filter_mode, texture, texture_backward
 
 __all__ = [
     "TopologyHash",
@@ -49,6 +56,7 @@ __all__ = [
     "antialias_construct_topology_hash",
     "MipStack",
     "build_mip",
+    "mip_shape",
     "cube",
     "resolve_filter_mode",
     "uv_sphere",

@@ -47,6 +47,12 @@ def test_backward_matches_reference(rng, blocks, mode, threshold, attrs):
     with cpu_blocks(blocks):
         ga, gr, gdb = mesh.interpolate_backward(wa(attr), wa(rast), wa(tri, wp.int32), wa(g), wa(db), wa(gda), diff,
                                                 reduce=mode, threshold=threshold)
+        # attr's gradient not wanted: no scatter, the per-pixel gradients unchanged
+        skip = mesh.interpolate_backward(wa(attr), wa(rast), wa(tri, wp.int32), wa(g), wa(db), wa(gda), diff,
+                                         reduce=mode, threshold=threshold, attr_grad=False)
+    assert skip[0] is None
+    np.testing.assert_array_equal(skip[1].numpy(), gr.numpy())
+    np.testing.assert_array_equal(skip[2].numpy(), gdb.numpy())
     a, r, d = (t64(x).requires_grad_(True) for x in (attr, rast, db))
     out, out_da = ref_interpolate(a, r, torch.from_numpy(tri), d, diff)
     ((out * t64(g)).sum() + (out_da * t64(gda)).sum()).backward()

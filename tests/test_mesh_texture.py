@@ -85,6 +85,12 @@ def test_backward_modes(rng, blocks, mode, threshold):
     with cpu_blocks(blocks):
         got = mesh.texture_backward(wa(tex), wa(uv), wa(g), wa(uv_da), None, filter_mode="linear-mipmap-linear",
                                     reduce=mode, threshold=threshold)
+        # tex's gradient not wanted: no texel scatter or fold, the per-pixel gradients unchanged
+        skip = mesh.texture_backward(wa(tex), wa(uv), wa(g), wa(uv_da), None, filter_mode="linear-mipmap-linear",
+                                     reduce=mode, threshold=threshold, tex_grad=False)
+    assert skip[0] is None
+    np.testing.assert_array_equal(skip[1].numpy(), got[1].numpy())
+    np.testing.assert_array_equal(skip[2].numpy(), got[2].numpy())
     want = reference_grads(tex, uv, uv_da, None, "linear-mipmap-linear", "wrap", g)
     # texel gradients sum ~230 terms |g w| <~ 3: float32 round-off ~1e-5 relative to the largest
     np.testing.assert_allclose(got[0].numpy(), want[0], atol=2e-5 * np.abs(want[0]).max())
@@ -142,3 +148,31 @@ def test_validation(rng):
         mesh.texture(wa(np.zeros((3, 4, 4, 1), np.float32)), wa(uv))
     with pytest.raises(ValueError, match="uv"):
         mesh.texture(wa(tex), wa(uv[..., :1]))
+
+
+@pytest.mark.parametrize("shape,levels", [((1, 16, 8, 3), None), ((2, 8, 32, 2), None), ((1, 16, 4, 2), None),
+                                          ((1, 1, 8, 4), None), ((1, 12, 20, 1), 2), ((2, 6, 10, 3), 1),
+                                          ((1, 1, 1, 2), None)],
+                         ids=["16x8", "8x32", "4x16", "1x8", "npot_12x20", "npot_6x10", "1x1"])
+def test_mip_stack_bits(rng, shape, levels):
+    """build_mip (two levels per launch) has the bits of float32 2x2 means taken level by
+    level in row order; out= and mip_shape give the same stack."""
+    tex = rng.uniform(0, 1, shape).astype(np.float32)
+    b, c = shape[0], shape[3]
+    want = [tex]
+    while len(want) - 1 != levels and want[-1].shape[1:3] != (1, 1):
+        t = want[-1]
+        if t.shape[1] == 1:
+            t = t.reshape(b, 1, -1, 2, c)
+            want.append(np.float32(0.5) * (t[..., 0, :] + t[..., 1, :]))
+        elif t.shape[2] == 1:
+            t = t.reshape(b, -1, 2, 1, c)
+            want.append(np.float32(0.5) * (t[:, :, 0] + t[:, :, 1]))
+        else:
+            want.append(np.float32(0.25) * (t[:, ::2, ::2] + t[:, ::2, 1::2] + t[:, 1::2, ::2] + t[:, 1::2, 1::2]))
+    want = np.concatenate([w.reshape(-1, c) for w in want])
+    stack = mesh.build_mip(wa(tex), levels)
+    np.testing.assert_array_equal(stack.data.numpy(), want)
+    out = wp.empty(mesh.mip_shape(shape, levels), dtype=wp.float32)
+    mesh.build_mip(wa(tex), levels, out=out)
+    np.testing.assert_array_equal(out.numpy(), want)

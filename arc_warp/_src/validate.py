@@ -32,3 +32,15 @@ def check_array(value, name: str, dtype, ndim, shape=None, device=None, last=Non
     if device is not None and value.device != device:
         raise ValueError(f"{name} is on {value.device}, expected {device} (all inputs on one device)")
     return value
+
+
+def check_resolution(resolution) -> tuple[int, int]:
+    """(height, width) of an image as ints in [1, 32768]; raises TypeError/ValueError for
+    anything else (the mesh ops and the torch bridge, which sizes its outputs with it)."""
+    try:
+        h, w = (int(r) for r in resolution)
+    except (TypeError, ValueError):
+        raise TypeError(f"resolution: expected (height, width) integers, got {resolution!r}") from None
+    if h < 1 or w < 1 or h > 32768 or w > 32768:
+        raise ValueError(f"resolution: expected 1 <= height, width <= 32768, got {(h, w)}")
+    return h, w

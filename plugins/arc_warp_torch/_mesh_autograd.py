@@ -1,8 +1,12 @@
 """torch.autograd.Functions over arc_warp.mesh (the drop-in in :mod:`arc_warp_torch.mesh` wraps them).
 
-Tensors cross into Warp without copies (``wp.from_torch`` / ``wp.to_torch``) and every
-launch runs on torch's current stream of the inputs' device (``RenderContext.stream``), so no
-synchronisation is needed. Inputs arrive float32/int32 and contiguous.
+Tensors cross into Warp without copies (cached non-owning views, ``RenderContext.view``) and
+every launch runs on torch's current stream of the inputs' device (``RenderContext.stream``),
+so no synchronisation is needed. Inputs arrive float32/int32, contiguous, with the ranks
+nvdiffrast takes. Per call nothing is allocated on the Warp side: outputs, gradients and
+a mip stack the backward reads are torch tensors (torch's caching allocator) that the
+ops write into (``out=``), and scratch buffers and prepared launches live in the
+context's ``Workspace``.
 """
 
 from __future__ import annotations
@@ -30,96 +34,138 @@ def to_warp(t: torch.Tensor | None):
                     device=wp.device_from_torch(t.device))
 
 
-def to_torch(a) -> torch.Tensor | None:
-    return None if a is None else wp.to_torch(a, requires_grad=False)
+def _view(context, t: torch.Tensor | None, dtype=wp.float32):
+    """Cached non-owning Warp view of a contiguous tensor (``RenderContext.view``), or None."""
+    return None if t is None else context.view(t, dtype)
+
+
+def _zeros(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A gradient buffer for ``t`` (the core ops add into it), or None."""
+    return None if t is None else torch.zeros_like(t)
 
 
 class Rasterize(torch.autograd.Function):
     @staticmethod
     def forward(ctx, pos, tri, resolution, ranges, grad_db, reduce):
-        with default_context(pos.device).stream():
-            rast, rast_db = core.rasterize(to_warp(pos), to_warp(tri), resolution, ranges=ranges, grad_db=grad_db,
-                                           reduce=reduce)
-        out, out_db = to_torch(rast), to_torch(rast_db)
-        ctx.save_for_backward(pos, tri, out)
+        context = default_context(pos.device)
+        h, w = resolution
+        # range mode: a batch per ranges row (none without ranges: the core then says what is missing)
+        batch = pos.shape[0] if pos.dim() == 3 else (0 if ranges is None else len(ranges))
+        rast, rast_db = (pos.new_empty((batch, h, w, 4)) for _ in range(2))
+        with context.stream():
+            core.rasterize(_view(context, pos), _view(context, tri, wp.int32), resolution, ranges=ranges,
+                           grad_db=grad_db, reduce=reduce, workspace=context.workspace,
+                           out=(_view(context, rast), _view(context, rast_db)))
+        ctx.save_for_backward(pos, tri, rast)
         ctx.settings = ranges, grad_db, reduce
         if not grad_db:
-            ctx.mark_non_differentiable(out_db)
-        return out, out_db
+            ctx.mark_non_differentiable(rast_db)
+        return rast, rast_db
 
     @staticmethod
     def backward(ctx, g_rast, g_db):
         pos, tri, rast = ctx.saved_tensors
         ranges, grad_db, reduce = ctx.settings
+        context = default_context(pos.device)
         g_db = g_db.contiguous() if grad_db and g_db is not None else None
-        with default_context(pos.device).stream():
-            grad = core.rasterize_backward(to_warp(pos), to_warp(tri), to_warp(rast), to_warp(g_rast.contiguous()),
-                                           to_warp(g_db), ranges=ranges, reduce=reduce)
-        return to_torch(grad), None, None, None, None, None
+        grad = torch.zeros_like(pos)
+        with context.stream():
+            core.rasterize_backward(_view(context, pos), _view(context, tri, wp.int32), _view(context, rast),
+                                    _view(context, g_rast.contiguous()), _view(context, g_db), ranges=ranges,
+                                    grad_pos=_view(context, grad), reduce=reduce, workspace=context.workspace)
+        return grad, None, None, None, None, None
 
 
 class Interpolate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, attr, rast, tri, rast_db, diff_attrs, reduce):
-        with default_context(attr.device).stream():
-            out, out_da = core.interpolate(to_warp(attr), to_warp(rast), to_warp(tri), to_warp(rast_db), diff_attrs,
-                                           reduce=reduce)
+        context = default_context(attr.device)
+        num_a = attr.shape[-1]
+        num_d = 0 if diff_attrs is None else num_a if isinstance(diff_attrs, str) else len(diff_attrs)
+        out = attr.new_empty((*rast.shape[:3], num_a))
+        out_da = attr.new_empty((*rast.shape[:3], 2 * num_d))
+        with context.stream():
+            core.interpolate(_view(context, attr), _view(context, rast), _view(context, tri, wp.int32),
+                             _view(context, rast_db), diff_attrs, reduce=reduce, workspace=context.workspace,
+                             out=(_view(context, out), _view(context, out_da)))
         ctx.save_for_backward(attr, rast, tri, rast_db)
         ctx.settings = diff_attrs, reduce
-        return to_torch(out), to_torch(out_da)
+        return out, out_da
 
     @staticmethod
     def backward(ctx, g_out, g_da):
         attr, rast, tri, rast_db = ctx.saved_tensors
         diff_attrs, reduce = ctx.settings
-        with default_context(attr.device).stream():
-            ga, gr, gdb = core.interpolate_backward(
-                to_warp(attr), to_warp(rast), to_warp(tri), to_warp(g_out.contiguous()), to_warp(rast_db),
-                to_warp(g_da.contiguous()) if g_da is not None and g_da.numel() else None, diff_attrs, reduce=reduce)
-        return to_torch(ga), to_torch(gr), None, to_torch(gdb), None, None
+        context = default_context(attr.device)
+        attr_grad = ctx.needs_input_grad[0]  # e.g. fixed uvs: no scatter into them
+        grads = [_zeros(attr) if attr_grad else None, _zeros(rast), _zeros(rast_db)]
+        g_da = g_da.contiguous() if g_da is not None and g_da.numel() else None
+        with context.stream():
+            core.interpolate_backward(
+                _view(context, attr), _view(context, rast), _view(context, tri, wp.int32),
+                _view(context, g_out.contiguous()), _view(context, rast_db), _view(context, g_da), diff_attrs,
+                *(_view(context, g) for g in grads), reduce=reduce, workspace=context.workspace, attr_grad=attr_grad)
+        return grads[0], grads[1], None, grads[2], None, None
 
 
 class Texture(torch.autograd.Function):
     @staticmethod
     def forward(ctx, tex, uv, uv_da, bias, mip, filter_mode, boundary_mode, max_mip_level, reduce):
-        w = [to_warp(t) for t in (tex, uv, uv_da, bias)]
-        with default_context(tex.device).stream():
+        context = default_context(tex.device)
+        w = [_view(context, t) for t in (tex, uv, uv_da, bias)]
+        ctx.mip_data = None  # the memory of a mip stack built here, which the backward reads
+        out = tex.new_empty((*uv.shape[:3], tex.shape[-1]))
+        with context.stream():
             if mip is None and "mipmap" in core.resolve_filter_mode(filter_mode, uv_da is not None, bias is not None):
-                mip = core.build_mip(w[0], max_mip_level)  # kept for the backward
-            out = core.texture(*w, mip=mip, filter_mode=filter_mode, boundary_mode=boundary_mode,
-                               max_mip_level=max_mip_level, reduce=reduce)
+                ctx.mip_data = tex.new_empty(core.mip_shape(tex.shape, max_mip_level))
+                mip = core.build_mip(w[0], max_mip_level, out=_view(context, ctx.mip_data),
+                                     workspace=context.workspace)
+            core.texture(*w, mip=mip, filter_mode=filter_mode, boundary_mode=boundary_mode,
+                         max_mip_level=max_mip_level, reduce=reduce, workspace=context.workspace,
+                         out=_view(context, out))
         ctx.save_for_backward(tex, uv, uv_da, bias)
         ctx.settings = mip, filter_mode, boundary_mode, max_mip_level, reduce
-        return to_torch(out)
+        return out
 
     @staticmethod
     def backward(ctx, g_out):
         tex, uv, uv_da, bias = ctx.saved_tensors
         mip, filter_mode, boundary_mode, max_mip_level, reduce = ctx.settings
-        with default_context(tex.device).stream():
-            grads = core.texture_backward(to_warp(tex), to_warp(uv), to_warp(g_out.contiguous()), to_warp(uv_da),
-                                          to_warp(bias), mip, filter_mode, boundary_mode, max_mip_level,
-                                          reduce=reduce)
-        return (*(to_torch(g) for g in grads), None, None, None, None, None)
+        context = default_context(tex.device)
+        tex_grad = ctx.needs_input_grad[0]  # e.g. a fixed texture: no texel scatter, no fold
+        grads = [_zeros(tex) if tex_grad else None, *(_zeros(t) for t in (uv, uv_da, bias))]
+        with context.stream():
+            core.texture_backward(_view(context, tex), _view(context, uv), _view(context, g_out.contiguous()),
+                                  _view(context, uv_da), _view(context, bias), mip, filter_mode, boundary_mode,
+                                  max_mip_level, *(_view(context, g) for g in grads), reduce=reduce,
+                                  workspace=context.workspace, tex_grad=tex_grad)
+        return (*grads, None, None, None, None, None)
 
 
 class Antialias(torch.autograd.Function):
     @staticmethod
     def forward(ctx, color, rast, pos, tri, topology_hash, pos_gradient_boost, reduce):
-        with default_context(color.device).stream():
+        context = default_context(color.device)
+        out = torch.empty_like(color)
+        with context.stream():
             if topology_hash is None:
                 topology_hash = core.antialias_construct_topology_hash(to_warp(tri))
-            out = core.antialias(to_warp(color), to_warp(rast), to_warp(pos), to_warp(tri), topology_hash,
-                                 pos_gradient_boost, reduce=reduce)
+            core.antialias(_view(context, color), _view(context, rast), _view(context, pos),
+                           _view(context, tri, wp.int32), topology_hash, pos_gradient_boost, reduce=reduce,
+                           workspace=context.workspace, out=_view(context, out))
         ctx.save_for_backward(color, rast, pos, tri)
         ctx.settings = topology_hash, pos_gradient_boost, reduce
-        return to_torch(out)
+        return out
 
     @staticmethod
     def backward(ctx, g_out):
         color, rast, pos, tri = ctx.saved_tensors
         topology_hash, boost, reduce = ctx.settings
-        with default_context(color.device).stream():
-            gc, gp = core.antialias_backward(to_warp(color), to_warp(rast), to_warp(pos), to_warp(tri),
-                                             to_warp(g_out.contiguous()), topology_hash, boost, reduce=reduce)
-        return to_torch(gc), None, to_torch(gp), None, None, None, None
+        context = default_context(color.device)
+        grad_color, grad_pos = torch.zeros_like(color), torch.zeros_like(pos)
+        with context.stream():
+            core.antialias_backward(_view(context, color), _view(context, rast), _view(context, pos),
+                                    _view(context, tri, wp.int32), _view(context, g_out.contiguous()), topology_hash,
+                                    boost, grad_color=_view(context, grad_color), grad_pos=_view(context, grad_pos),
+                                    reduce=reduce, workspace=context.workspace)
+        return grad_color, None, grad_pos, None, None, None, None

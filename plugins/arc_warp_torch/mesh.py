@@ -22,7 +22,9 @@ What differs from nvdiffrast:
 - backward gradients are exact derivatives (nvdiffrast adds small epsilons to two
   denominators in rasterize's and antialias's backward);
 - ``ranges`` may be a CPU or CUDA int32 tensor (it is read on the host);
-- the topology hash is built on the host (one copy of ``tri``).
+- the topology hash is built on the host (one copy of ``tri``);
+- scratch buffers are kept per device (the ``RenderContext``'s workspace), so issue the
+  ops from one CUDA stream at a time, as for the splat rasteriser.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import numpy as np
 import torch
 
 import arc_warp.mesh as core
+from arc_warp._src.validate import check_resolution
 from arc_warp_torch._mesh_autograd import Antialias, Interpolate, Rasterize, Texture, to_warp
 
 
@@ -45,13 +48,16 @@ class RasterizeGLContext(RasterizeCudaContext):
     """Accepted for compatibility and ignored."""
 
 
-def _float(name: str, t, last: int | None = None) -> torch.Tensor:
+def _float(name: str, t, ndims: tuple[int, ...], last: int | None = None) -> torch.Tensor:
+    """``t`` as a contiguous float32 tensor of one of ``ndims`` ranks (and last axis ``last``)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got {t.dtype}")
     if last is not None and (t.dim() == 0 or t.shape[-1] != last):
         raise ValueError(f"{name}: expected last dimension {last}, got shape {list(t.shape)}")
+    if t.dim() not in ndims:
+        raise ValueError(f"{name}: expected {' or '.join(map(str, ndims))} dimensions, got shape {list(t.shape)}")
     return t.to(torch.float32).contiguous()
 
 
@@ -65,7 +71,7 @@ def _int(name: str, t) -> torch.Tensor:
 def rasterize(glctx, pos, tri, resolution, ranges=None, grad_db=True, reduce="arc"):
     """nvdiffrast.torch.rasterize: returns ``(rast, rast_db)`` [B, H, W, 4] float32."""
     ranges = None if ranges is None else np.asarray(_int("ranges", ranges).cpu())
-    return Rasterize.apply(_float("pos", pos, 4), _int("tri", tri), tuple(int(r) for r in resolution), ranges,
+    return Rasterize.apply(_float("pos", pos, (2, 3), 4), _int("tri", tri), check_resolution(resolution), ranges,
                            bool(grad_db), reduce)
 
 
@@ -73,11 +79,11 @@ def interpolate(attr, rast, tri, rast_db=None, diff_attrs=None, reduce="arc"):
     """nvdiffrast.torch.interpolate: returns ``(out, out_da)``."""
     if isinstance(diff_attrs, (list, tuple, np.ndarray, torch.Tensor)):
         diff_attrs = [int(i) for i in np.asarray(diff_attrs).reshape(-1)]
-    rast_db = None if rast_db is None else _float("rast_db", rast_db, 4)
+    rast_db = None if rast_db is None else _float("rast_db", rast_db, (4,), 4)
     if not diff_attrs:
         diff_attrs, rast_db = None, None
-    return Interpolate.apply(_float("attr", attr), _float("rast", rast, 4), _int("tri", tri), rast_db, diff_attrs,
-                             reduce)
+    return Interpolate.apply(_float("attr", attr, (2, 3)), _float("rast", rast, (4,), 4), _int("tri", tri), rast_db,
+                             diff_attrs, reduce)
 
 
 def texture(tex, uv, uv_da=None, mip_level_bias=None, mip=None, filter_mode="auto", boundary_mode="wrap",
@@ -85,17 +91,17 @@ def texture(tex, uv, uv_da=None, mip_level_bias=None, mip=None, filter_mode="aut
     """nvdiffrast.torch.texture (2D textures): returns [B, H, W, C] float32."""
     if mip is not None and not isinstance(mip, core.MipStack):
         raise TypeError(f"mip: expected the result of texture_construct_mip, got {type(mip).__name__}")
-    uv_da = None if uv_da is None else _float("uv_da", uv_da, 4)
-    bias = None if mip_level_bias is None else _float("mip_level_bias", mip_level_bias)
-    return Texture.apply(_float("tex", tex), _float("uv", uv, 2), uv_da, bias, mip, filter_mode, boundary_mode,
-                         max_mip_level, reduce)
+    uv_da = None if uv_da is None else _float("uv_da", uv_da, (4,), 4)
+    bias = None if mip_level_bias is None else _float("mip_level_bias", mip_level_bias, (3,))
+    return Texture.apply(_float("tex", tex, (4,)), _float("uv", uv, (4,), 2), uv_da, bias, mip, filter_mode,
+                         boundary_mode, max_mip_level, reduce)
 
 
 def texture_construct_mip(tex, max_mip_level=None, cube_mode=False):
     """The mip pyramid of a texture that stays constant, for ``texture(mip=...)``."""
     if cube_mode:
         raise ValueError("texture_construct_mip: cube maps are not supported")
-    return core.build_mip(to_warp(_float("tex", tex)), max_mip_level)
+    return core.build_mip(to_warp(_float("tex", tex, (4,))), max_mip_level)
 
 
 def antialias(color, rast, pos, tri, topology_hash=None, pos_gradient_boost=1.0, reduce="arc"):
@@ -103,8 +109,8 @@ def antialias(color, rast, pos, tri, topology_hash=None, pos_gradient_boost=1.0,
     if topology_hash is not None and not isinstance(topology_hash, core.TopologyHash):
         raise TypeError(f"topology_hash: expected antialias_construct_topology_hash's result, got "
                         f"{type(topology_hash).__name__}")
-    return Antialias.apply(_float("color", color), _float("rast", rast, 4), _float("pos", pos, 4), _int("tri", tri),
-                           topology_hash, float(pos_gradient_boost), reduce)
+    return Antialias.apply(_float("color", color, (4,)), _float("rast", rast, (4,), 4), _float("pos", pos, (2, 3), 4),
+                           _int("tri", tri), topology_hash, float(pos_gradient_boost), reduce)
 
 
 def antialias_construct_topology_hash(tri):

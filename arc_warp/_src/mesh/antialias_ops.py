@@ -11,13 +11,18 @@ from arc_warp._src.mesh.antialias_kernels import aa_fwd, make_aa_bwd
 from arc_warp._src.mesh.common import (
     BLOCK,
     check_shape,
+    check_workspace,
     cotangent,
     float_array,
     grad_of,
     grad_or_new,
+    launch,
+    output,
     record,
     reduce_settings,
     tiled_dim,
+    vec4_view,
+    view,
 )
 from arc_warp._src.mesh.geometry import check_tri, geometry
 from arc_warp._src.mesh.util_kernels import add_into
@@ -67,15 +72,16 @@ def antialias_construct_topology_hash(tri: wp.array) -> TopologyHash:  # [F, 3] 
     return TopologyHash(wp.array(opposite, dtype=wp.vec3i, device=tri.device), n)
 
 
-def _setup(color, rast, pos, tri, topology_hash):
+def _setup(color, rast, pos, tri, topology_hash, workspace):
     rast = float_array(rast, "rast", (4,), 4)
     device = rast.device
+    ws = check_workspace(workspace, device)
     color = float_array(color, "color", (4,), device=device)
     check_shape(color, "color", (*rast.shape[:3], color.shape[3]))
-    num_tri = check_tri(tri, device).shape[0]
+    num_tri = check_tri(tri, device, ws).shape[0]
     # [V, 4] positions serve every image, as in nvdiffrast's range mode
     ranges = np.tile([[0, num_tri]], (rast.shape[0], 1)) if getattr(pos, "ndim", 0) == 2 else None
-    geom = geometry(pos, tri, ranges)
+    geom = geometry(pos, tri, ranges, ws)
     if geom.batch != rast.shape[0]:
         raise ValueError(f"pos: expected a minibatch of {rast.shape[0]} (that of rast), got {geom.batch}")
     if topology_hash is None:
@@ -85,7 +91,7 @@ def _setup(color, rast, pos, tri, topology_hash):
     elif topology_hash.num_triangles != geom.tri.shape[0]:
         raise ValueError(f"topology_hash: built for {topology_hash.num_triangles} triangles, tri has "
                          f"{geom.tri.shape[0]}")
-    return color, rast, geom, topology_hash
+    return color, rast, geom, topology_hash, ws
 
 
 def antialias(
@@ -97,6 +103,8 @@ def antialias(
     pos_gradient_boost: float = 1.0,
     reduce: str = "arc",
     threshold: int | None = None,
+    workspace=None,  # arc_warp.Workspace: launches kept across calls
+    out: wp.array | None = None,  # [B, H, W, C] float32 to write instead of a new array
 ) -> wp.array:
     """Blends colours across silhouette edges by their coverage of each pixel pair
     (nvdiffrast 0.4 semantics; see antialias_kernels). ``topology_hash`` (from
@@ -106,19 +114,18 @@ def antialias(
         [B, H, W, C] float32. Recorded on an active ``wp.Tape``: gradients into ``color``
         and, through the silhouette edges, into ``pos`` (times ``pos_gradient_boost``).
     """
-    color_c, rast_c, geom, topo = _setup(color, rast, pos, tri, topology_hash)
-    mode, _ = reduce_settings(reduce, threshold, rast_c.device)
-    out = wp.zeros(color_c.shape, dtype=wp.float32, device=rast_c.device)
-    wp.launch(add_into, dim=out.size, inputs=[color_c.flatten()], outputs=[out.flatten()], device=rast_c.device,
-              record_tape=False)
+    color_c, rast_c, geom, topo, ws = _setup(color, rast, pos, tri, topology_hash, workspace)
+    device = rast_c.device
+    mode, _ = reduce_settings(reduce, threshold, device)
+    out = output(out, "out", tuple(color_c.shape), device)
+    wp.copy(out, color_c)  # aa_fwd adds the blends into the copy
     b, h, w, _ = rast_c.shape
-    wp.launch(aa_fwd, dim=(b, h, w), device=rast_c.device, record_tape=False,
-              inputs=[color_c, rast_c.view(wp.vec4), geom.pos, geom.tri, topo.opposite, geom.instanced],
-              outputs=[out])
+    launch(ws, aa_fwd, (b, h, w),
+           [color_c, vec4_view(ws, rast_c), geom.pos, geom.tri, topo.opposite, geom.instanced, out], device)
 
     def backward():
         antialias_backward(color, rast, pos, tri, out.grad, topo, pos_gradient_boost, grad_color=grad_of(color),
-                           grad_pos=grad_of(pos), reduce=mode, threshold=threshold)
+                           grad_pos=grad_of(pos), reduce=mode, threshold=threshold, workspace=ws)
 
     record([color, pos], [out], backward)
     return out
@@ -136,11 +143,12 @@ def antialias_backward(
     grad_pos: wp.array | None = None,  # added into if given
     reduce: str = "arc",
     threshold: int | None = None,
+    workspace=None,  # arc_warp.Workspace (see antialias)
 ) -> tuple[wp.array, wp.array]:
     """Gradients of :func:`antialias` into ``(color, pos)``. The pair analysis is recomputed
     from the inputs (deterministic, so it matches the forward). As in nvdiffrast, a
     crossing clamped to a pixel centre (|alpha| = 0.5) passes no position gradient."""
-    color_c, rast_c, geom, topo = _setup(color, rast, pos, tri, topology_hash)
+    color_c, rast_c, geom, topo, ws = _setup(color, rast, pos, tri, topology_hash, workspace)
     device = rast_c.device
     grad_color = grad_or_new(grad_color, "grad_color", color)
     grad_pos = grad_or_new(grad_pos, "grad_pos", pos)
@@ -150,12 +158,10 @@ def antialias_backward(
     mode, t = reduce_settings(reduce, threshold, device)
     b, h, w, _ = rast_c.shape
     # the colour passes through unchanged except across edges
-    wp.launch(add_into, dim=grad_color.size, inputs=[go.flatten()], outputs=[grad_color.flatten()], device=device,
-              record_tape=False)
-    wp.launch(make_aa_bwd(mode), dim=tiled_dim(b, h, w), block_dim=BLOCK, device=device,
-              record_tape=False,
-              inputs=[color_c, rast_c.view(wp.vec4), geom.pos, geom.tri, topo.opposite, geom.instanced, go,
-                      float(pos_gradient_boost), t],
-              outputs=[grad_color, grad_pos.view(wp.vec4).flatten()])
+    flat = (grad_color.size,)
+    launch(ws, add_into, flat[0], [view(ws, go, wp.float32, flat), view(ws, grad_color, wp.float32, flat)], device)
+    launch(ws, make_aa_bwd(mode), tiled_dim(b, h, w),
+           [color_c, vec4_view(ws, rast_c), geom.pos, geom.tri, topo.opposite, geom.instanced, go,
+            float(pos_gradient_boost), t, grad_color, vec4_view(ws, grad_pos, True)], device, block_dim=BLOCK)
     return grad_color, grad_pos
 

@@ -1,4 +1,6 @@
-"""Shared host-side helpers of the mesh ops: validation, reduce settings, launch sizes, tape recording."""
+"""Shared host-side helpers of the mesh ops: validation, reduce settings, launch sizes, tape
+recording, and the workspace side of a call (scratch buffers, prepared launches, cached
+views; each helper does the plain Warp thing when the call has no workspace)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import warp as wp
 
 from arc_warp._src.arc.calibrate import resolve_threshold
 from arc_warp._src.arc.reduce_funcs import check_mode
+from arc_warp._src.splat.workspace import Workspace
 from arc_warp._src.tape import active_tape
 from arc_warp._src.validate import check_array
 
@@ -43,9 +46,23 @@ def chunking(n: int) -> tuple[int, int]:
     return k, n // k
 
 
-def vector_view(arr: wp.array, k: int) -> wp.array:
+def view(workspace, a: wp.array, dtype, shape) -> wp.array:
+    """Contiguous ``a``'s memory as a ``shape`` array of ``dtype`` (a kernel's argument
+    type), non-owning (``a`` stays alive through the call): the workspace's cached view
+    (``Workspace.view``), or a new one without it."""
+    if workspace is not None:
+        return workspace.view(a, dtype, tuple(shape))
+    return wp.array(ptr=a.ptr, dtype=dtype, shape=tuple(shape), device=a.device)
+
+
+def vec4_view(workspace, a: wp.array, flat: bool = False) -> wp.array:
+    """A float32 [..., 4] array as vec4s: [...] or, with ``flat``, (size / 4,)."""
+    return view(workspace, a, wp.vec4, (a.size // 4,) if flat else a.shape[:-1])
+
+
+def vector_view(workspace, arr: wp.array, k: int) -> wp.array:
     """Flat view of a contiguous float32 array as ``size / k`` K-vectors (an accumulator target)."""
-    return arr.reshape((arr.size // k, k)).view(wp.types.vector(k, wp.float32))
+    return view(workspace, arr, wp.types.vector(k, wp.float32), (arr.size // k,))
 
 
 def float_array(value, name: str, ndims: tuple[int, ...], last: int | None = None, device=None) -> wp.array:
@@ -66,17 +83,6 @@ def check_shape(value: wp.array, name: str, shape: tuple) -> wp.array:
     return value
 
 
-def check_resolution(resolution) -> tuple[int, int]:
-    """(height, width) as positive ints; raises for anything else."""
-    try:
-        h, w = (int(r) for r in resolution)
-    except (TypeError, ValueError):
-        raise TypeError(f"resolution: expected (height, width) integers, got {resolution!r}") from None
-    if h < 1 or w < 1 or h > 32768 or w > 32768:
-        raise ValueError(f"resolution: expected 1 <= height, width <= 32768, got {(h, w)}")
-    return h, w
-
-
 def cotangent(value, name: str, shape: tuple, device) -> wp.array | None:
     """A float32 cotangent of ``shape`` on ``device``, or None (zero)."""
     if value is None:
@@ -91,8 +97,57 @@ def grad_or_new(grad, name: str, like: wp.array) -> wp.array:
     return check_shape(float_array(grad, name, (like.ndim,), device=like.device), name, like.shape)
 
 
-def zeros_if_none(value, shape, device) -> wp.array:
-    return value if value is not None else wp.zeros(shape, dtype=wp.float32, device=device)
+def check_workspace(workspace, device) -> Workspace | None:
+    """``workspace`` (None or a :class:`Workspace` on ``device``); raises naming the fix."""
+    if workspace is None:
+        return None
+    if not isinstance(workspace, Workspace):
+        raise TypeError(f"workspace: expected an arc_warp.Workspace or None, got {type(workspace).__name__}")
+    if workspace.device != wp.get_device(device):
+        raise ValueError(f"workspace: it is on {workspace.device}, the inputs on {device}; "
+                         "use one workspace per device")
+    return workspace
+
+
+def scratch(workspace: Workspace | None, name: str, shape, dtype, device, zero: bool = False) -> wp.array:
+    """A buffer used only within one call: the workspace's shared buffer ``name`` (kept
+    across calls, so calls of one size allocate nothing), or a new array without one.
+    ``zero`` fills it with zeros."""
+    if workspace is None:
+        return (wp.zeros if zero else wp.empty)(shape, dtype=dtype, device=device)
+    return workspace.shared.array(name, shape, dtype, zero)
+
+
+def zeros_once(workspace: Workspace | None, name: str, shape, dtype, device) -> wp.array:
+    """A read-only zero buffer (a cotangent that was not given): zeroed once per workspace."""
+    if workspace is None:
+        return wp.zeros(shape, dtype=dtype, device=device)
+    return workspace.shared.zeros_once(name, shape, dtype)
+
+
+def absent(workspace: Workspace | None, dtype, device, ndim: int = 1) -> wp.array:
+    """An empty ``ndim``-D array of ``dtype``: the argument a kernel gets for an optional
+    array that was not given (made once per workspace)."""
+    if workspace is None:
+        return wp.empty((0,) * ndim, dtype=dtype, device=device)
+    return workspace.shared.zeros_once(f"mesh_absent_{wp.types.type_repr(dtype)}_{ndim}d", (0,) * ndim, dtype)
+
+
+def launch(workspace: Workspace | None, kernel, dim, args: list, device, block_dim: int | None = None,
+           key=None) -> None:
+    """``wp.launch(kernel, dim, inputs=args)`` off the tape; with a workspace, prepared once
+    and replayed (see ``Frame.launch``; ``key`` names a kernel launched at several places)."""
+    if workspace is None:
+        wp.launch(kernel, dim=dim, inputs=args, device=device, block_dim=block_dim, record_tape=False)
+    else:
+        workspace.shared.launch(kernel, dim, args, block_dim, key)
+
+
+def output(value, name: str, shape: tuple, device) -> wp.array:
+    """The caller's float32 output array ``value`` checked to be ``shape`` on ``device``, or a new one."""
+    if value is None:
+        return wp.empty(shape, dtype=wp.float32, device=device)
+    return check_shape(float_array(value, name, (len(shape),), device=device), name, shape)
 
 
 def record(inputs: list, outputs: list, backward) -> None:
@@ -122,13 +177,13 @@ def host_int32(value, name: str, shape_last: int) -> np.ndarray:
 
 
 @functools.lru_cache(maxsize=256)
-def _constant(values: tuple, dtype, device: str) -> wp.array:
-    return wp.array(np.array(values, dtype=np.int32), dtype=dtype, device=device)
+def _constant(data: bytes, shape: tuple, dtype, device: str) -> wp.array:
+    return wp.array(np.frombuffer(data, np.int32).reshape(shape), dtype=dtype, device=device)
 
 
 def device_constant(values, dtype, device) -> wp.array:
     """A small read-only int32 table (e.g. mip sizes) on ``device``, made once per content:
     a host-to-device copy on every call would stall the launch queue on CUDA. Callers must
     not write to it."""
-    rows = tuple(tuple(int(x) for x in row) if np.ndim(row) else int(row) for row in values)
-    return _constant(rows, dtype, str(wp.get_device(device)))
+    table = np.ascontiguousarray(values, dtype=np.int32)
+    return _constant(table.tobytes(), table.shape, dtype, wp.get_device(device).alias)

@@ -75,7 +75,7 @@ def make_interp_bwd(mode: str, k: int):
         width: int,
         height: int,
         threshold: int,
-        grad_attr: wp.array(dtype=vec_k),  # (Ba*V*A/k,) flat
+        grad_attr: wp.array(dtype=vec_k),  # (Ba*V*A/k,) flat, or empty: not wanted
         grad_rast: wp.array(dtype=wp.vec4),  # (B*H*W,) added into (one thread per pixel)
         grad_rast_db: wp.array(dtype=wp.vec4),  # (B*H*W,) added into, or empty
     ):
@@ -116,6 +116,8 @@ def make_interp_bwd(mode: str, k: int):
         w2 = 1.0 - r[0] - r[1]
         chunks = num_a // wp.static(k)
         base = (ab * attr.shape[1]) * chunks
+        if grad_attr.shape[0] == 0:
+            chunks = 0  # the same for every lane, so the accumulator's warps stay converged
         for c in range(chunks):
             g0 = vec_k()
             g1 = vec_k()

@@ -7,17 +7,24 @@ import warp as wp
 
 from arc_warp._src.mesh.common import (
     BLOCK,
+    absent,
     check_shape,
+    check_workspace,
     chunking,
     device_constant,
     cotangent,
     float_array,
     grad_of,
     grad_or_new,
+    launch,
+    output,
     vector_view,
+    vec4_view,
+    view,
     record,
     reduce_settings,
     tiled_dim,
+    zeros_once,
 )
 from arc_warp._src.mesh.geometry import check_tri
 from arc_warp._src.mesh.interp_kernels import interp_fwd, make_interp_bwd
@@ -39,11 +46,12 @@ def _diff_indices(diff_attrs, num_attr: int) -> np.ndarray:
     return np.where(idx < 0, idx + num_attr, idx).astype(np.int32)
 
 
-def _inputs(attr, rast, tri, rast_db, diff_attrs):
+def _inputs(attr, rast, tri, rast_db, diff_attrs, workspace):
     rast = float_array(rast, "rast", (4,), 4)
     device = rast.device
+    ws = check_workspace(workspace, device)
     attr = float_array(attr, "attr", (2, 3), device=device)
-    attr3 = attr.reshape((1, *attr.shape)) if attr.ndim == 2 else attr
+    attr3 = view(ws, attr, wp.float32, (1, *attr.shape)) if attr.ndim == 2 else attr
     if attr3.shape[0] not in (1, rast.shape[0]):
         raise ValueError(f"attr: expected a minibatch of 1 or {rast.shape[0]} (that of rast), got {attr3.shape[0]}")
     diff = _diff_indices(diff_attrs, attr3.shape[2])
@@ -51,7 +59,7 @@ def _inputs(attr, rast, tri, rast_db, diff_attrs):
         raise ValueError("rast_db: diff_attrs asks for attribute derivatives, which need rast_db")
     if rast_db is not None:
         rast_db = check_shape(float_array(rast_db, "rast_db", (4,), 4, device), "rast_db", rast.shape)
-    return attr3, rast, check_tri(tri, device), rast_db, device_constant(diff, wp.int32, device)
+    return attr3, rast, check_tri(tri, device, ws), rast_db, device_constant(diff, wp.int32, device), ws
 
 
 def interpolate(
@@ -62,6 +70,8 @@ def interpolate(
     diff_attrs=None,  # None, 'all' or a list of attribute indices
     reduce: str = "arc",
     threshold: int | None = None,
+    workspace=None,  # arc_warp.Workspace: launches kept across calls
+    out: tuple[wp.array, wp.array] | None = None,  # (out, out_da) to write instead of new arrays
 ) -> tuple[wp.array, wp.array]:
     """Interpolates vertex attributes over the rasterised triangles (nvdiffrast semantics).
 
@@ -75,20 +85,20 @@ def interpolate(
         ``diff_attrs``). Recorded on an active ``wp.Tape`` (gradients into ``attr``,
         ``rast`` and ``rast_db``); ``reduce``/``threshold`` select the backward's accumulator.
     """
-    attr3, rast_c, tri_v, rast_db_c, diff = _inputs(attr, rast, tri, rast_db, diff_attrs)
+    attr3, rast_c, tri_v, rast_db_c, diff, ws = _inputs(attr, rast, tri, rast_db, diff_attrs, workspace)
     mode, _ = reduce_settings(reduce, threshold, rast.device)
     b, h, w, _ = rast_c.shape
     device = rast_c.device
-    out = wp.empty((b, h, w, attr3.shape[2]), dtype=wp.float32, device=device)
-    out_da = wp.empty((b, h, w, 2 * diff.shape[0]), dtype=wp.float32, device=device)
-    db = rast_db_c.view(wp.vec4) if rast_db_c is not None else wp.empty((0, 0, 0), dtype=wp.vec4, device=device)
-    wp.launch(interp_fwd, dim=(b, h, w), device=device, record_tape=False,
-              inputs=[attr3, rast_c.view(wp.vec4), db, tri_v, diff], outputs=[out, out_da])
+    given = (None, None) if out is None else out
+    out = output(given[0], "out[0] (out)", (b, h, w, attr3.shape[2]), device)
+    out_da = output(given[1], "out[1] (out_da)", (b, h, w, 2 * diff.shape[0]), device)
+    db = vec4_view(ws, rast_db_c) if rast_db_c is not None else absent(ws, wp.vec4, device, 3)
+    launch(ws, interp_fwd, (b, h, w), [attr3, vec4_view(ws, rast_c), db, tri_v, diff, out, out_da], device)
 
     def backward():
         interpolate_backward(attr, rast, tri, out.grad, rast_db, out_da.grad if diff.shape[0] else None, diff_attrs,
                              grad_attr=grad_of(attr), grad_rast=grad_of(rast), grad_rast_db=grad_of(rast_db),
-                             reduce=mode, threshold=threshold)
+                             reduce=mode, threshold=threshold, workspace=ws, attr_grad=attr.requires_grad)
 
     inputs = [attr, rast] + ([rast_db] if rast_db is not None else [])
     record(inputs, [out, out_da], backward)
@@ -108,15 +118,18 @@ def interpolate_backward(
     grad_rast_db: wp.array | None = None,  # added into if given
     reduce: str = "arc",
     threshold: int | None = None,
-) -> tuple[wp.array, wp.array, wp.array | None]:
+    workspace=None,  # arc_warp.Workspace (see interpolate)
+    attr_grad: bool = True,  # False: attr's gradient is not wanted (skips its scatter)
+) -> tuple[wp.array | None, wp.array, wp.array | None]:
     """Gradients of :func:`interpolate` into ``attr`` (ARC scatter into each pixel's three
     vertices), ``rast`` (u, v) and ``rast_db``. Returns ``(grad_attr, grad_rast,
-    grad_rast_db)`` shaped like the inputs (``grad_rast_db`` None without ``rast_db``)."""
-    attr3, rast_c, tri_v, rast_db_c, diff = _inputs(attr, rast, tri, rast_db, diff_attrs)
+    grad_rast_db)`` shaped like the inputs (``grad_rast_db`` None without ``rast_db``;
+    ``grad_attr`` None with ``attr_grad=False``)."""
+    attr3, rast_c, tri_v, rast_db_c, diff, ws = _inputs(attr, rast, tri, rast_db, diff_attrs, workspace)
     device = rast_c.device
     b, h, w, _ = rast_c.shape
     n, num_a = b * h * w, attr3.shape[2]
-    grad_attr = grad_or_new(grad_attr, "grad_attr", attr)
+    grad_attr = grad_or_new(grad_attr, "grad_attr", attr) if attr_grad else None
     grad_rast = grad_or_new(grad_rast, "grad_rast", rast)
     if rast_db is not None:
         grad_rast_db = grad_or_new(grad_rast_db, "grad_rast_db", rast_db)
@@ -124,18 +137,17 @@ def interpolate_backward(
     gda = cotangent(grad_out_da, "grad_out_da", (b, h, w, 2 * diff.shape[0]), device)
     if (go is None and gda is None) or num_a == 0 or n == 0:
         return grad_attr, grad_rast, grad_rast_db
-    go = go if go is not None else wp.zeros((b, h, w, num_a), dtype=wp.float32, device=device)
+    go = go if go is not None else zeros_once(ws, "mesh_zero_grad_out", (b, h, w, num_a), wp.float32, device)
     if gda is None or diff.shape[0] == 0:
-        gda = wp.zeros((1, 1), dtype=wp.float32, device=device)
-        diff = wp.empty(0, dtype=wp.int32, device=device)
+        gda = zeros_once(ws, "mesh_zero_grad_out_da", (1, 1), wp.float32, device)
+        diff = absent(ws, wp.int32, device)
     mode, t = reduce_settings(reduce, threshold, device)
     k, _ = chunking(num_a)
-    gda2 = gda.reshape((n, gda.shape[3])) if gda.ndim == 4 else gda
-    db_flat = rast_db_c.view(wp.vec4).flatten() if rast_db_c is not None else wp.empty(0, dtype=wp.vec4, device=device)
-    g_db = grad_rast_db.view(wp.vec4).flatten() if rast_db is not None else wp.empty(0, dtype=wp.vec4, device=device)
-    wp.launch(make_interp_bwd(mode, k), dim=tiled_dim(b, h, w), block_dim=BLOCK, device=device,
-              record_tape=False,
-              inputs=[attr3, rast_c.view(wp.vec4).flatten(), db_flat, tri_v, diff, go.reshape((n, num_a)), gda2,
-                      w, h, t],
-              outputs=[vector_view(grad_attr, k), grad_rast.view(wp.vec4).flatten(), g_db])
+    gda2 = view(ws, gda, wp.float32, (n, gda.shape[3])) if gda.ndim == 4 else gda
+    db_flat = vec4_view(ws, rast_db_c, True) if rast_db_c is not None else absent(ws, wp.vec4, device)
+    g_db = vec4_view(ws, grad_rast_db, True) if rast_db is not None else absent(ws, wp.vec4, device)
+    launch(ws, make_interp_bwd(mode, k), tiled_dim(b, h, w),
+           [attr3, vec4_view(ws, rast_c, True), db_flat, tri_v, diff, view(ws, go, wp.float32, (n, num_a)), gda2, w,
+            h, t, vector_view(ws, grad_attr, k) if attr_grad else absent(ws, wp.types.vector(k, wp.float32), device),
+            vec4_view(ws, grad_rast, True), g_db], device, block_dim=BLOCK)
     return grad_attr, grad_rast, grad_rast_db

@@ -7,16 +7,22 @@ import warp as wp
 
 from arc_warp._src.mesh.common import (
     BLOCK,
-    check_resolution,
+    absent,
     check_shape,
     float_array,
     cotangent,
     grad_or_new,
+    launch,
+    output,
     record,
     reduce_settings,
+    scratch,
     tiled_dim,
+    vec4_view,
+    zeros_once,
 )
 from arc_warp._src.mesh.geometry import Geometry, geometry
+from arc_warp._src.validate import check_resolution
 from arc_warp._src.mesh.raster_kernels import EMPTY_KEY, make_raster_bwd, raster_big, raster_depth, raster_resolve
 
 
@@ -35,6 +41,8 @@ def rasterize(
     grad_db: bool = True,
     reduce: str = "arc",
     threshold: int | None = None,
+    workspace=None,  # arc_warp.Workspace: scratch buffers and launches kept across calls
+    out: tuple[wp.array, wp.array] | None = None,  # (rast, rast_db) [B, H, W, 4] float32 to write
 ) -> tuple[wp.array, wp.array]:
     """Rasterises triangles with nvdiffrast 0.4 semantics.
 
@@ -58,6 +66,9 @@ def rasterize(
             :func:`rasterize_backward`).
         reduce: accumulation mode of the backward (``atomic``/``warp``/``serial``/``arc``/``floor``).
         threshold: ARC threshold override (default: calibrated per GPU).
+        workspace: keeps the depth keys and the big-triangle queue, and the prepared
+            launches, across calls (the backward of the tape uses it too).
+        out: arrays to write ``rast`` and ``rast_db`` into instead of new ones.
 
     Returns:
         ``(rast, rast_db)``, float32 [B, H, W, 4]: (u, v, z/w, triangle_id + 1; all 0 where
@@ -65,41 +76,41 @@ def rasterize(
         triangle ids index the whole ``tri``. Recorded on an active ``wp.Tape`` when
         ``pos.requires_grad``.
     """
-    geom = geometry(pos, tri, ranges)
+    geom = geometry(pos, tri, ranges, workspace)
+    ws = geom.workspace
     height, width = check_resolution(resolution)
     mode, _ = reduce_settings(reduce, threshold, pos.device)
-    rast, rast_db = _forward(geom, height, width)
+    shape = (geom.batch, height, width, 4)
+    out = (None, None) if out is None else out
+    rast = output(out[0], "out[0] (rast)", shape, pos.device)
+    rast_db = output(out[1], "out[1] (rast_db)", shape, pos.device)
+    _forward(geom, height, width, ws, rast, rast_db)
 
     def backward():
         rasterize_backward(pos, tri, rast, rast.grad, rast_db.grad if grad_db else None,
-                           ranges=ranges, grad_pos=pos.grad, reduce=mode, threshold=threshold)
+                           ranges=ranges, grad_pos=pos.grad, reduce=mode, threshold=threshold, workspace=ws)
 
     record([pos], [rast, rast_db], backward)
     return rast, rast_db
 
 
-def _forward(geom: Geometry, height: int, width: int) -> tuple[wp.array, wp.array]:
+def _forward(geom: Geometry, height: int, width: int, ws, rast: wp.array, rast_db: wp.array) -> None:
     device = geom.pos.device
     b = geom.batch
-    keys = wp.full((b, height, width), EMPTY_KEY, dtype=wp.int64, device=device)
+    keys = scratch(ws, "mesh_raster_keys", (b, height, width), wp.int64, device)
+    keys.fill_(EMPTY_KEY)
     xs, xo, ys, yo = _pixel_grid(height, width)
     if geom.max_count > 0:
         # triangles with big pixel boxes are queued and tested per pixel (no host readback)
-        big = wp.empty(b * geom.max_count, dtype=wp.vec4i, device=device)
-        big_box = wp.empty(b * geom.max_count, dtype=wp.vec4i, device=device)
-        big_count = wp.zeros(1, dtype=wp.int32, device=device)
-        wp.launch(raster_depth, dim=(b, geom.max_count), device=device, record_tape=False,
-                  inputs=[geom.pos, geom.tri, geom.ranges, geom.instanced, width, height, xs, xo, ys, yo],
-                  outputs=[keys, big, big_box, big_count])
-        wp.launch(raster_big, dim=(b, height, width), device=device, record_tape=False,
-                  inputs=[geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo, big, big_box, big_count],
-                  outputs=[keys])
-    rast = wp.empty((b, height, width, 4), dtype=wp.float32, device=device)
-    rast_db = wp.empty((b, height, width, 4), dtype=wp.float32, device=device)
-    wp.launch(raster_resolve, dim=(b, height, width), device=device, record_tape=False,
-              inputs=[keys, geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo],
-              outputs=[rast.view(wp.vec4), rast_db.view(wp.vec4)])
-    return rast, rast_db
+        big = scratch(ws, "mesh_raster_big", b * geom.max_count, wp.vec4i, device)
+        big_box = scratch(ws, "mesh_raster_big_box", b * geom.max_count, wp.vec4i, device)
+        big_count = scratch(ws, "mesh_raster_big_count", 1, wp.int32, device, zero=True)
+        launch(ws, raster_depth, (b, geom.max_count), [geom.pos, geom.tri, geom.ranges, geom.instanced, width,
+                                                      height, xs, xo, ys, yo, keys, big, big_box, big_count], device)
+        launch(ws, raster_big, (b, height, width), [geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo, big, big_box,
+                                                    big_count, keys], device)
+    launch(ws, raster_resolve, (b, height, width), [keys, geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo,
+                                                    vec4_view(ws, rast), vec4_view(ws, rast_db)], device)
 
 
 def rasterize_backward(
@@ -112,6 +123,7 @@ def rasterize_backward(
     grad_pos: wp.array | None = None,  # adds into this ([V, 4] / [B, V, 4]) if given
     reduce: str = "arc",
     threshold: int | None = None,
+    workspace=None,  # arc_warp.Workspace (see rasterize)
 ) -> wp.array:
     """Gradient of a loss w.r.t. ``pos`` through the barycentrics (and their pixel derivatives).
 
@@ -121,7 +133,8 @@ def rasterize_backward(
     with the ``reduce`` accumulator. Returns ``grad_pos`` (new if None), shaped like pos:
     x, y, w components; z gets none.
     """
-    geom = geometry(pos, tri, ranges)
+    geom = geometry(pos, tri, ranges, workspace)
+    ws = geom.workspace
     device = pos.device
     rast = float_array(rast, "rast", (4,), 4, device)
     b, height, width = geom.batch, rast.shape[1], rast.shape[2]
@@ -132,14 +145,12 @@ def rasterize_backward(
         return grad_pos
     mode, t = reduce_settings(reduce, threshold, device)
     g = cotangent(grad_rast, "grad_rast", shape, device)
-    g = g if g is not None else wp.zeros(shape, dtype=wp.float32, device=device)
+    g = g if g is not None else zeros_once(ws, "mesh_zero_grad_rast", shape, wp.float32, device)
     gdb = cotangent(grad_rast_db, "grad_rast_db", shape, device)
-    gdb_flat = gdb.view(wp.vec4).flatten() if gdb is not None else wp.empty(0, dtype=wp.vec4, device=device)
+    gdb_flat = vec4_view(ws, gdb, True) if gdb is not None else absent(ws, wp.vec4, device)
     xs, xo, ys, yo = _pixel_grid(height, width)
-    wp.launch(make_raster_bwd(mode), dim=tiled_dim(b, height, width), block_dim=BLOCK, device=device,
-              record_tape=False,
-              inputs=[rast.view(wp.vec4).flatten(), g.view(wp.vec4).flatten(), gdb_flat, geom.pos, geom.tri,
-                      geom.instanced, width, height, xs, xo, ys, yo, t],
-              outputs=[grad_pos.view(wp.vec4).flatten()])
+    launch(ws, make_raster_bwd(mode), tiled_dim(b, height, width),
+           [vec4_view(ws, rast, True), vec4_view(ws, g, True), gdb_flat, geom.pos, geom.tri, geom.instanced,
+            width, height, xs, xo, ys, yo, t, vec4_view(ws, grad_pos, True)], device, block_dim=BLOCK)
     return grad_pos
 

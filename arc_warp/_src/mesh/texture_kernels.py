@@ -27,6 +27,19 @@ WRAP, CLAMP, ZERO = 0, 1, 2
 BOUNDARY_MODES = {"wrap": WRAP, "clamp": CLAMP, "zero": ZERO}
 
 
+@wp.func
+def box_down(data: wp.array2d(dtype=float), src_offset: int, src_w: int, src_h: int, z: int, y: int, x: int, c: int):
+    """Channel ``c`` of texel (y, x) of the level below (src_w, src_h) in image z: the mean
+    of its 2x2 texels (2 along the one axis longer than 1), summed in row order."""
+    s = src_offset + (z * src_h + 2 * y) * src_w + 2 * x
+    if src_w == 1 or src_h == 1:
+        step = src_w  # the next texel along the one axis longer than 1
+        if src_h == 1:
+            step = 1
+        return 0.5 * (data[s, c] + data[s + step, c])
+    return 0.25 * (data[s, c] + data[s + 1, c] + data[s + src_w, c] + data[s + src_w + 1, c])
+
+
 @wp.kernel(enable_backward=False, module="unique")
 def mip_build(
     data: wp.array2d(dtype=float),  # (texels, C) all levels
@@ -37,17 +50,57 @@ def mip_build(
     dst_w: int,
     dst_h: int,
 ):
+    """One level from the one below it: a thread per texel."""
     z, y, x = wp.tid()
-    s = src_offset + (z * src_h + 2 * y) * src_w + 2 * x
     d = dst_offset + (z * dst_h + y) * dst_w + x
     for c in range(data.shape[1]):
-        if src_w == 1 or src_h == 1:
-            step = src_w  # the next texel along the one axis longer than 1
-            if src_h == 1:
+        data[d, c] = box_down(data, src_offset, src_w, src_h, z, y, x, c)
+
+
+@wp.kernel(enable_backward=False, module="unique")
+def mip_build2(
+    data: wp.array2d(dtype=float),  # (texels, C) all levels
+    src_offset: int,
+    src_w: int,
+    src_h: int,
+    mid_offset: int,
+    mid_w: int,
+    mid_h: int,
+    dst_offset: int,
+    dst_w: int,
+    dst_h: int,
+):
+    """Two levels in one launch (half the launches of a pyramid): a thread per texel of
+    the upper level computes and writes the 2x2 (or 2) texels of the middle level under
+    it, then averages them in registers in the same order as ``mip_build`` reads them,
+    so the stack has the same bits."""
+    z, y, x = wp.tid()
+    d = dst_offset + (z * dst_h + y) * dst_w + x
+    m = mid_offset + (z * mid_h + 2 * y) * mid_w + 2 * x
+    for c in range(data.shape[1]):
+        a = box_down(data, src_offset, src_w, src_h, z, 2 * y, 2 * x, c)
+        data[m, c] = a
+        if mid_w == 1 or mid_h == 1:
+            # the second texel along the one axis longer than 1
+            y1 = 2 * y
+            x1 = 2 * x
+            step = mid_w
+            if mid_h == 1:
+                x1 += 1
                 step = 1
-            data[d, c] = 0.5 * (data[s, c] + data[s + step, c])
+            else:
+                y1 += 1
+            b = box_down(data, src_offset, src_w, src_h, z, y1, x1, c)
+            data[m + step, c] = b
+            data[d, c] = 0.5 * (a + b)
         else:
-            data[d, c] = 0.25 * (data[s, c] + data[s + 1, c] + data[s + src_w, c] + data[s + src_w + 1, c])
+            b = box_down(data, src_offset, src_w, src_h, z, 2 * y, 2 * x + 1, c)
+            e = box_down(data, src_offset, src_w, src_h, z, 2 * y + 1, 2 * x, c)
+            f = box_down(data, src_offset, src_w, src_h, z, 2 * y + 1, 2 * x + 1, c)
+            data[m + 1, c] = b
+            data[m + mid_w, c] = e
+            data[m + mid_w + 1, c] = f
+            data[d, c] = 0.25 * (a + b + e + f)
 
 
 @wp.kernel(enable_backward=False, module="unique")
@@ -282,7 +335,7 @@ def make_tex_bwd(mode: str, filter_mode: int, k: int):
         tex_images: int,
         boundary: int,
         threshold: int,
-        gstack: wp.array(dtype=vec_k),  # (texels * C / k,) added into
+        gstack: wp.array(dtype=vec_k),  # (texels * C / k,) added into, or empty: not wanted
         grad_uv: wp.array(dtype=wp.vec2),  # (B*H*W,) added into, or empty
         grad_uv_da: wp.array(dtype=wp.vec4),  # (B*H*W,) added into, or empty
         grad_bias: wp.array(dtype=float),  # (B*H*W,) added into, or empty
@@ -293,6 +346,8 @@ def make_tex_bwd(mode: str, filter_mode: int, k: int):
         z = wp.min(tp[0], tex_images - 1)
         num_c = grad_out.shape[1]
         chunks = num_c // wp.static(k)
+        if gstack.shape[0] == 0:
+            chunks = 0  # the same for every lane, so the accumulator's warps stay converged
         size0 = sizes[0]
         t0 = wp.vec4i(-1, -1, -1, -1)
         t1 = wp.vec4i(-1, -1, -1, -1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -9,19 +10,24 @@ import warp as wp
 
 from arc_warp._src.mesh.common import (
     BLOCK,
+    absent,
     check_shape,
+    check_workspace,
     chunking,
     device_constant,
     cotangent,
     float_array,
     grad_of,
     grad_or_new,
+    launch,
+    output,
     record,
     reduce_settings,
+    scratch,
     tiled_dim,
     vector_view,
+    view,
 )
-from arc_warp._src.mesh.util_kernels import add_into
 from arc_warp._src.mesh.texture_kernels import (
     BOUNDARY_MODES,
     FILTER_MODES,
@@ -29,6 +35,7 @@ from arc_warp._src.mesh.texture_kernels import (
     make_tex_bwd,
     make_tex_fwd,
     mip_build,
+    mip_build2,
     mip_fold,
 )
 
@@ -80,32 +87,62 @@ def _check_tex(tex) -> wp.array:
     return tex
 
 
-def build_mip(tex: wp.array, max_mip_level: int | None = None) -> MipStack:
-    """The mip stack of ``tex`` ([B, H, W, C] float32), levels by 2x2 box filtering.
-
-    ``max_mip_level`` limits the number of levels after level 0 (None: down to 1x1)."""
-    tex = _check_tex(tex)
+@functools.lru_cache(maxsize=64)
+def _mip_layout(tex_shape: tuple, max_mip_level) -> tuple[list, np.ndarray, int]:
+    """(sizes, offsets, texels) of the stack of a [B, H, W, C] texture: level sizes (w, h),
+    the int32 first row of each level, and the rows of all levels together (cached:
+    callers must not modify them)."""
     if max_mip_level is not None and int(max_mip_level) < 0:
         raise ValueError(f"max_mip_level: expected None or >= 0, got {max_mip_level}")
-    b, h, w, c = tex.shape
+    b, h, w, _ = tex_shape
     sizes = mip_sizes(w, h, None if max_mip_level is None else int(max_mip_level))
     counts = [b * sw * sh for sw, sh in sizes]
     offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
+    return sizes, offsets, int(sum(counts))
+
+
+def mip_shape(tex_shape, max_mip_level: int | None = None) -> tuple[int, int]:
+    """(texels, C): the shape of the float32 array :func:`build_mip` fills for a texture of
+    ``tex_shape`` [B, H, W, C] (for callers that allocate it, ``build_mip(out=...)``)."""
+    if len(tex_shape) != 4 or min(tex_shape) < 1:
+        raise ValueError(f"tex: expected [B, H, W, C] with every size >= 1, got {tuple(tex_shape)}")
+    return _mip_layout(tuple(int(s) for s in tex_shape), max_mip_level)[2], int(tex_shape[3])
+
+
+def build_mip(tex: wp.array, max_mip_level: int | None = None, out: wp.array | None = None,
+              workspace=None) -> MipStack:
+    """The mip stack of ``tex`` ([B, H, W, C] float32), levels by 2x2 box filtering.
+
+    ``max_mip_level`` limits the number of levels after level 0 (None: down to 1x1).
+    ``out`` (float32 of :func:`mip_shape`) receives the stack instead of a new array;
+    ``workspace`` (an ``arc_warp.Workspace``) keeps the prepared launches across calls."""
+    tex = _check_tex(tex)
+    sizes, offsets, texels = _mip_layout(tuple(tex.shape), max_mip_level)
+    b, _, _, c = tex.shape
     device = tex.device
-    data = wp.zeros((int(sum(counts)), c), dtype=wp.float32, device=device)
-    wp.launch(add_into, dim=counts[0] * c, inputs=[tex.flatten()], outputs=[data[: counts[0]].flatten()],
-              device=device, record_tape=False)
-    for level in range(1, len(sizes)):
-        (sw, sh), (dw, dh) = sizes[level - 1], sizes[level]
-        wp.launch(mip_build, dim=(b, dh, dw), device=device, record_tape=False,
-                  inputs=[data, int(offsets[level - 1]), sw, sh, int(offsets[level]), dw, dh])
+    ws = check_workspace(workspace, device)
+    # every row is written below (level 0 copied, the others built), so no zero fill
+    data = output(out, "out", (texels, c), device)
+    wp.copy(data, tex)
+    # two levels per launch, the last one alone if their count is odd
+    for level in range(1, len(sizes), 2):
+        src = [data, int(offsets[level - 1]), *sizes[level - 1]]
+        key = ("mesh_mip_build", level)
+        if level + 1 < len(sizes):
+            dw, dh = sizes[level + 1]
+            mid = [int(offsets[level]), *sizes[level]]
+            launch(ws, mip_build2, (b, dh, dw), [*src, *mid, int(offsets[level + 1]), dw, dh], device, key=key)
+        else:
+            dw, dh = sizes[level]
+            launch(ws, mip_build, (b, dh, dw), [*src, int(offsets[level]), dw, dh], device, key=key)
     return MipStack(data, device_constant(sizes, wp.vec2i, device), device_constant(offsets, wp.int32, device),
                     tuple(sizes), b, c)
 
 
-def _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level):
+def _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level, workspace):
     tex = _check_tex(tex)
     device = tex.device
+    ws = check_workspace(workspace, device)
     uv = float_array(uv, "uv", (4,), 2, device)
     b, h, w, _ = uv.shape
     if tex.shape[0] not in (1, b):
@@ -126,7 +163,7 @@ def _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_
             filter_mode = "linear"
     if "mipmap" in filter_mode:
         if mip is None:
-            mip = build_mip(tex, max_mip_level)
+            mip = build_mip(tex, max_mip_level, workspace=ws)
         elif not isinstance(mip, MipStack):
             raise TypeError(f"mip: expected a MipStack from build_mip(), got {type(mip).__name__}")
         elif mip.host_sizes[0] != (tex.shape[2], tex.shape[1]) or mip.images != tex.shape[0]:
@@ -134,15 +171,19 @@ def _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_
     else:
         # one level: the texture itself, viewed as the stack
         size = (tex.shape[2], tex.shape[1])
-        mip = MipStack(tex.reshape((tex.shape[0] * tex.shape[1] * tex.shape[2], tex.shape[3])),
+        mip = MipStack(view(ws, tex, wp.float32, (tex.shape[0] * tex.shape[1] * tex.shape[2], tex.shape[3])),
                        device_constant([size], wp.vec2i, device), device_constant([0], wp.int32, device), (size,),
                        tex.shape[0], tex.shape[3])
-    return tex, uv, uv_da, mip_level_bias, mip, FILTER_MODES[filter_mode], BOUNDARY_MODES[boundary_mode]
+    return tex, uv, uv_da, mip_level_bias, mip, FILTER_MODES[filter_mode], BOUNDARY_MODES[boundary_mode], ws
 
 
-def _flat(a, dtype, device):
-    return a.view(dtype).flatten() if a is not None and dtype is not float else (
-        a.flatten() if a is not None else wp.empty(0, dtype=dtype, device=device))
+def _flat(ws, a, dtype, device):
+    """Contiguous float32 ``a`` as a flat array of ``dtype`` (float, vec2, vec4), or an empty one for None."""
+    if a is None:
+        return absent(ws, wp.float32 if dtype is float else dtype, device)
+    if dtype is float:
+        return view(ws, a, wp.float32, (a.size,))
+    return view(ws, a, dtype, (a.size // dtype._length_,))
 
 
 def texture(
@@ -156,6 +197,8 @@ def texture(
     max_mip_level: int | None = None,
     reduce: str = "arc",
     threshold: int | None = None,
+    workspace=None,  # arc_warp.Workspace: scratch buffers and launches kept across calls
+    out: wp.array | None = None,  # [B, H, W, C] float32 to write instead of a new array
 ) -> wp.array:
     """Samples a 2D texture with nvdiffrast 0.4 semantics (see texture_kernels for the
     conventions). ``filter_mode`` 'auto' is 'linear-mipmap-linear' when ``uv_da`` or
@@ -167,23 +210,24 @@ def texture(
         [B, H, W, C] float32. Recorded on an active ``wp.Tape``: gradients into ``tex``
         (every mip level folded back into level 0), ``uv``, ``uv_da`` and ``mip_level_bias``.
     """
-    args = _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level)
-    tex_c, uv_c, da_c, bias_c, stack, fmode, bmode = args
+    args = _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level, workspace)
+    tex_c, uv_c, da_c, bias_c, stack, fmode, bmode, ws = args
     mode, _ = reduce_settings(reduce, threshold, tex_c.device)
     device = tex_c.device
     b, h, w, _ = uv_c.shape
-    out = wp.empty((b, h, w, tex_c.shape[3]), dtype=wp.float32, device=device)
+    out = output(out, "out", (b, h, w, tex_c.shape[3]), device)
     n = b * h * w
     if n:
-        wp.launch(make_tex_fwd(fmode), dim=n, device=device, record_tape=False,
-                  inputs=[stack.data, stack.sizes, stack.offsets, _flat(uv_c, wp.vec2, device),
-                          _flat(da_c, wp.vec4, device), _flat(bias_c, float, device), h * w, tex_c.shape[0], bmode],
-                  outputs=[out.reshape((n, tex_c.shape[3]))])
+        launch(ws, make_tex_fwd(fmode), n,
+               [stack.data, stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
+                _flat(ws, da_c, wp.vec4, device), _flat(ws, bias_c, float, device), h * w, tex_c.shape[0], bmode,
+                view(ws, out, wp.float32, (n, tex_c.shape[3]))], device)
 
     def backward():
         texture_backward(tex, uv, out.grad, uv_da, mip_level_bias, stack, filter_mode, boundary_mode, max_mip_level,
                          grad_tex=grad_of(tex), grad_uv=grad_of(uv), grad_uv_da=grad_of(uv_da),
-                         grad_mip_level_bias=grad_of(mip_level_bias), reduce=mode, threshold=threshold)
+                         grad_mip_level_bias=grad_of(mip_level_bias), reduce=mode, threshold=threshold, workspace=ws,
+                         tex_grad=tex.requires_grad)
 
     record([tex, uv, uv_da, mip_level_bias], [out], backward)
     return out
@@ -205,18 +249,21 @@ def texture_backward(
     grad_mip_level_bias: wp.array | None = None,
     reduce: str = "arc",
     threshold: int | None = None,
+    workspace=None,  # arc_warp.Workspace (see texture)
+    tex_grad: bool = True,  # False: tex's gradient is not wanted (skips the texel scatter and fold)
 ) -> tuple:
     """Gradients of :func:`texture`: ``(grad_tex, grad_uv, grad_uv_da, grad_mip_level_bias)``
     shaped like the inputs (None for absent ones). Texel gradients of every level are
     summed with the ``reduce`` accumulator, then folded into level 0. As in nvdiffrast,
     nearest filtering gives no uv gradient, and the level of detail's gradient reaches
-    ``uv_da``/``mip_level_bias`` only in 'linear-mipmap-linear'."""
-    tex_c, uv_c, da_c, bias_c, stack, fmode, bmode = _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode,
-                                                           boundary_mode, max_mip_level)
+    ``uv_da``/``mip_level_bias`` only in 'linear-mipmap-linear'. ``grad_tex`` is None with
+    ``tex_grad=False``."""
+    tex_c, uv_c, da_c, bias_c, stack, fmode, bmode, ws = _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode,
+                                                               boundary_mode, max_mip_level, workspace)
     device = tex_c.device
     b, h, w, _ = uv_c.shape
     c = tex_c.shape[3]
-    grad_tex = grad_or_new(grad_tex, "grad_tex", tex)
+    grad_tex = grad_or_new(grad_tex, "grad_tex", tex) if tex_grad else None
     grad_uv = grad_or_new(grad_uv, "grad_uv", uv)
     grad_uv_da = grad_or_new(grad_uv_da, "grad_uv_da", uv_da) if uv_da is not None else None
     grad_bias = grad_or_new(grad_mip_level_bias, "grad_mip_level_bias", mip_level_bias) \
@@ -227,14 +274,14 @@ def texture_backward(
         return grad_tex, grad_uv, grad_uv_da, grad_bias
     mode, t = reduce_settings(reduce, threshold, device)
     k, _ = chunking(c)
-    gstack = wp.zeros(stack.data.shape, dtype=wp.float32, device=device)
-    wp.launch(make_tex_bwd(mode, fmode, k), dim=tiled_dim(b, h, w), block_dim=BLOCK, device=device,
-              record_tape=False,
-              inputs=[stack.data, stack.sizes, stack.offsets, _flat(uv_c, wp.vec2, device),
-                      _flat(da_c, wp.vec4, device), _flat(bias_c, float, device), go.reshape((n, c)), w, h,
-                      tex_c.shape[0], bmode, t],
-              outputs=[vector_view(gstack, k), _flat(grad_uv if fmode != NEAREST else None, wp.vec2, device),
-                       _flat(grad_uv_da, wp.vec4, device), _flat(grad_bias, float, device)])
-    wp.launch(mip_fold, dim=tex_c.shape[:3], device=device, record_tape=False,
-              inputs=[gstack, stack.sizes, stack.offsets], outputs=[grad_tex])
+    vec_k = wp.types.vector(k, wp.float32)
+    gstack = scratch(ws, "mesh_tex_gstack", stack.data.shape, wp.float32, device, zero=True) if tex_grad else None
+    launch(ws, make_tex_bwd(mode, fmode, k), tiled_dim(b, h, w),
+           [stack.data, stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
+            _flat(ws, da_c, wp.vec4, device), _flat(ws, bias_c, float, device), view(ws, go, wp.float32, (n, c)), w, h,
+            tex_c.shape[0], bmode, t, vector_view(ws, gstack, k) if tex_grad else absent(ws, vec_k, device),
+            _flat(ws, grad_uv if fmode != NEAREST else None, wp.vec2, device), _flat(ws, grad_uv_da, wp.vec4, device),
+            _flat(ws, grad_bias, float, device)], device, block_dim=BLOCK)
+    if tex_grad:
+        launch(ws, mip_fold, tuple(tex_c.shape[:3]), [gstack, stack.sizes, stack.offsets, grad_tex], device)
     return grad_tex, grad_uv, grad_uv_da, grad_bias

@@ -73,8 +73,8 @@ class Frame:
     def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
         """``wp.launch(kernel, dim, inputs=args)`` on the current stream, prepared once per
         frame and replayed: later calls repack only the arguments that changed (an array
-        whose pointer, shape and strides are the same is not repacked). ``dim`` is an int;
-        ``key`` (default: the kernel) names the prepared launch when one kernel is
+        whose pointer, shape and strides are the same is not repacked). ``dim`` is an int
+        or a tuple of ints; ``key`` (default: the kernel) names the prepared launch when one kernel is
         launched at several places."""
         if dim == 0:
             return  # Warp records no command for an empty launch
@@ -129,7 +129,8 @@ class Frame:
 class Workspace:
     """Buffers and settings of repeated renders on one device (explicit state, no globals).
 
-    Pass it to :func:`render_gaussians` (``workspace=``). Renders of the same N and
+    Pass it to :func:`render_gaussians` (``workspace=``) or to the mesh ops and their
+    backwards (``workspace=``: scratch buffers and prepared launches). Renders of the same N and
     image size then allocate nothing: each takes a :class:`Frame` (the state its
     backward needs) from the free list and the frame goes back when the render's output
     is dropped; buffers used only within one call are shared by all frames. A training
@@ -164,6 +165,7 @@ class Workspace:
         # so an id is never reused while cached
         self.camera_args: dict[int, tuple] = {}
         self._sort_sizes: dict[tuple[int, int], list] = {}  # grid -> [size, recent totals]
+        self._views: dict[tuple, wp.array] = {}  # (pointer, dtype, shape) -> non-owning view
 
     def _allocate(self, shape: tuple, dtype, zero: bool, host: bool = False) -> wp.array:
         self.allocations += 1
@@ -171,6 +173,25 @@ class Workspace:
         if host and self.device.is_cuda:
             return maker(shape, dtype=dtype, device="cpu", pinned=True)
         return maker(shape, dtype=dtype, device=self.device)
+
+    @property
+    def shared(self) -> Frame:
+        """The frame of buffers used only within one call, shared by every render (and by
+        the mesh ops' scratch buffers and prepared launches: work on one stream is ordered)."""
+        return self._shared
+
+    def view(self, a: wp.array, dtype, shape: tuple) -> wp.array:
+        """The memory of contiguous ``a`` as a ``shape`` array of ``dtype``: a non-owning
+        view cached by pointer, dtype and shape (making a Warp view costs about 10 us of
+        host time; a repeated call gets the same object, so prepared launches need not
+        repack it). The caller keeps ``a`` alive while the view is used."""
+        key = (a.ptr, dtype, shape)
+        v = self._views.get(key)
+        if v is None:
+            if len(self._views) >= 512:  # bounded: pointers of freed arrays pile up
+                self._views.clear()
+            v = self._views[key] = wp.array(ptr=a.ptr, dtype=dtype, shape=shape, device=self.device)
+        return v
 
     def sort_size(self, grid: tuple[int, int]) -> int | None:
         """The intersection sort size to use on a ``grid`` = (tiles_x, tiles_y) image without
