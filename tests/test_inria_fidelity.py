@@ -213,22 +213,22 @@ def test_shim_2023_returns_color_and_radii(rng):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_viewmatrix_stays_on_the_device(rng):
-    """On CUDA the drop-in reads the viewmatrix on the device (DeviceCameras, radii in
-    torch on the device): image, radii and gradients equal the CPU path's."""
+    """On CUDA the drop-in reads the viewmatrix on the device (DeviceCameras; radii in torch
+    on the device): its image equals rasterization() given the same camera on the host,
+    and its radii equal the float64 reference."""
     base, views, tx, ty = _views(rng, cameras=1)
-    results = []
-    for device in ("cpu", "cuda"):
-        p = params_of(base, device=device)
-        settings = inria_settings(base.width, base.height, tx, ty, views[0], torch.zeros(3, device=device), 0)
-        settings = settings._replace(viewmatrix=settings.viewmatrix.to(device))
-        means2d = torch.zeros_like(p["means"], requires_grad=True)
-        color, radii, _ = GaussianRasterizer(settings)(
-            means3D=p["means"], means2D=means2d, opacities=p["opacities"][:, None], shs=p["colors"],
-            scales=p["scales"], rotations=p["quats"])
-        color.square().sum().backward()
-        results.append((color.detach().cpu(), radii.cpu(), p["means"].grad.cpu(), means2d.grad.cpu()))
-    (c0, r0, g0, m0), (c1, r1, g1, m1) = results
-    torch.testing.assert_close(c1, c0, atol=1e-5, rtol=1e-5)
-    assert (r1 != r0).float().mean() < 0.01  # float32 ceil ties only
-    torch.testing.assert_close(g1, g0, atol=1e-4 * g0.abs().max().item(), rtol=1e-3)
-    torch.testing.assert_close(m1, m0, atol=1e-4 * m0.abs().max().item(), rtol=1e-3)
+    p = params_of(base, requires_grad=False, device="cuda")
+    settings = inria_settings(base.width, base.height, tx, ty, views[0], torch.zeros(3, device="cuda"), 0)
+    settings = settings._replace(viewmatrix=settings.viewmatrix.cuda())
+    color, radii, _ = GaussianRasterizer(settings)(
+        means3D=p["means"], means2D=torch.zeros_like(p["means"]), opacities=p["opacities"][:, None],
+        shs=p["colors"], scales=p["scales"], rotations=p["quats"])
+    w, h = base.width, base.height
+    ks = torch.tensor([[[w / (2 * tx), 0.0, 0.5 * w], [0.0, h / (2 * ty), 0.5 * h], [0.0, 0.0, 1.0]]])
+    viewmats = torch.tensor(views[0][None], dtype=torch.float32)
+    ref, _, _ = rasterization(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"], viewmats, ks,
+                              w, h, near_plane=0.2)
+    torch.testing.assert_close(color, ref[0].permute(2, 0, 1), atol=1e-5, rtol=1e-5)
+    want, fragile = reference_radii(base.means, base.quats, base.scales, views[0], w, h, tx, ty)
+    keep = ~fragile
+    np.testing.assert_array_equal(radii.cpu().numpy()[keep], want[keep])
