@@ -8,7 +8,6 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="the float64 reference uses torch autograd")
 
-import warp as wp  # noqa: E402
 
 import arc_warp  # noqa: E402
 from conftest import random_scene  # noqa: E402

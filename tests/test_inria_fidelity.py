@@ -52,6 +52,22 @@ def reference_radii(means, quats, scales, w2c, width, height, tanfovx, tanfovy):
     return out, fragile
 
 
+def _import_shim(folder: str):
+    """plugins/<folder>'s diff_gaussian_rasterization, imported as INRIA's train.py would,
+    then removed from sys.path and sys.modules again."""
+    import importlib
+    import os
+    import sys
+
+    shim = os.path.join(os.path.dirname(__file__), "..", "plugins", folder)
+    sys.path.insert(0, shim)
+    try:
+        return importlib.import_module("diff_gaussian_rasterization")
+    finally:
+        sys.path.remove(shim)
+        sys.modules.pop("diff_gaussian_rasterization", None)
+
+
 def _views(rng, n=300, cameras=4):
     """One cloud seen from `cameras` poses: Gaussians of 0.2..40 px, some behind the
     camera or off the image, so every culling rule and the > 20 px pruning take part."""
@@ -144,8 +160,6 @@ def test_separate_dc_as_inria_current_train_py(rng):
     when its rasterizer exports SparseGaussianAdam: the image and each part's gradient are
     those of shs = cat(dc, rest). The shim package serves the same objects."""
     import importlib
-    import os
-    import sys
 
     scene = random_scene(rng, n=40, width=24, height=20, sh_degree=2)
     tx, ty = 0.5 * scene.width / scene.fx, 0.5 * scene.height / scene.fy
@@ -168,13 +182,7 @@ def test_separate_dc_as_inria_current_train_py(rng):
     with pytest.raises(ValueError, match="dc"):
         GaussianRasterizer(settings)(**geo, dc=dc[:, :, :2], shs=rest)
 
-    shim = os.path.join(os.path.dirname(__file__), "..", "plugins", "inria_shim")
-    sys.path.insert(0, shim)
-    try:
-        module = importlib.import_module("diff_gaussian_rasterization")
-    finally:
-        sys.path.remove(shim)
-        sys.modules.pop("diff_gaussian_rasterization", None)
+    module = _import_shim("inria_shim")
     assert module.GaussianRasterizer is GaussianRasterizer
     with pytest.raises(ImportError):
         importlib.import_module("diff_gaussian_rasterization._C")
@@ -183,17 +191,7 @@ def test_separate_dc_as_inria_current_train_py(rng):
 def test_shim_2023_returns_color_and_radii(rng):
     """plugins/inria_shim_2023 serves INRIA's 2023 API: two outputs, the drop-in's first two,
     and no SparseGaussianAdam (so such a train.py keeps its torch Adam)."""
-    import importlib
-    import os
-    import sys
-
-    shim = os.path.join(os.path.dirname(__file__), "..", "plugins", "inria_shim_2023")
-    sys.path.insert(0, shim)
-    try:
-        module = importlib.import_module("diff_gaussian_rasterization")
-    finally:
-        sys.path.remove(shim)
-        sys.modules.pop("diff_gaussian_rasterization", None)
+    module = _import_shim("inria_shim_2023")
     assert not hasattr(module, "SparseGaussianAdam")
     scene = random_scene(rng, n=30, width=20, height=16, sh_degree=1)
     tx, ty = 0.5 * scene.width / scene.fx, 0.5 * scene.height / scene.fy

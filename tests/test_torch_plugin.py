@@ -1,7 +1,6 @@
 """arc_warp_torch: the torch.autograd bridge, the gsplat-like `rasterization` and the
 INRIA drop-in, on small CPU scenes (a GPU test runs only where CUDA is available)."""
 
-import math
 import subprocess
 import sys
 

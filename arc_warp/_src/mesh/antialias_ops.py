@@ -44,7 +44,7 @@ def antialias_construct_topology_hash(tri: wp.array) -> TopologyHash:  # [F, 3] 
     Each undirected edge records the opposite vertices of its first two triangles (in
     triangle order; triangles with repeated or negative vertices are ignored), as
     nvdiffrast's hash does; a third triangle on a non-manifold edge sees -1."""
-    tri_v = check_tri(tri, tri.device)
+    check_tri(tri, tri.device)
     f = tri.numpy().astype(np.int64)
     n = len(f)
     opposite = np.full((n, 3), -1, np.int32)
