@@ -17,6 +17,19 @@ import warp as wp
 from arc_warp._src.validate import check_array
 
 
+def _check_size_and_range(record) -> None:
+    """``record``'s width and height as ints >= 1 (stored as int) and 0 < near < far;
+    ValueError naming the record's class otherwise (Camera and DeviceCameras)."""
+    kind = type(record).__name__
+    for name in ("width", "height"):
+        value = getattr(record, name)
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{kind}.{name} must be an int >= 1, got {value!r}")
+        object.__setattr__(record, name, int(value))
+    if not (0.0 < record.near < record.far):
+        raise ValueError(f"{kind} needs 0 < near < far, got near={record.near!r}, far={record.far!r}")
+
+
 def _as_vec3(value, name: str) -> np.ndarray:
     arr = np.asarray(value, dtype=np.float64)
     if arr.shape != (3,) or not np.all(np.isfinite(arr)):
@@ -57,13 +70,7 @@ class Camera:
             value = getattr(self, name)
             if not (isinstance(value, (int, float, np.floating, np.integer)) and math.isfinite(value)):
                 raise ValueError(f"Camera.{name} must be a finite number, got {value!r}")
-        for name in ("width", "height"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"Camera.{name} must be an int >= 1, got {value!r}")
-            object.__setattr__(self, name, int(value))
-        if not (0.0 < self.near < self.far):
-            raise ValueError(f"Camera needs 0 < near < far, got near={self.near!r}, far={self.far!r}")
+        _check_size_and_range(self)
         w2c = np.array(self.world_to_camera, dtype=np.float64)
         if w2c.shape != (4, 4) or not np.all(np.isfinite(w2c)):
             raise ValueError(f"Camera.world_to_camera must be a finite (4, 4) matrix, got shape {w2c.shape}")
@@ -211,12 +218,7 @@ class DeviceCameras:
         check_array(self.viewmats, "DeviceCameras.viewmats", wp.mat44, 1)
         check_array(self.intrinsics, "DeviceCameras.intrinsics", wp.mat33, 1, self.viewmats.shape,
                     self.viewmats.device)
-        for name in ("width", "height"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-                raise ValueError(f"DeviceCameras.{name} must be an int >= 1, got {value!r}")
-        if not (0.0 < self.near < self.far):
-            raise ValueError(f"DeviceCameras needs 0 < near < far, got near={self.near!r}, far={self.far!r}")
+        _check_size_and_range(self)
 
     def __len__(self) -> int:
         return self.viewmats.shape[0]

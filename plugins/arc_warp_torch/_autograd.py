@@ -52,7 +52,6 @@ class RenderContext:
         self.workspace = Workspace(wdev, threshold)
         self._wdevice = wdev
         self._streams = {}
-        self._views = {}  # (pointer, shape, dtype) -> non-owning wp.array
         self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
         self._nodes = []  # weak references to the autograd nodes of renders still holding frames
         self.cameras = {}  # host camera values and image size -> arc_warp.Camera (bounded)
@@ -78,21 +77,24 @@ class RenderContext:
         The view does NOT keep `t` alive: the caller keeps `t` alive while Warp uses it
         (torch saves what the backward reads). Owning views (`wp.from_torch`) held by
         the autograd context would make a cycle through the outputs' grad_fn that
-        garbage collection cannot break, pinning every step's buffers. Views are cached
-        by pointer, shape and dtype, so a tensor that reuses memory reuses its view and
-        prepared launches need not repack it."""
-        key = (t.data_ptr(), t.shape, dtype)
-        a = self._views.get(key)
-        if a is None:
-            if len(self._views) >= 512:  # bounded: pointers of freed tensors pile up
-                self._views.clear()
-            if wp.types.type_is_matrix(dtype):
-                shape = tuple(t.shape[:-2])
-            else:
-                shape = tuple(t.shape[:-1]) if wp.types.type_is_vector(dtype) else tuple(t.shape)
-            a = wp.array(ptr=t.data_ptr(), dtype=dtype, shape=shape, device=self._wdevice)
-            self._views[key] = a
-        return a
+        garbage collection cannot break, pinning every step's buffers. Views come from the
+        workspace's cache (`Workspace.view`), so a tensor that reuses memory reuses its
+        view and prepared launches need not repack it."""
+        if wp.types.type_is_matrix(dtype):
+            shape = tuple(t.shape[:-2])
+        else:
+            shape = tuple(t.shape[:-1]) if wp.types.type_is_vector(dtype) else tuple(t.shape)
+        return self.workspace.view(t.data_ptr(), dtype, shape)
+
+    def device_cameras(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int,
+                       near: float, far: float) -> DeviceCameras:
+        """`arc_warp.DeviceCameras` over [C, 4, 4] world-to-camera and [C, 3, 3] K tensors on
+        this context's CUDA device, read by the projection kernel. float32 contiguous
+        copies are made only where needed; torch's allocator reuses their memory only in
+        stream order, after the queued kernel has read them."""
+        vm = viewmats.detach().to(torch.float32).contiguous()
+        ks = Ks.detach().to(torch.float32).contiguous()
+        return DeviceCameras(self.view(vm, wp.mat44), self.view(ks, wp.mat33), width, height, near, far)
 
     def intrinsics(self, fx: float, fy: float, cx: float, cy: float) -> torch.Tensor:
         """[1, 3, 3] float32 K on this context's device, made once per value (a host-to-device

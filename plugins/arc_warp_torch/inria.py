@@ -11,9 +11,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 
-import warp as wp
-
-from arc_warp import Camera, DeviceCameras, RenderSettings
+from arc_warp import Camera, RenderSettings
 
 from ._autograd import Means2dSink, RenderContext, check_tensor, default_context, render_camera
 from .optim import SparseGaussianAdam  # noqa: F401  (INRIA's train.py imports it from here)
@@ -90,11 +88,10 @@ def _cameras(view: _View, context: RenderContext):
     """What render_camera takes: on CUDA, DeviceCameras over the device viewmatrix and a
     cached device K (no host copy or sync); on the CPU, a host Camera."""
     if view.w2c.device.type != "cuda":
-        return Camera(view.fx, view.fy, view.cx, view.cy, view.width, view.height,
-                      world_to_camera=view.w2c.double().numpy(), near=INRIA_NEAR)
+        return context.camera(view.fx, view.fy, view.cx, view.cy, view.width, view.height,
+                              view.w2c.double().numpy(), INRIA_NEAR, Camera.far)
     ks = context.intrinsics(view.fx, view.fy, view.cx, view.cy)
-    return DeviceCameras(context.view(view.w2c.contiguous()[None], wp.mat44), context.view(ks, wp.mat33),
-                         view.width, view.height, near=INRIA_NEAR)
+    return context.device_cameras(view.w2c[None], ks, view.width, view.height, INRIA_NEAR, Camera.far)
 
 
 @torch.no_grad()

@@ -5,9 +5,7 @@ from typing import Optional, Tuple
 
 import torch
 
-import warp as wp
-
-from arc_warp import DeviceCameras, RenderSettings
+from arc_warp import RenderSettings
 
 from ._autograd import Means2dSink, RenderContext, check_tensor, default_context, render_batch
 
@@ -63,10 +61,7 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
                          "pass detached tensors")
     c = viewmats.shape[0]
     if viewmats.device == context.device == Ks.device and context.device.type == "cuda":
-        vm = viewmats.detach().to(torch.float32).contiguous()
-        ks = Ks.detach().to(torch.float32).contiguous()
-        return DeviceCameras(context.view(vm, wp.mat44), context.view(ks, wp.mat33), width, height,
-                             near_plane, far_plane)
+        return context.device_cameras(viewmats, Ks, width, height, near_plane, far_plane)
     if viewmats.device.type == "cpu" and Ks.device.type == "cpu":
         vm, ks = viewmats.detach().numpy(), Ks.detach().numpy()
     else:

@@ -184,6 +184,15 @@ def analyse_pair(
     return hit
 
 
+@wp.func
+def blended_pixel(alpha: float, x: int, y: int, x1: int, y1: int) -> wp.vec2i:
+    """(y, x) of the pixel of a pair that the edge blends into: (x, y) for alpha > 0,
+    else its neighbour (x1, y1)."""
+    if alpha > 0.0:
+        return wp.vec2i(y, x)
+    return wp.vec2i(y1, x1)
+
+
 @wp.kernel(enable_backward=False, module="unique")
 def aa_fwd(
     color: wp.array4d(dtype=float),  # (B, H, W, C)
@@ -200,13 +209,9 @@ def aa_fwd(
         if hit.alpha != 0.0:
             x1 = x + 1 - d
             y1 = y + d
-            ty = y1
-            tx = x1
-            if hit.alpha > 0.0:
-                ty = y
-                tx = x
+            t = blended_pixel(hit.alpha, x, y, x1, y1)
             for c in range(color.shape[3]):
-                wp.atomic_add(out, b, ty, tx, c, hit.alpha * (color[b, y1, x1, c] - color[b, y, x, c]))
+                wp.atomic_add(out, b, t[0], t[1], c, hit.alpha * (color[b, y1, x1, c] - color[b, y, x, c]))
 
 
 @functools.cache
@@ -247,13 +252,9 @@ def make_aa_bwd(mode: str):
             y1 = y + d
             dd = float(0.0)
             if valid:
-                ty = y1
-                tx = x1
-                if hit.alpha > 0.0:
-                    ty = y
-                    tx = x
+                t = blended_pixel(hit.alpha, x, y, x1, y1)
                 for c in range(color.shape[3]):
-                    g = grad_out[b, ty, tx, c]
+                    g = grad_out[b, t[0], t[1], c]
                     dd += g * (color[b, y1, x1, c] - color[b, y, x, c])
                     wp.atomic_add(grad_color, b, y, x, c, -hit.alpha * g)
                     wp.atomic_add(grad_color, b, y1, x1, c, hit.alpha * g)

@@ -51,7 +51,7 @@ def view(workspace, a: wp.array, dtype, shape) -> wp.array:
     type), non-owning (``a`` stays alive through the call): the workspace's cached view
     (``Workspace.view``), or a new one without it."""
     if workspace is not None:
-        return workspace.view(a, dtype, tuple(shape))
+        return workspace.view(a.ptr, dtype, tuple(shape))
     return wp.array(ptr=a.ptr, dtype=dtype, shape=tuple(shape), device=a.device)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import warp as wp
 
@@ -179,12 +180,32 @@ def _check_outputs(outputs, inputs: GaussianInputs, camera: Camera) -> dict:
     return outputs
 
 
+class _Pending(NamedTuple):
+    """A render queued with a kept sort size, for :func:`_settle` to check."""
+
+    host_flags: wp.array  # host copy of the render's flags (slot 0: intersection total)
+    event: wp.Event | None  # recorded after the copy (None on the CPU)
+    sort_size: int  # the size the sort was queued with
+
+
+def _read_total(host_flags: wp.array, workspace: Workspace, grid: tuple[int, int]) -> int:
+    """The intersection total from a render's flags, once the copy has landed: raises on
+    bad inputs and records the total for the workspace's kept sort size."""
+    flags = host_flags.numpy()
+    raise_on_flags(flags)
+    total = int(flags[0])
+    workspace.observe_total(grid, total)
+    return total
+
+
 def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int | None, settings: RenderSettings,
-             frame: Frame, outputs: dict, exact: bool = False) -> tuple[RenderOutput, tuple | None]:
-    """Queues one camera's render (camera ``index`` of ``DeviceCameras``, or a Camera). The intersection sort is sized by the workspace's kept
-    capacity without waiting for the device, or (``exact``, or no capacity yet) by reading
-    the total back first. Returns the output and, for the first way, what :func:`_settle`
-    checks once all cameras are queued: (host copy of the flags, its event, sort size)."""
+             frame: Frame, outputs: dict, exact: bool = False) -> tuple[RenderOutput, _Pending | None]:
+    """Queues one camera's render (camera ``index`` of ``DeviceCameras``, or a Camera).
+
+    The intersection sort is sized by the workspace's kept capacity without waiting for
+    the device, or (``exact``, or no capacity yet) by reading the total back first.
+    Returns the output and, for the first way, what :func:`_settle` checks once all
+    cameras are queued."""
     tiles_x, tiles_y = tile_grid(camera.width, camera.height)
     workspace = frame._workspace
     n = inputs.count
@@ -219,11 +240,9 @@ def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int 
         if sort_size is None:
             if event is not None:
                 wp.synchronize_event(event)  # the one host sync of this render
-            sort_size = int(host_flags.numpy()[0])
-            raise_on_flags(host_flags.numpy())
-            workspace.observe_total((tiles_x, tiles_y), sort_size)
+            sort_size = _read_total(host_flags, workspace, (tiles_x, tiles_y))
         else:
-            pending = (host_flags, event, sort_size)
+            pending = _Pending(host_flags, event, sort_size)
         # buffers for the size later renders will sort, so those allocate nothing
         reserve = workspace.sort_size((tiles_x, tiles_y)) or 0
         bins = sort_intersections(proj, depth, sort_size, tiles_x, tiles_y, frame, reserve)
@@ -269,18 +288,13 @@ def _settle(queued: list, workspace: Workspace) -> None:
     pending = [p for _, p, _ in queued if p is not None]
     if not pending:
         return
-    if pending[-1][1] is not None:
-        wp.synchronize_event(pending[-1][1])
+    if pending[-1].event is not None:
+        wp.synchronize_event(pending[-1].event)
     for out, p, targets in queued:
         if p is None:
             continue
-        host_flags, _, sort_size = p
-        flags = host_flags.numpy()
-        raise_on_flags(flags)
-        total = int(flags[0])
-        grid = (out._bins.tiles_x, out._bins.tiles_y)
-        workspace.observe_total(grid, total)
-        if total > sort_size:
+        total = _read_total(p.host_flags, workspace, (out._bins.tiles_x, out._bins.tiles_y))
+        if total > p.sort_size:
             redone, _ = _forward(out._inputs, out.camera, out.camera_index, out.settings, out._frame, targets,
                                  exact=True)
             for field in dataclasses.fields(RenderOutput):

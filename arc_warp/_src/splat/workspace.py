@@ -49,13 +49,14 @@ class Frame:
         """The Warp device of the workspace this frame belongs to."""
         return self._workspace.device
 
-    def _buffer(self, name: str, shape, dtype, zero_new: bool) -> tuple[wp.array, bool]:
-        """The buffer ``name`` of exactly ``shape`` and ``dtype``, and whether it is new."""
+    def _buffer(self, name: str, shape, dtype, zero_new: bool, host: bool = False) -> tuple[wp.array, bool]:
+        """The buffer ``name`` of exactly ``shape`` and ``dtype`` (on the host with ``host``),
+        and whether it is new."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = _PYTHON_DTYPES.get(dtype, dtype)
         a = self._arrays.get(name)
         if a is None or a.shape != shape or a.dtype != dtype:
-            a = self._arrays[name] = self._workspace._allocate(shape, dtype, zero_new)
+            a = self._arrays[name] = self._workspace._allocate(shape, dtype, zero_new, host)
             return a, True
         return a, False
 
@@ -74,8 +75,8 @@ class Frame:
         """``wp.launch(kernel, dim, inputs=args)`` on the current stream, prepared once per
         frame and replayed: later calls repack only the arguments that changed (an array
         whose pointer, shape and strides are the same is not repacked). ``dim`` is an int
-        or a tuple of ints; ``key`` (default: the kernel) names the prepared launch when one kernel is
-        launched at several places."""
+        or a tuple of ints; ``key`` (default: the kernel) names the prepared launch when
+        one kernel is launched at several places."""
         if dim == 0:
             return  # Warp records no command for an empty launch
         if not self._workspace.replay:
@@ -104,11 +105,7 @@ class Frame:
     def host_array(self, name: str, shape, dtype) -> wp.array:
         """A host buffer ``name`` that device copies into without blocking (page-locked on
         CUDA; on the CPU the host is the device)."""
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        a = self._arrays.get(name)
-        if a is None or a.shape != shape or a.dtype != dtype:
-            a = self._arrays[name] = self._workspace._allocate(shape, dtype, False, host=True)
-        return a
+        return self._buffer(name, shape, dtype, False, host=True)[0]
 
     def event(self) -> wp.Event | None:
         """This frame's reusable CUDA event (None on the CPU, where work is synchronous)."""
@@ -130,8 +127,8 @@ class Workspace:
     """Buffers and settings of repeated renders on one device (explicit state, no globals).
 
     Pass it to :func:`render_gaussians` (``workspace=``) or to the mesh ops and their
-    backwards (``workspace=``: scratch buffers and prepared launches). Renders of the same N and
-    image size then allocate nothing: each takes a :class:`Frame` (the state its
+    backwards (``workspace=``: scratch buffers and prepared launches). Renders of the
+    same N and image size then allocate nothing: each takes a :class:`Frame` (the state its
     backward needs) from the free list and the frame goes back when the render's output
     is dropped; buffers used only within one call are shared by all frames. A training
     loop that still holds the previous step's output while rendering the next one
@@ -180,17 +177,18 @@ class Workspace:
         the mesh ops' scratch buffers and prepared launches: work on one stream is ordered)."""
         return self._shared
 
-    def view(self, a: wp.array, dtype, shape: tuple) -> wp.array:
-        """The memory of contiguous ``a`` as a ``shape`` array of ``dtype``: a non-owning
-        view cached by pointer, dtype and shape (making a Warp view costs about 10 us of
-        host time; a repeated call gets the same object, so prepared launches need not
-        repack it). The caller keeps ``a`` alive while the view is used."""
-        key = (a.ptr, dtype, shape)
+    def view(self, ptr: int, dtype, shape: tuple) -> wp.array:
+        """The contiguous memory at ``ptr`` (on this device; a Warp array's or a torch
+        tensor's) as a ``shape`` array of ``dtype``: a non-owning view cached by pointer,
+        dtype and shape (making a Warp view costs about 10 us of host time; a repeated call
+        gets the same object, so prepared launches need not repack it). The caller keeps
+        the memory alive while the view is used."""
+        key = (ptr, dtype, shape)
         v = self._views.get(key)
         if v is None:
-            if len(self._views) >= 512:  # bounded: pointers of freed arrays pile up
+            if len(self._views) >= 512:  # bounded: pointers of freed memory pile up
                 self._views.clear()
-            v = self._views[key] = wp.array(ptr=a.ptr, dtype=dtype, shape=shape, device=self.device)
+            v = self._views[key] = wp.array(ptr=ptr, dtype=dtype, shape=shape, device=self.device)
         return v
 
     def sort_size(self, grid: tuple[int, int]) -> int | None:
