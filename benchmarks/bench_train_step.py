@@ -14,12 +14,14 @@ regime and camera count C it reports, as medians after warm-up:
 - host ms: ``time.perf_counter`` around the Python calls of the forward + backward,
   read BEFORE synchronising, i.e. what the CPU spends issuing the work, including any
   wait for the device inside the calls; for arc also "wait ms", the part spent blocked
-  in Warp's event wait (its one wait per forward, ``wp.synchronize_event``), so host
-  ms - wait ms is arc_warp's Python time;
+  in Warp's event wait (its one wait per forward, ``wp.synchronize_event``), and "in
+  arc_warp code": the time inside ``rasterization()`` and its autograd backward, less
+  that wait (the user's activations, loss and torch's autograd engine excluded);
 - peak MiB: ``torch.cuda.max_memory_allocated`` plus Warp's stream-ordered pool
   high-water mark (``wp.get_mempool_used_mem_high``) over the library's runs.
 
-Libraries are imported if available and skipped otherwise: ``arc`` (arc_warp_torch),
+Libraries are imported if available and skipped otherwise: ``arc`` (arc_warp_torch;
+``arc_nograph`` the same with ``RenderContext(graphs=False)``: no CUDA graph replay),
 ``gsplat`` and ``gsplat_packed`` (gsplat's ``rasterization``; rows are labelled with its
 version, e.g. ``gsplat-1.6.0``; 1.5.3 and 1.6.0 share the module name, so each runs in
 its own process with its own PYTHONPATH) and ``fastergs`` (Faster-GS's
@@ -109,19 +111,24 @@ class Library(NamedTuple):
 def _renderers(libs, width, height):
     """({label: Library}, notes); labels carry peer versions, e.g. ``gsplat-1.6.0``."""
     out, notes = {}, []
-    if "arc" in libs:
+    for label, graphs in (("arc", True), ("arc_nograph", False)):
+        if label not in libs:
+            continue
         from arc_warp_torch import RenderContext, rasterization
 
-        contexts = {}
-
-        def arc(p, viewmats, ks):
+        def arc(p, viewmats, ks, graphs=graphs, contexts={}):  # noqa: B006 - one context per device
             dev = p["means"].device
             if dev not in contexts:  # made once, outside the timed steps (calibrates here)
-                contexts[dev] = RenderContext(dev)
-            return rasterization(*_activated(p), viewmats, ks, width, height,
-                                 sh_degree=SH_DEGREE, context=contexts[dev])[0]
+                contexts[dev] = RenderContext(dev, graphs=graphs)
+            activated = _activated(p)
+            t0 = time.perf_counter()
+            try:
+                return rasterization(*activated, viewmats, ks, width, height, sh_degree=SH_DEGREE,
+                                     context=contexts[dev])[0]
+            finally:
+                _ARC_HOST[0] += (time.perf_counter() - t0) * 1e3
 
-        out["arc"] = Library(arc, _params, ("torch_adam", "fused_adam", "sparse_adam"))
+        out[label] = Library(arc, _params, ("torch_adam", "fused_adam", "sparse_adam"))
     if {"gsplat", "gsplat_packed"} & set(libs):
         try:
             import gsplat
@@ -210,6 +217,23 @@ def _activated(p):
 
 
 _WAITS = [0.0]  # ms spent in wp.synchronize_event since the last reset
+_ARC_HOST = [0.0]  # ms spent in arc_warp_torch's calls (rasterization and its backward) since the last reset
+
+
+def _count_arc_backward():
+    """Measurement only: time arc_warp_torch's autograd backward (run inside loss.backward())."""
+    from arc_warp_torch._autograd import _RenderGaussians
+
+    backward = _RenderGaussians.backward
+
+    def timed(ctx, *grads):
+        t0 = time.perf_counter()
+        try:
+            return backward(ctx, *grads)
+        finally:
+            _ARC_HOST[0] += (time.perf_counter() - t0) * 1e3
+
+    _RenderGaussians.backward = staticmethod(timed)
 
 
 def _count_waits():
@@ -273,9 +297,9 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps):
     time per forward + backward, ms."""
     cuda = device.type == "cuda"
     params = lib.params(raw, device)
-    fwd, bwd, host, wait = [], [], [], []
+    fwd, bwd, host, wait, arc_host = [], [], [], [], []
     for i in range(reps + 2):
-        _WAITS[0] = 0.0
+        _WAITS[0] = _ARC_HOST[0] = 0.0
         with Timer(cuda) as tf:
             img = lib.render(params, viewmats, ks)
         loss = (img - target).abs().mean()
@@ -288,8 +312,10 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps):
             bwd.append(tb.device_ms())
             host.append(tf.host_ms + tb.host_ms)
             wait.append(_WAITS[0])
+            arc_host.append(_ARC_HOST[0] - _WAITS[0])
     row = {"forward_ms": float(np.median(fwd)), "backward_ms": float(np.median(bwd)),
-           "host_ms": float(np.median(host)), "wait_ms": float(np.median(wait))}
+           "host_ms": float(np.median(host)), "wait_ms": float(np.median(wait)),
+           "arc_host_ms": float(np.median(arc_host))}
     for kind in lib.optimizers:
         opt = _optimizer(kind, params)
 
@@ -409,7 +435,7 @@ def main(argv=None) -> int:
     ap.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=["small", "large"])
     ap.add_argument("--cameras", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--libs", nargs="+", default=["arc", "gsplat", "gsplat_packed", "fastergs"],
-                    choices=["arc", "gsplat", "gsplat_packed", "fastergs"])
+                    choices=["arc", "arc_nograph", "gsplat", "gsplat_packed", "fastergs"])
     ap.add_argument("--width", type=int, default=1920)
     ap.add_argument("--height", type=int, default=1080)
     ap.add_argument("--reps", type=int, default=10)
@@ -436,6 +462,8 @@ def main(argv=None) -> int:
         args.width, args.height = min(args.width, 320), min(args.height, 240)
     libs, notes = _renderers(args.libs, args.width, args.height)
     _count_waits()
+    if any(lib.startswith("arc") for lib in args.libs):
+        _count_arc_backward()
     print(f"# torch API, {args.width}x{args.height}, SH {SH_DEGREE}, device "
           f"{torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'}; " + "; ".join(notes))
     if args.check_peers:
@@ -447,8 +475,8 @@ def main(argv=None) -> int:
     rows = []
     header = ("| N | regime | C | library | forward ms | backward ms | step (torch Adam) ms | "
               "step (own fused Adam) ms | step (sparse) ms | loop ms/step | host ms fwd+bwd | of which wait ms | "
-              "peak MiB |")
-    print(header + "\n|" + "---|" * 13)
+              "in arc_warp code, less the wait, ms | peak MiB |")
+    print(header + "\n|" + "---|" * 14)
     for n in args.n:
         for regime in args.regimes:
             for c in args.cameras:
@@ -468,11 +496,13 @@ def main(argv=None) -> int:
                     row.update(n=n, regime=regime, cameras=c, library=name,
                                peak_mib=_peak_mib(device, warp_before))
                     rows.append(row)
+                    arc = name.startswith("arc")
                     cell = lambda *ks: next((f"{row[k]:.3f}" for k in ks if k in row), "-")  # noqa: E731
                     print(f"| {n} | {regime} | {c} | {name} | {cell('forward_ms')} | {cell('backward_ms')} | "
                           f"{cell('step_torch_adam_ms')} | {cell('step_fused_adam_ms', 'step_fastergs_adam_ms')} | "
                           f"{cell('step_sparse_adam_ms')} | {cell('loop_ms')} | {cell('host_ms')} | "
-                          f"{cell('wait_ms') if name == 'arc' else '-'} | {row['peak_mib']:.0f} |",
+                          f"{cell('wait_ms') if arc else '-'} | {cell('arc_host_ms') if arc else '-'} | "
+                          f"{row['peak_mib']:.0f} |",
                           flush=True)
     optim = {}
     if not args.no_optim and "arc" in args.libs:

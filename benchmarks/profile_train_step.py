@@ -10,9 +10,12 @@ Usage::
 
     cd benchmarks && python profile_train_step.py --n 300000
     cd benchmarks && python profile_train_step.py --device cpu --n 200 --width 32 --height 32
+    cd benchmarks && python profile_train_step.py --n 300000 --cprofile 100   # host by function
 """
 
 import argparse
+import cProfile
+import pstats
 import time
 
 import numpy as np
@@ -60,6 +63,8 @@ def main():
     ap.add_argument("--width", type=int, default=1920)
     ap.add_argument("--height", type=int, default=1080)
     ap.add_argument("--reps", type=int, default=50)
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="cProfile N steps instead (host Python by function; GPU or CPU)")
     args = ap.parse_args()
     device = torch.device(args.device)
     libs, _ = bts._renderers(["arc"], args.width, args.height)
@@ -75,6 +80,18 @@ def main():
 
     for _ in range(5):
         step()
+    if args.cprofile:
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(args.cprofile):
+            step()
+        prof.disable()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        stats = pstats.Stats(prof)
+        stats.sort_stats("tottime").print_stats(30)
+        stats.sort_stats("cumulative").print_stats(40)
+        return
     if device.type == "cpu":
         total, host = _host_overhead_cpu(step, args.reps)
         print(f"N={args.n} C={args.cameras} {args.width}x{args.height}: {total:.3f} ms per forward + "

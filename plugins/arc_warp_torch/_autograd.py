@@ -33,14 +33,17 @@ class RenderContext:
       ``pool_release_fraction`` of device memory stays pooled across the per-step sync
       (CUDA's default 0 hands every freed block back at each sync, so each step would
       re-allocate from the driver, as torch's caching allocator avoids). Applied only
-      if the pool is still at CUDA's default; ``None`` leaves it alone.
+      if the pool is still at CUDA's default; ``None`` leaves it alone;
+    - ``graphs``: on CUDA, a render or backward repeated with the same tensors (the same
+      memory, as torch's caching allocator hands out in a steady training loop) replays
+      as a CUDA graph (see :class:`arc_warp.Workspace`); False launches kernel by kernel.
 
     ``rasterization`` and ``GaussianRasterizer`` take ``context=``; ``None`` uses
     :func:`default_context` of the tensors' device.
     """
 
     def __init__(self, device, threshold: Optional[int] = None,
-                 pool_release_fraction: Optional[float] = 0.5):
+                 pool_release_fraction: Optional[float] = 0.5, graphs: bool = True):
         wp.init()
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -49,10 +52,11 @@ class RenderContext:
         if (pool_release_fraction is not None and wdev.is_cuda and wdev.is_mempool_supported
                 and wp.get_mempool_release_threshold(wdev) == 0):
             wp.set_mempool_release_threshold(wdev, pool_release_fraction)
-        self.workspace = Workspace(wdev, threshold)
+        self.workspace = Workspace(wdev, threshold, graphs=graphs)
         self._wdevice = wdev
         self._streams = {}
         self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
+        self._views = {}  # (pointer, element dtype, torch shape) -> Warp view (see `view`)
         self._nodes = []  # weak references to the autograd nodes of renders still holding frames
         self.cameras = {}  # host camera values and image size -> arc_warp.Camera (bounded)
         self._intrinsics = {}  # (fx, fy, cx, cy) -> [1, 3, 3] device K (bounded)
@@ -80,11 +84,17 @@ class RenderContext:
         garbage collection cannot break, pinning every step's buffers. Views come from the
         workspace's cache (`Workspace.view`), so a tensor that reuses memory reuses its
         view and prepared launches need not repack it."""
-        if wp.types.type_is_matrix(dtype):
-            shape = tuple(t.shape[:-2])
-        else:
-            shape = tuple(t.shape[:-1]) if wp.types.type_is_vector(dtype) else tuple(t.shape)
-        return self.workspace.view(t.data_ptr(), dtype, shape)
+        key = (t.data_ptr(), dtype, t.shape)
+        v = self._views.get(key)
+        if v is None:
+            if len(self._views) >= 512:  # bounded: pointers of freed memory pile up
+                self._views.clear()
+            if wp.types.type_is_matrix(dtype):
+                shape = tuple(t.shape[:-2])
+            else:
+                shape = tuple(t.shape[:-1]) if wp.types.type_is_vector(dtype) else tuple(t.shape)
+            v = self._views[key] = self.workspace.view(key[0], dtype, shape)
+        return v
 
     def device_cameras(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int,
                        near: float, far: float) -> DeviceCameras:

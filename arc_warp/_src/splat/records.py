@@ -179,3 +179,4 @@ class RenderOutput:
     _bins: BinResult | None = field(default=None, repr=False)
     _images: RasterImages | None = field(default=None, repr=False)
     _frame: object = field(default=None, repr=False)  # workspace Frame holding the buffers
+    _key: object = field(default=None, repr=False)  # the forward's Frame.replay key (None: not replayed)

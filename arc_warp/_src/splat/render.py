@@ -12,11 +12,12 @@ from arc_warp._src.camera import Camera, DeviceCameras
 from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
 from arc_warp._src.splat.project_ops import camera_params, device_camera_params, project, project_backward
 from arc_warp._src.splat.raster_ops import raster_backward, rasterize
-from arc_warp._src.splat.records import BinResult, GaussianGrads, GaussianInputs, RenderOutput, RenderSettings
+from arc_warp._src.splat.records import (BinResult, GaussianGrads, GaussianInputs, ProjectResult, RenderOutput,
+                                         RenderSettings)
 from arc_warp._src.splat.sh_ops import compute_colors
 from arc_warp._src.splat.validate import check_array, check_grads, check_inputs, raise_on_flags
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
-from arc_warp._src.splat.workspace import Frame, Workspace
+from arc_warp._src.splat.workspace import Frame, Workspace, signature
 from arc_warp._src.tape import active_tape
 
 # Names and dtypes of the (H, W) images a caller may supply through ``outputs``.
@@ -204,9 +205,11 @@ def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int 
 
     The intersection sort is sized by the workspace's kept capacity without waiting for
     the device, or (``exact``, or no capacity yet) by reading the total back first.
+    With a kept capacity, the stages before and after the flags copy each go through
+    ``Frame.replay`` (a CUDA graph once the same arguments repeat).
     Returns the output and, for the first way, what :func:`_settle` checks once all
     cameras are queued."""
-    tiles_x, tiles_y = tile_grid(camera.width, camera.height)
+    grid = tile_grid(camera.width, camera.height)
     workspace = frame._workspace
     n = inputs.count
     shape = (camera.height, camera.width)
@@ -216,66 +219,93 @@ def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int 
         return frame.array(name, shape, dtype) if given is None else given
 
     images_out = {name: output(name, shape, dtype) for name, dtype in IMAGE_OUTPUTS.items()}
-    flags = frame.array("flags", 1 + len(BAD_SLOTS), wp.int32, zero=True)
-    if index is None:
-        cam = _camera_args(workspace, camera)
-    else:
-        cam = device_camera_params(camera, index, flags, frame)
-    proj = project(
-        inputs, cam, settings.eps2d, tiles_x, tiles_y, flags, frame,
-        output("means2d", n, wp.vec2),
-        output("radii", n, wp.vec2i),
-        settings.antialiased,
-    )
-    pending = None
-    if n > 0:
-        compute_colors(inputs, cam, proj, flags, frame)  # flags bad colours before the readback
+    means2d, radii = output("means2d", n, wp.vec2), output("radii", n, wp.vec2i)
+    cam = None if index is not None else _camera_args(workspace, camera)
+    sort_size = None if exact or n == 0 else workspace.sort_size(grid)
+    key = None
+    if sort_size is not None and workspace.graphs:
+        # everything the queued work reads or writes outside the workspace's buffers
+        if index is None:
+            camera_key = signature(cam)
+        else:
+            camera_key = (signature(camera.viewmats), signature(camera.intrinsics), index, camera.width,
+                          camera.height, camera.near, camera.far)
+        key = (tuple(signature(a) for a in inputs.arrays), inputs.sh_coeffs, camera_key, settings, sort_size,
+               tuple(signature(a) for a in images_out.values()), signature(means2d), signature(radii))
+
+    def queue_count():
+        flags = frame.array("flags", 1 + len(BAD_SLOTS), wp.int32, zero=True)
+        params = cam if index is None else device_camera_params(camera, index, flags, frame)
+        proj = project(inputs, params, settings.eps2d, *grid, flags, frame, means2d, radii, settings.antialiased)
+        if n == 0:
+            return flags, params, proj, None, None
+        compute_colors(inputs, params, proj, flags, frame)  # flags bad colours before the readback
         depth = count_intersections(proj, flags, frame)
         host_flags = frame.host_array("host_flags", flags.shape[0], wp.int32)
         wp.copy(host_flags, flags)
+        return flags, params, _unbound(proj, inputs), depth, host_flags
+
+    flags, params, proj, depth, host_flags = frame.replay(key and ("count", key), queue_count)
+    proj = dataclasses.replace(proj, means2d=means2d, radii=radii,
+                               rgb=inputs.colors if inputs.sh_coeffs == 0 else proj.rgb)
+    pending = None
+    if n > 0:
         event = frame.event()
         if event is not None:
             wp.record_event(event)
-        sort_size = None if exact else workspace.sort_size((tiles_x, tiles_y))
         if sort_size is None:
             if event is not None:
                 wp.synchronize_event(event)  # the one host sync of this render
-            sort_size = _read_total(host_flags, workspace, (tiles_x, tiles_y))
+            sort_size = _read_total(host_flags, workspace, grid)
         else:
             pending = _Pending(host_flags, event, sort_size)
-        # buffers for the size later renders will sort, so those allocate nothing
-        reserve = workspace.sort_size((tiles_x, tiles_y)) or 0
-        bins = sort_intersections(proj, depth, sort_size, tiles_x, tiles_y, frame, reserve)
-    else:
-        bins = BinResult(tiles_x, tiles_y, 0, frame.capacity("sort_ids", 0, wp.int32),
-                         frame.array("tile_ranges", tiles_x * tiles_y, wp.vec2i, zero=True))
-    images = rasterize(proj, bins, camera.width, camera.height, settings.background, frame, images_out)
 
+    def queue_raster():
+        if n > 0:
+            # buffers for the size later renders will sort, so those allocate nothing
+            reserve = workspace.sort_size(grid) or 0
+            bins = sort_intersections(proj, depth, sort_size, *grid, frame, reserve)
+        else:
+            bins = BinResult(*grid, 0, frame.capacity("sort_ids", 0, wp.int32),
+                             frame.array("tile_ranges", grid[0] * grid[1], wp.vec2i, zero=True))
+        images = rasterize(proj, bins, camera.width, camera.height, settings.background, frame, images_out)
+        means2d_grad = frame.array("means2d_grad", n, wp.vec2, zero=True)
+        means2d_absgrad = frame.array("means2d_absgrad", n, wp.vec2, zero=True) if settings.absgrad else None
+        return bins, dataclasses.replace(images, **dict.fromkeys(IMAGE_OUTPUTS)), means2d_grad, means2d_absgrad
+
+    bins, images, means2d_grad, means2d_absgrad = frame.replay(key and ("raster", key), queue_raster)
+    bins = dataclasses.replace(bins)  # its n_isects is this render's
+    images = dataclasses.replace(images, **images_out)
     if any(a.requires_grad for a in inputs.arrays):
-        for img in (images.color, images.alpha, images.depth, images.expected_depth):
+        for img in images_out.values():
             img.requires_grad = True
-    means2d_grad = frame.array("means2d_grad", n, wp.vec2, zero=True)
-    means2d_absgrad = frame.array("means2d_absgrad", n, wp.vec2, zero=True) if settings.absgrad else None
     out = RenderOutput(
         color=images.color,
         alpha=images.alpha,
         depth=images.depth,
         expected_depth=images.expected_depth,
-        means2d=proj.means2d,
-        radii=proj.radii,
+        means2d=means2d,
+        radii=radii,
         camera=camera,
         settings=settings,
         means2d_grad=means2d_grad,
         means2d_absgrad=means2d_absgrad,
         camera_index=index,
         _inputs=inputs,
-        _cam=cam,
+        _cam=params,
         _project=proj,
         _bins=bins,
         _images=images,
         _frame=frame,
+        _key=key,
     )
     return out, pending
+
+
+def _unbound(proj: ProjectResult, inputs: GaussianInputs) -> ProjectResult:
+    """``proj`` without the arrays a replayed render passes in again (outputs and plain RGB
+    inputs), so a kept graph result holds only workspace buffers."""
+    return dataclasses.replace(proj, means2d=None, radii=None, rgb=None if inputs.sh_coeffs == 0 else proj.rgb)
 
 
 def _settle(queued: list, workspace: Workspace) -> None:
@@ -373,23 +403,20 @@ def render_gaussians_backward(
     settings = out.settings
     # resolved when the workspace was made, never here (no lazy calibration in a step)
     threshold = settings.threshold if settings.threshold is not None else frame._workspace.threshold
-    raster_grads = raster_backward(
-        out._project,
-        out._bins,
-        out._images,
-        settings.background,
-        v_color,
-        v_alpha,
-        v_depth,
-        v_expected,
-        settings.reduce,
-        settings.absgrad,
-        threshold,
-        frame,
-    )
-    cam = out._cam
-    project_backward(
-        inputs, cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad, out.means2d_absgrad, frame,
-        settings.eps2d, settings.antialiased
-    )
+    key = None
+    if out._key is not None and settings.reduce != "deterministic":  # deterministic reads the exact total
+        key = ("backward", out._key, threshold, *(signature(v) for v in (v_color, v_alpha, v_depth, v_expected)),
+               *(signature(g) for g in (grads.means, grads.quats, grads.scales, grads.opacities, grads.colors)))
+
+    def queue_backward():
+        raster_grads = raster_backward(
+            out._project, out._bins, out._images, settings.background, v_color, v_alpha, v_depth, v_expected,
+            settings.reduce, settings.absgrad, threshold, frame,
+        )
+        project_backward(
+            inputs, out._cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad,
+            out.means2d_absgrad, frame, settings.eps2d, settings.antialiased
+        )
+
+    frame.replay(key, queue_backward)
     return grads

@@ -14,9 +14,10 @@ _PYTHON_DTYPES = {float: wp.float32, int: wp.int32, bool: wp.bool}  # as wp.arra
 _REPACK = object()  # signature of an argument that is always repacked (structs, vectors)
 SORT_HISTORY = 64  # renders whose intersection totals set the sort size kept for the next
 SORT_SLACK = 4096  # entries added to every kept sort size, so small scenes rarely overflow
+GRAPHS_PER_FRAME = 12  # CUDA graphs a frame keeps (least recently used dropped first)
 
 
-def _signature(arg):
+def signature(arg):
     """What must be unchanged for a packed launch argument to be reused."""
     if isinstance(arg, wp.array):
         return (arg.ptr, arg.shape, arg.strides)
@@ -43,6 +44,8 @@ class Frame:
         self._arrays: dict[str, wp.array] = {}
         self._launches: dict = {}  # key -> [wp.Launch, dim, argument signatures]
         self._event = None
+        self._graphs: collections.OrderedDict = collections.OrderedDict()  # key -> (wp.Graph, result)
+        self._seen: collections.OrderedDict = collections.OrderedDict()  # keys queued once without allocating
 
     @property
     def device(self):
@@ -89,18 +92,59 @@ class Frame:
             cmd = wp.launch(kernel, dim=dim, inputs=args, device=self._workspace.device, block_dim=block_dim,
                             record_cmd=True, record_tape=False)
             cmd.fwd_args = None  # kept by Warp only for APIC capture; would pin the first call's arrays
-            self._launches[key] = [cmd, dim, [_signature(a) for a in args]]
+            self._launches[key] = [cmd, dim, [signature(a) for a in args]]
         else:
             cmd, old_dim, signatures = record
             if dim != old_dim:
                 cmd.set_dim(dim)
                 record[1] = dim
             for i, arg in enumerate(args):
-                sig = _signature(arg)
+                sig = signature(arg)
                 if sig is _REPACK or sig != signatures[i]:
                     cmd.set_param_at_index(i, arg)
                     signatures[i] = sig
         cmd.launch()
+
+    def replay(self, key, queue):
+        """Runs ``queue()``, which queues device work through this frame and returns what
+        describes it, as a CUDA graph replayed by ``key``.
+
+        ``key`` must fix every pointer and value the queued work uses that is not a
+        buffer of this workspace (buffers are covered: the key is taken together with the
+        workspace's allocation count, which any new buffer changes). A key queued once
+        without allocating is captured the second time (the capture does not run the
+        work; the graph is launched after it), and from then on replayed with one graph
+        launch instead of ``queue()``'s Python and launches; the result stored with the
+        graph is returned again, so it must not refer to anything outside the key.
+        ``key=None``, a CPU device or ``Workspace.graphs`` False just call ``queue()``."""
+        workspace = self._workspace
+        if key is None or not workspace.graphs:
+            return queue()
+        key = (key, workspace.allocations)
+        entry = self._graphs.get(key)
+        if entry is not None:
+            self._graphs.move_to_end(key)
+            wp.capture_launch(entry[0])
+            return entry[1]
+        if key not in self._seen:
+            result = queue()
+            if workspace.allocations == key[1]:
+                self._seen[key] = None
+                if len(self._seen) > 4 * GRAPHS_PER_FRAME:
+                    self._seen.popitem(last=False)
+            return result
+        del self._seen[key]
+        stream = self.device.stream
+        # captured on a stream of our own: torch's default (legacy NULL) stream cannot capture
+        with wp.ScopedStream(workspace.capture_stream(), sync_enter=False):
+            with wp.ScopedCapture(self.device, force_module_load=False) as capture:
+                result = queue()
+        wp.capture_launch(capture.graph, stream=stream)
+        if workspace.allocations == key[1]:  # else its buffers moved: never replayed
+            self._graphs[key] = (capture.graph, result)
+            if len(self._graphs) > GRAPHS_PER_FRAME:
+                self._graphs.popitem(last=False)
+        return result
 
     def host_array(self, name: str, shape, dtype) -> wp.array:
         """A host buffer ``name`` that device copies into without blocking (page-locked on
@@ -149,11 +193,17 @@ class Workspace:
         replay: False for a workspace used once (``render_gaussians`` without
             ``workspace=``): its launches go straight to ``wp.launch``, since preparing a
             launch for replay costs more host time than it saves on a single call.
+        graphs: on CUDA (with ``replay``), a render or backward repeated with the same
+            arguments (array pointers, shapes, camera, settings, sort size) is captured
+            into a CUDA graph the second time and replayed after (``Frame.replay``): one
+            graph launch instead of a dozen kernel launches and their Python. False
+            (``graphs=False``) always launches kernel by kernel; always False on the CPU.
     """
 
-    def __init__(self, device=None, threshold: int | None = None, replay: bool = True):
+    def __init__(self, device=None, threshold: int | None = None, replay: bool = True, graphs: bool = True):
         self.device = wp.get_device(device)
         self.replay = replay
+        self.graphs = bool(graphs and replay and self.device.is_cuda)
         self.threshold = resolve_threshold(self.device, threshold)
         self.allocations = 0
         self._free: list[Frame] = []
@@ -163,6 +213,7 @@ class Workspace:
         self.camera_args: dict[int, tuple] = {}
         self._sort_sizes: dict[tuple[int, int], list] = {}  # grid -> [size, recent totals]
         self._views: dict[tuple, wp.array] = {}  # (pointer, dtype, shape) -> non-owning view
+        self._capture_stream = None
 
     def _allocate(self, shape: tuple, dtype, zero: bool, host: bool = False) -> wp.array:
         self.allocations += 1
@@ -190,6 +241,13 @@ class Workspace:
                 self._views.clear()
             v = self._views[key] = wp.array(ptr=ptr, dtype=dtype, shape=shape, device=self.device)
         return v
+
+    def capture_stream(self) -> wp.Stream:
+        """The stream ``Frame.replay`` captures graphs on (made on first use); they are
+        launched on the caller's current stream."""
+        if self._capture_stream is None:
+            self._capture_stream = wp.Stream(self.device)
+        return self._capture_stream
 
     def sort_size(self, grid: tuple[int, int]) -> int | None:
         """The intersection sort size to use on a ``grid`` = (tiles_x, tiles_y) image without
