@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import warp as wp
 
@@ -26,6 +28,7 @@ from arc_warp._src.validate import check_resolution
 from arc_warp._src.mesh.raster_kernels import EMPTY_KEY, make_raster_bwd, raster_big, raster_depth, raster_resolve
 
 
+@functools.lru_cache(maxsize=64)
 def _pixel_grid(height: int, width: int) -> tuple[float, float, float, float]:
     """(xs, xo, ys, yo): NDC of pixel centre x is xs * x + xo, rounded to float32 as nvdiffrast."""
     f = np.float32
@@ -65,7 +68,7 @@ def rasterize(
         grad_db: propagate gradients of ``rast_db`` into ``pos`` (tape and
             :func:`rasterize_backward`).
         reduce: accumulation mode of the backward (``atomic``/``warp``/``serial``/``arc``/``floor``).
-        threshold: ARC threshold override (default: calibrated per GPU).
+        threshold: ARC threshold override (default: the workspace's, else calibrated per GPU).
         workspace: keeps the depth keys and the big-triangle queue, and the prepared
             launches, across calls (the backward of the tape uses it too).
         out: arrays to write ``rast`` and ``rast_db`` into instead of new ones.
@@ -79,7 +82,7 @@ def rasterize(
     geom = geometry(pos, tri, ranges, workspace)
     ws = geom.workspace
     height, width = check_resolution(resolution)
-    mode, _ = reduce_settings(reduce, threshold, pos.device)
+    mode, _ = reduce_settings(reduce, threshold, pos.device, ws)
     shape = (geom.batch, height, width, 4)
     out = (None, None) if out is None else out
     rast = output(out[0], "out[0] (rast)", shape, pos.device)
@@ -143,7 +146,7 @@ def rasterize_backward(
     grad_pos = grad_or_new(grad_pos, "grad_pos", pos)
     if grad_rast is None and grad_rast_db is None:
         return grad_pos
-    mode, t = reduce_settings(reduce, threshold, device)
+    mode, t = reduce_settings(reduce, threshold, device, ws)
     g = cotangent(grad_rast, "grad_rast", shape, device)
     g = g if g is not None else zeros_once(ws, "mesh_zero_grad_rast", shape, wp.float32, device)
     gdb = cotangent(grad_rast_db, "grad_rast_db", shape, device)
