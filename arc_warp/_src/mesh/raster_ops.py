@@ -97,23 +97,36 @@ def rasterize(
     return rast, rast_db
 
 
+def _cleared_scratch(ws, b: int, height: int, width: int, device) -> tuple[wp.array, wp.array]:
+    """(keys, big_count): the (B, H, W) int64 depth keys, all EMPTY_KEY, and the (1,) int32
+    big-triangle count, 0. raster_resolve leaves them so, so a workspace's pair is filled
+    only when new (or when the last call did not reach the resolve); the mark is the keys'
+    ``mesh_cleared`` attribute, naming the count it was cleared with."""
+    keys = scratch(ws, "mesh_raster_keys", (b, height, width), wp.int64, device)
+    big_count = scratch(ws, "mesh_raster_big_count", 1, wp.int32, device)
+    if getattr(keys, "mesh_cleared", None) is not big_count:
+        keys.fill_(EMPTY_KEY)
+        big_count.zero_()
+    keys.mesh_cleared = None  # marked again once the resolve is queued
+    return keys, big_count
+
+
 def _forward(geom: Geometry, height: int, width: int, ws, rast: wp.array, rast_db: wp.array) -> None:
     device = geom.pos.device
     b = geom.batch
-    keys = scratch(ws, "mesh_raster_keys", (b, height, width), wp.int64, device)
-    keys.fill_(EMPTY_KEY)
+    keys, big_count = _cleared_scratch(ws, b, height, width, device)
     xs, xo, ys, yo = _pixel_grid(height, width)
     if geom.max_count > 0:
         # triangles with big pixel boxes are queued and tested per pixel (no host readback)
         big = scratch(ws, "mesh_raster_big", b * geom.max_count, wp.vec4i, device)
         big_box = scratch(ws, "mesh_raster_big_box", b * geom.max_count, wp.vec4i, device)
-        big_count = scratch(ws, "mesh_raster_big_count", 1, wp.int32, device, zero=True)
         launch(ws, raster_depth, (b, geom.max_count), [geom.pos, geom.tri, geom.ranges, geom.instanced, width,
                                                       height, xs, xo, ys, yo, keys, big, big_box, big_count], device)
         launch(ws, raster_big, (b, height, width), [geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo, big, big_box,
                                                     big_count, keys], device)
     launch(ws, raster_resolve, (b, height, width), [keys, geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo,
-                                                    vec4_view(ws, rast), vec4_view(ws, rast_db)], device)
+                                                    vec4_view(ws, rast), vec4_view(ws, rast_db), big_count], device)
+    keys.mesh_cleared = big_count
 
 
 def rasterize_backward(
