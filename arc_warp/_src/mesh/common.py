@@ -109,7 +109,7 @@ def check_workspace(workspace, device) -> Workspace | None:
         return None
     if not isinstance(workspace, Workspace):
         raise TypeError(f"workspace: expected an arc_warp.Workspace or None, got {type(workspace).__name__}")
-    if workspace.device != wp.get_device(device):
+    if workspace.device is not device and workspace.device != wp.get_device(device):
         raise ValueError(f"workspace: it is on {workspace.device}, the inputs on {device}; "
                          "use one workspace per device")
     return workspace
