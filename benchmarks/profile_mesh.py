@@ -10,7 +10,8 @@ dominates. Forward and backward are measured separately, after warm-up:
   other processes do not count);
 * allocations: device memory allocations (the device allocator's ``allocate``);
 * launches: kernel invocations; fills: memsets and ``fill_`` calls (each a launch on CUDA),
-  Warp's and ``torch.zeros_like``'s (the drop-in's gradient buffers);
+  Warp's and ``torch.zeros`` / ``torch.zeros_like``'s (the drop-in's gradient buffers);
+  copies: ``wp.copy`` calls (a memcpy on CUDA);
 * with ``--profile N``: cProfile of N more steps, the top 25 functions by own time
   (``--sort cumulative``: by time including callees, which ranks the ops and Functions).
 
@@ -41,11 +42,12 @@ import arc_warp_torch.mesh as dr
 
 @contextlib.contextmanager
 def counters(device: str = "cpu"):
-    """Counts allocations, kernel invocations (and the thread time inside them) and fills
-    while active; yields the dict of counts. Measurement only: it wraps Warp internals."""
-    counts = {"allocations": 0, "launches": 0, "fills": 0, "kernel_s": 0.0}
+    """Counts allocations, kernel invocations (and the thread time inside them), fills and
+    copies while active; yields the dict of counts. Measurement only: it wraps Warp internals."""
+    counts = {"allocations": 0, "launches": 0, "fills": 0, "copies": 0, "kernel_s": 0.0}
     dev = wp.get_device(device)
-    alloc, memset, fill, zeros_like = dev.default_allocator.allocate, dev.memset, wtypes.array.fill_, torch.zeros_like
+    alloc, memset, fill = dev.default_allocator.allocate, dev.memset, wtypes.array.fill_
+    zeros, zeros_like, copy = torch.zeros, torch.zeros_like, wp.copy
     invokes = {name: getattr(wctx, name) for name in ("invoke", "invoke_cpu_blocks")}
 
     def counted_alloc(*a, **k):
@@ -56,9 +58,11 @@ def counters(device: str = "cpu"):
         counts["fills"] += 1
         return memset(*a, **k)
 
-    def counted_zeros_like(*a, **k):
-        counts["fills"] += 1
-        return zeros_like(*a, **k)
+    def counted(fn, key):
+        def run(*a, **k):
+            counts[key] += 1
+            return fn(*a, **k)
+        return run
 
     def counted_fill(self, value):
         if value != 0 or not self.is_contiguous:  # zero_ of a contiguous array is a memset, counted above
@@ -76,14 +80,15 @@ def counters(device: str = "cpu"):
         return run
 
     dev.default_allocator.allocate, dev.memset, wtypes.array.fill_ = counted_alloc, counted_memset, counted_fill
-    torch.zeros_like = counted_zeros_like
+    torch.zeros, torch.zeros_like = counted(zeros, "fills"), counted(zeros_like, "fills")
+    wp.copy = counted(copy, "copies")
     for name, fn in invokes.items():
         setattr(wctx, name, timed(fn))
     try:
         yield counts
     finally:
         dev.default_allocator.allocate, dev.memset, wtypes.array.fill_ = alloc, memset, fill
-        torch.zeros_like = zeros_like
+        torch.zeros, torch.zeros_like, wp.copy = zeros, zeros_like, copy
         for name, fn in invokes.items():
             setattr(wctx, name, fn)
 
@@ -127,7 +132,7 @@ def measure(forward, backward, reps: int) -> dict:
                 else:
                     backward(image)
                 host[phase].append((time.thread_time() - t - c["kernel_s"]) * 1e3)
-            per_call[phase] = {k: c[k] for k in ("allocations", "launches", "fills")}
+            per_call[phase] = {k: c[k] for k in ("allocations", "launches", "fills", "copies")}
     return {phase: {"host_ms": float(np.median(host[phase])), **per_call[phase]} for phase in host}
 
 
@@ -148,7 +153,7 @@ def main(argv=None):
     results = measure(forward, backward, args.reps)
     for phase, r in results.items():
         print(f"{phase:8s} host {r['host_ms']:7.3f} ms  allocations {r['allocations']:3d}  "
-              f"launches {r['launches']:3d}  fills {r['fills']:3d}")
+              f"launches {r['launches']:3d}  fills {r['fills']:3d}  copies {r['copies']:3d}")
     if args.profile:
         prof = cProfile.Profile()
         prof.enable()

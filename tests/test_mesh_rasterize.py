@@ -59,6 +59,35 @@ def test_big_triangles_match_reference(rng):
     np.testing.assert_allclose(rast.numpy()[hit][:, :3], ref[hit][:, :3], atol=2e-5)
 
 
+def test_workspace_scratch_is_left_cleared(rng, monkeypatch):
+    """The resolve leaves a workspace's depth keys and big-triangle count cleared, so only
+    the first call fills them, and a mesh rasterised after another (big triangles queued)
+    matches a fresh call: nothing of the earlier mesh leaks into it."""
+    h, w = 40, 48
+    big, big_tri = random_mesh(rng, batch=2, n_tri=10, spread=1.3)
+    small, small_tri = random_mesh(rng, batch=2, n_tri=6, spread=0.4)
+    scenes = [(big, big_tri), (small, small_tri)] * 2
+    ws = Workspace("cpu")
+    fills = []
+    fill, zero = wp.array.fill_, wp.array.zero_
+    monkeypatch.setattr(wp.array, "fill_", lambda self, value: fills.append(value) or fill(self, value))
+    monkeypatch.setattr(wp.array, "zero_", lambda self: fills.append(0) or zero(self))
+    got = []
+    for pos, tri in scenes:
+        got.append([a.numpy() for a in mesh.rasterize(wa(pos), wa(tri, wp.int32), (h, w), workspace=ws)])
+        if len(got) == 1:
+            first = len(fills)
+        # the shared buffers as the resolve left them (same name, shape and dtype: not reallocated)
+        assert ws.shared.array("mesh_raster_big_count", 1, wp.int32).numpy()[0] == 0
+        assert (ws.shared.array("mesh_raster_keys", (2, h, w), wp.int64).numpy() == np.iinfo(np.int64).max).all()
+    assert first > 0 and len(fills) == first
+    for (pos, tri), g in zip(scenes, got):
+        want = [a.numpy() for a in mesh.rasterize(wa(pos), wa(tri, wp.int32), (h, w))]
+        assert (want[0][..., 3] > 0).any()
+        for a, b in zip(g, want):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_deterministic_bits(rng):
     pos, tri = random_mesh(rng, n_tri=40)  # many overlaps
     a, _ = run(pos, tri)

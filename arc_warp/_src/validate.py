@@ -15,10 +15,10 @@ def check_array(value, name: str, dtype, ndim, shape=None, device=None, last=Non
     of the last axis; ``device``, when given, the device every input must share.
     """
     dtype = wp.float32 if dtype is float else dtype
-    ranks = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    ranks = ndim if isinstance(ndim, tuple) else (ndim,) if isinstance(ndim, int) else tuple(ndim)
     if not isinstance(value, wp.array):
         raise TypeError(f"{name} must be a wp.array(dtype={_type_name(dtype)}), got {type(value).__name__}")
-    if not wp.types.types_equal(value.dtype, dtype):
+    if value.dtype is not dtype and not wp.types.types_equal(value.dtype, dtype):
         raise TypeError(f"{name} must have dtype {_type_name(dtype)}, got {_type_name(value.dtype)}")
     if (value.ndim not in ranks or (shape is not None and tuple(value.shape) != tuple(shape))
             or (last is not None and value.shape[-1] != last)):

@@ -35,13 +35,33 @@ def to_warp(t: torch.Tensor | None):
 
 
 def _view(context, t: torch.Tensor | None, dtype=wp.float32):
-    """Cached non-owning Warp view of a contiguous tensor (``RenderContext.view``), or None."""
-    return None if t is None else context.view(t, dtype)
+    """Cached non-owning Warp view, of the same shape, of a contiguous float32 (or, with
+    ``dtype=wp.int32``, int32) tensor (``Workspace.view``), or None."""
+    return None if t is None else context.workspace.view(t.data_ptr(), dtype, tuple(t.shape))
 
 
-def _zeros(t: torch.Tensor | None) -> torch.Tensor | None:
-    """A gradient buffer for ``t`` (the core ops add into it), or None."""
-    return None if t is None else torch.zeros_like(t)
+def _padded(t: torch.Tensor) -> int:
+    return -(-t.numel() // 16) * 16
+
+
+def _zeros(*like: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Zeroed float32 gradient buffers (the core ops add into them) shaped like each tensor
+    of ``like`` (None for None). Those of non-leaf tensors (per-pixel intermediates) are cut
+    from one ``torch.zeros``, one fill instead of one per buffer, each on a 64-byte
+    boundary (vector views stay aligned); a leaf's gets its own, since it becomes the
+    leaf's ``.grad`` and must not hold the others' memory."""
+    shared = [t for t in like if t is not None and not t.is_leaf]
+    flat = None
+    if len(shared) > 1:
+        flat = torch.zeros(sum(map(_padded, shared)), dtype=torch.float32, device=shared[0].device)
+    out, start = [], 0
+    for t in like:
+        if t is None or flat is None or t.is_leaf:
+            out.append(None if t is None else torch.zeros_like(t))
+        else:
+            out.append(flat[start:start + t.numel()].view(t.shape))
+            start += _padded(t)
+    return out
 
 
 class Rasterize(torch.autograd.Function):
@@ -68,7 +88,7 @@ class Rasterize(torch.autograd.Function):
         ranges, grad_db, reduce = ctx.settings
         context = default_context(pos.device)
         g_db = g_db.contiguous() if grad_db and g_db is not None else None
-        grad = torch.zeros_like(pos)
+        grad, = _zeros(pos)
         with context.stream():
             core.rasterize_backward(_view(context, pos), _view(context, tri, wp.int32), _view(context, rast),
                                     _view(context, g_rast.contiguous()), _view(context, g_db), ranges=ranges,
@@ -98,7 +118,7 @@ class Interpolate(torch.autograd.Function):
         diff_attrs, reduce = ctx.settings
         context = default_context(attr.device)
         attr_grad = ctx.needs_input_grad[0]  # e.g. fixed uvs: no scatter into them
-        grads = [_zeros(attr) if attr_grad else None, _zeros(rast), _zeros(rast_db)]
+        grads = _zeros(attr if attr_grad else None, rast, rast_db)
         g_da = g_da.contiguous() if g_da is not None and g_da.numel() else None
         with context.stream():
             core.interpolate_backward(
@@ -133,7 +153,7 @@ class Texture(torch.autograd.Function):
         mip, filter_mode, boundary_mode, max_mip_level, reduce = ctx.settings
         context = default_context(tex.device)
         tex_grad = ctx.needs_input_grad[0]  # e.g. a fixed texture: no texel scatter, no fold
-        grads = [_zeros(tex) if tex_grad else None, *(_zeros(t) for t in (uv, uv_da, bias))]
+        grads = _zeros(tex if tex_grad else None, uv, uv_da, bias)
         with context.stream():
             core.texture_backward(_view(context, tex), _view(context, uv), _view(context, g_out.contiguous()),
                                   _view(context, uv_da), _view(context, bias), mip, filter_mode, boundary_mode,
@@ -162,7 +182,7 @@ class Antialias(torch.autograd.Function):
         color, rast, pos, tri = ctx.saved_tensors
         topology_hash, boost, reduce = ctx.settings
         context = default_context(color.device)
-        grad_color, grad_pos = torch.zeros_like(color), torch.zeros_like(pos)
+        grad_color, grad_pos = _zeros(color, pos)
         with context.stream():
             core.antialias_backward(_view(context, color), _view(context, rast), _view(context, pos),
                                     _view(context, tri, wp.int32), _view(context, g_out.contiguous()), topology_hash,

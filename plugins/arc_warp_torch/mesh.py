@@ -58,7 +58,7 @@ def _float(name: str, t, ndims: tuple[int, ...], last: int | None = None) -> tor
         raise ValueError(f"{name}: expected last dimension {last}, got shape {list(t.shape)}")
     if t.dim() not in ndims:
         raise ValueError(f"{name}: expected {' or '.join(map(str, ndims))} dimensions, got shape {list(t.shape)}")
-    return t.to(torch.float32).contiguous()
+    return (t if t.dtype == torch.float32 else t.to(torch.float32)).contiguous()
 
 
 def _int(name: str, t) -> torch.Tensor:

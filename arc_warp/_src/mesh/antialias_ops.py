@@ -25,7 +25,7 @@ from arc_warp._src.mesh.common import (
     view,
 )
 from arc_warp._src.mesh.geometry import check_tri, geometry
-from arc_warp._src.mesh.util_kernels import add_into
+from arc_warp._src.mesh.util_kernels import add_into, copy_into
 
 
 @dataclass(frozen=True)
@@ -116,10 +116,13 @@ def antialias(
     """
     color_c, rast_c, geom, topo, ws = _setup(color, rast, pos, tri, topology_hash, workspace)
     device = rast_c.device
-    mode, _ = reduce_settings(reduce, threshold, device)
+    mode, _ = reduce_settings(reduce, threshold, device, ws)
     out = output(out, "out", tuple(color_c.shape), device)
-    wp.copy(out, color_c)  # aa_fwd adds the blends into the copy
     b, h, w, _ = rast_c.shape
+    flat = (out.size,)
+    # aa_fwd adds the blends into the copy
+    launch(ws, copy_into, flat[0], [view(ws, color_c, wp.float32, flat), view(ws, out, wp.float32, flat)], device,
+           key="mesh_aa_copy")
     launch(ws, aa_fwd, (b, h, w),
            [color_c, vec4_view(ws, rast_c), geom.pos, geom.tri, topo.opposite, geom.instanced, out], device)
 
@@ -155,7 +158,7 @@ def antialias_backward(
     go = cotangent(grad_out, "grad_out", color_c.shape, device)
     if go is None:
         return grad_color, grad_pos
-    mode, t = reduce_settings(reduce, threshold, device)
+    mode, t = reduce_settings(reduce, threshold, device, ws)
     b, h, w, _ = rast_c.shape
     # the colour passes through unchanged except across edges
     flat = (grad_color.size,)

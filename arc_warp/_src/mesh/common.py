@@ -31,10 +31,16 @@ def tiled_dim(batch: int, height: int, width: int) -> int:
     return max(batch, 1) * -(-height // 16) * -(-width // 16) * BLOCK
 
 
-def reduce_settings(reduce: str, threshold: int | None, device) -> tuple[str, int]:
-    """(mode, threshold) of a ``reduce=`` keyword; only ``arc`` reads (and may calibrate) T."""
+def reduce_settings(reduce: str, threshold: int | None, device, workspace=None) -> tuple[str, int]:
+    """(mode, threshold) of a ``reduce=`` keyword; only ``arc`` reads T: ``threshold`` if
+    given, else the workspace's (resolved when it was made), else the device's (which may
+    calibrate)."""
     check_mode(reduce)
-    return reduce, (resolve_threshold(device, threshold) if reduce == "arc" else 0)
+    if reduce != "arc":
+        return reduce, 0
+    if threshold is None and workspace is not None:
+        return reduce, workspace.threshold
+    return reduce, resolve_threshold(device, threshold)
 
 
 def chunking(n: int) -> tuple[int, int]:
@@ -103,7 +109,7 @@ def check_workspace(workspace, device) -> Workspace | None:
         return None
     if not isinstance(workspace, Workspace):
         raise TypeError(f"workspace: expected an arc_warp.Workspace or None, got {type(workspace).__name__}")
-    if workspace.device != wp.get_device(device):
+    if workspace.device is not device and workspace.device != wp.get_device(device):
         raise ValueError(f"workspace: it is on {workspace.device}, the inputs on {device}; "
                          "use one workspace per device")
     return workspace
@@ -125,12 +131,17 @@ def zeros_once(workspace: Workspace | None, name: str, shape, dtype, device) -> 
     return workspace.shared.zeros_once(name, shape, dtype)
 
 
+@functools.lru_cache(maxsize=64)
+def _absent_name(dtype, ndim: int) -> str:
+    return f"mesh_absent_{wp.types.type_repr(dtype)}_{ndim}d"
+
+
 def absent(workspace: Workspace | None, dtype, device, ndim: int = 1) -> wp.array:
     """An empty ``ndim``-D array of ``dtype``: the argument a kernel gets for an optional
     array that was not given (made once per workspace)."""
     if workspace is None:
         return wp.empty((0,) * ndim, dtype=dtype, device=device)
-    return workspace.shared.zeros_once(f"mesh_absent_{wp.types.type_repr(dtype)}_{ndim}d", (0,) * ndim, dtype)
+    return workspace.shared.zeros_once(_absent_name(dtype, ndim), (0,) * ndim, dtype)
 
 
 def launch(workspace: Workspace | None, kernel, dim, args: list, device, block_dim: int | None = None,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -39,6 +40,12 @@ def check_tri(tri, device, workspace=None) -> wp.array:
     return view(workspace, tri, wp.vec3i, tri.shape[:1])
 
 
+@functools.lru_cache(maxsize=64)
+def _whole_ranges(num_tri: int, batch: int, device: str) -> wp.array:
+    """(batch,) vec2i (0, num_tri): the ranges table of instanced mode, made once per size."""
+    return device_constant([(0, num_tri)] * batch, wp.vec2i, device)
+
+
 def geometry(pos, tri, ranges=None, workspace=None) -> Geometry:
     """Checks ``pos`` ([V, 4] or [B, V, 4] float32), ``tri`` ([F, 3] int32 on pos's device) and
     ``ranges`` ([B, 2] int32 (start, count), range mode only; host data, as nvdiffrast).
@@ -52,7 +59,7 @@ def geometry(pos, tri, ranges=None, workspace=None) -> Geometry:
         batch = pos.shape[0]
         if batch < 1:
             raise ValueError(f"pos: expected a minibatch of at least 1, got shape {tuple(pos.shape)}")
-        table = device_constant([(0, num_tri)] * batch, wp.vec2i, device)
+        table = _whole_ranges(num_tri, batch, device.alias)
         return Geometry(view(workspace, pos, wp.vec4, pos.shape[:2]), tri_v, table, 1, batch, num_tri, workspace)
     if ranges is None:
         raise ValueError("ranges: pos is [V, 4] (range mode), so ranges [B, 2] (start, count) is required")

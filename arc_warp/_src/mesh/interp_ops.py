@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import warp as wp
 
@@ -46,6 +48,19 @@ def _diff_indices(diff_attrs, num_attr: int) -> np.ndarray:
     return np.where(idx < 0, idx + num_attr, idx).astype(np.int32)
 
 
+@functools.lru_cache(maxsize=64)
+def _named_diff_table(diff_attrs: str | None, num_attr: int, device: str) -> wp.array:
+    return device_constant(_diff_indices(diff_attrs, num_attr), wp.int32, device)
+
+
+def _diff_table(diff_attrs, num_attr: int, device) -> wp.array:
+    """(D,) int32 on ``device``: :func:`_diff_indices` as a device constant (None and 'all'
+    looked up without rebuilding it)."""
+    if diff_attrs is None or isinstance(diff_attrs, str):
+        return _named_diff_table(diff_attrs, num_attr, device.alias)
+    return device_constant(_diff_indices(diff_attrs, num_attr), wp.int32, device)
+
+
 def _inputs(attr, rast, tri, rast_db, diff_attrs, workspace):
     rast = float_array(rast, "rast", (4,), 4)
     device = rast.device
@@ -54,12 +69,12 @@ def _inputs(attr, rast, tri, rast_db, diff_attrs, workspace):
     attr3 = view(ws, attr, wp.float32, (1, *attr.shape)) if attr.ndim == 2 else attr
     if attr3.shape[0] not in (1, rast.shape[0]):
         raise ValueError(f"attr: expected a minibatch of 1 or {rast.shape[0]} (that of rast), got {attr3.shape[0]}")
-    diff = _diff_indices(diff_attrs, attr3.shape[2])
-    if len(diff) and rast_db is None:
+    diff = _diff_table(diff_attrs, attr3.shape[2], device)
+    if diff.shape[0] and rast_db is None:
         raise ValueError("rast_db: diff_attrs asks for attribute derivatives, which need rast_db")
     if rast_db is not None:
         rast_db = check_shape(float_array(rast_db, "rast_db", (4,), 4, device), "rast_db", rast.shape)
-    return attr3, rast, check_tri(tri, device, ws), rast_db, device_constant(diff, wp.int32, device), ws
+    return attr3, rast, check_tri(tri, device, ws), rast_db, diff, ws
 
 
 def interpolate(
@@ -86,7 +101,7 @@ def interpolate(
         ``rast`` and ``rast_db``); ``reduce``/``threshold`` select the backward's accumulator.
     """
     attr3, rast_c, tri_v, rast_db_c, diff, ws = _inputs(attr, rast, tri, rast_db, diff_attrs, workspace)
-    mode, _ = reduce_settings(reduce, threshold, rast.device)
+    mode, _ = reduce_settings(reduce, threshold, rast.device, ws)
     b, h, w, _ = rast_c.shape
     device = rast_c.device
     given = (None, None) if out is None else out
@@ -141,7 +156,7 @@ def interpolate_backward(
     if gda is None or diff.shape[0] == 0:
         gda = zeros_once(ws, "mesh_zero_grad_out_da", (1, 1), wp.float32, device)
         diff = absent(ws, wp.int32, device)
-    mode, t = reduce_settings(reduce, threshold, device)
+    mode, t = reduce_settings(reduce, threshold, device, ws)
     k, _ = chunking(num_a)
     gda2 = view(ws, gda, wp.float32, (n, gda.shape[3])) if gda.ndim == 4 else gda
     db_flat = vec4_view(ws, rast_db_c, True) if rast_db_c is not None else absent(ws, wp.vec4, device)

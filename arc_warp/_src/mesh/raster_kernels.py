@@ -257,9 +257,15 @@ def raster_resolve(
     yo: float,
     rast: wp.array3d(dtype=wp.vec4),  # (B, H, W) (u, v, z/w, id + 1)
     rast_db: wp.array3d(dtype=wp.vec4),  # (B, H, W) (du/dX, du/dY, dv/dX, dv/dY)
+    big_count: wp.array(dtype=wp.int32),  # (1,) reset to 0, as the keys to EMPTY_KEY
 ):
+    """Writes each pixel's rast/rast_db from its depth key, and leaves the keys and the
+    big-triangle count cleared for the next call (so they need no fill before it)."""
     b, y, x = wp.tid()
     key = keys[b, y, x]
+    keys[b, y, x] = EMPTY_KEY
+    if b == 0 and y == 0 and x == 0:
+        big_count[0] = 0
     if key == EMPTY_KEY:
         rast[b, y, x] = wp.vec4(0.0)
         rast_db[b, y, x] = wp.vec4(0.0)

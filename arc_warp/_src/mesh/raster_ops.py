@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import warp as wp
 
@@ -26,6 +28,7 @@ from arc_warp._src.validate import check_resolution
 from arc_warp._src.mesh.raster_kernels import EMPTY_KEY, make_raster_bwd, raster_big, raster_depth, raster_resolve
 
 
+@functools.lru_cache(maxsize=64)
 def _pixel_grid(height: int, width: int) -> tuple[float, float, float, float]:
     """(xs, xo, ys, yo): NDC of pixel centre x is xs * x + xo, rounded to float32 as nvdiffrast."""
     f = np.float32
@@ -65,7 +68,7 @@ def rasterize(
         grad_db: propagate gradients of ``rast_db`` into ``pos`` (tape and
             :func:`rasterize_backward`).
         reduce: accumulation mode of the backward (``atomic``/``warp``/``serial``/``arc``/``floor``).
-        threshold: ARC threshold override (default: calibrated per GPU).
+        threshold: ARC threshold override (default: the workspace's, else calibrated per GPU).
         workspace: keeps the depth keys and the big-triangle queue, and the prepared
             launches, across calls (the backward of the tape uses it too).
         out: arrays to write ``rast`` and ``rast_db`` into instead of new ones.
@@ -79,7 +82,7 @@ def rasterize(
     geom = geometry(pos, tri, ranges, workspace)
     ws = geom.workspace
     height, width = check_resolution(resolution)
-    mode, _ = reduce_settings(reduce, threshold, pos.device)
+    mode, _ = reduce_settings(reduce, threshold, pos.device, ws)
     shape = (geom.batch, height, width, 4)
     out = (None, None) if out is None else out
     rast = output(out[0], "out[0] (rast)", shape, pos.device)
@@ -94,23 +97,36 @@ def rasterize(
     return rast, rast_db
 
 
+def _cleared_scratch(ws, b: int, height: int, width: int, device) -> tuple[wp.array, wp.array]:
+    """(keys, big_count): the (B, H, W) int64 depth keys, all EMPTY_KEY, and the (1,) int32
+    big-triangle count, 0. raster_resolve leaves them so, so a workspace's pair is filled
+    only when new (or when the last call did not reach the resolve); the mark is the keys'
+    ``mesh_cleared`` attribute, naming the count it was cleared with."""
+    keys = scratch(ws, "mesh_raster_keys", (b, height, width), wp.int64, device)
+    big_count = scratch(ws, "mesh_raster_big_count", 1, wp.int32, device)
+    if getattr(keys, "mesh_cleared", None) is not big_count:
+        keys.fill_(EMPTY_KEY)
+        big_count.zero_()
+    keys.mesh_cleared = None  # marked again once the resolve is queued
+    return keys, big_count
+
+
 def _forward(geom: Geometry, height: int, width: int, ws, rast: wp.array, rast_db: wp.array) -> None:
     device = geom.pos.device
     b = geom.batch
-    keys = scratch(ws, "mesh_raster_keys", (b, height, width), wp.int64, device)
-    keys.fill_(EMPTY_KEY)
+    keys, big_count = _cleared_scratch(ws, b, height, width, device)
     xs, xo, ys, yo = _pixel_grid(height, width)
     if geom.max_count > 0:
         # triangles with big pixel boxes are queued and tested per pixel (no host readback)
         big = scratch(ws, "mesh_raster_big", b * geom.max_count, wp.vec4i, device)
         big_box = scratch(ws, "mesh_raster_big_box", b * geom.max_count, wp.vec4i, device)
-        big_count = scratch(ws, "mesh_raster_big_count", 1, wp.int32, device, zero=True)
         launch(ws, raster_depth, (b, geom.max_count), [geom.pos, geom.tri, geom.ranges, geom.instanced, width,
                                                       height, xs, xo, ys, yo, keys, big, big_box, big_count], device)
         launch(ws, raster_big, (b, height, width), [geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo, big, big_box,
                                                     big_count, keys], device)
     launch(ws, raster_resolve, (b, height, width), [keys, geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo,
-                                                    vec4_view(ws, rast), vec4_view(ws, rast_db)], device)
+                                                    vec4_view(ws, rast), vec4_view(ws, rast_db), big_count], device)
+    keys.mesh_cleared = big_count
 
 
 def rasterize_backward(
@@ -143,7 +159,7 @@ def rasterize_backward(
     grad_pos = grad_or_new(grad_pos, "grad_pos", pos)
     if grad_rast is None and grad_rast_db is None:
         return grad_pos
-    mode, t = reduce_settings(reduce, threshold, device)
+    mode, t = reduce_settings(reduce, threshold, device, ws)
     g = cotangent(grad_rast, "grad_rast", shape, device)
     g = g if g is not None else zeros_once(ws, "mesh_zero_grad_rast", shape, wp.float32, device)
     gdb = cotangent(grad_rast_db, "grad_rast_db", shape, device)

@@ -38,6 +38,7 @@ from arc_warp._src.mesh.texture_kernels import (
     mip_build2,
     mip_fold,
 )
+from arc_warp._src.mesh.util_kernels import copy_into
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,13 @@ def _mip_layout(tex_shape: tuple, max_mip_level) -> tuple[list, np.ndarray, int]
     return sizes, offsets, int(sum(counts))
 
 
+@functools.lru_cache(maxsize=64)
+def _mip_tables(tex_shape: tuple, max_mip_level, device: str) -> tuple[wp.array, wp.array]:
+    """(sizes, offsets) of :func:`_mip_layout` as device constants (made once per layout)."""
+    sizes, offsets, _ = _mip_layout(tex_shape, max_mip_level)
+    return device_constant(sizes, wp.vec2i, device), device_constant(offsets, wp.int32, device)
+
+
 def mip_shape(tex_shape, max_mip_level: int | None = None) -> tuple[int, int]:
     """(texels, C): the shape of the float32 array :func:`build_mip` fills for a texture of
     ``tex_shape`` [B, H, W, C] (for callers that allocate it, ``build_mip(out=...)``)."""
@@ -123,7 +131,9 @@ def build_mip(tex: wp.array, max_mip_level: int | None = None, out: wp.array | N
     ws = check_workspace(workspace, device)
     # every row is written below (level 0 copied, the others built), so no zero fill
     data = output(out, "out", (texels, c), device)
-    wp.copy(data, tex)
+    n = tex.size
+    launch(ws, copy_into, n, [view(ws, tex, wp.float32, (n,)), view(ws, data, wp.float32, (n,))], device,
+           key="mesh_mip_copy")
     # two levels per launch, the last one alone if their count is odd
     for level in range(1, len(sizes), 2):
         src = [data, int(offsets[level - 1]), *sizes[level - 1]]
@@ -135,8 +145,7 @@ def build_mip(tex: wp.array, max_mip_level: int | None = None, out: wp.array | N
         else:
             dw, dh = sizes[level]
             launch(ws, mip_build, (b, dh, dw), [*src, int(offsets[level]), dw, dh], device, key=key)
-    return MipStack(data, device_constant(sizes, wp.vec2i, device), device_constant(offsets, wp.int32, device),
-                    tuple(sizes), b, c)
+    return MipStack(data, *_mip_tables(tuple(tex.shape), max_mip_level, device.alias), tuple(sizes), b, c)
 
 
 def _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level, workspace):
@@ -212,7 +221,7 @@ def texture(
     """
     args = _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level, workspace)
     tex_c, uv_c, da_c, bias_c, stack, fmode, bmode, ws = args
-    mode, _ = reduce_settings(reduce, threshold, tex_c.device)
+    mode, _ = reduce_settings(reduce, threshold, tex_c.device, ws)
     device = tex_c.device
     b, h, w, _ = uv_c.shape
     out = output(out, "out", (b, h, w, tex_c.shape[3]), device)
@@ -272,7 +281,7 @@ def texture_backward(
     n = b * h * w
     if go is None or n == 0:
         return grad_tex, grad_uv, grad_uv_da, grad_bias
-    mode, t = reduce_settings(reduce, threshold, device)
+    mode, t = reduce_settings(reduce, threshold, device, ws)
     k, _ = chunking(c)
     vec_k = wp.types.vector(k, wp.float32)
     gstack = scratch(ws, "mesh_tex_gstack", stack.data.shape, wp.float32, device, zero=True) if tex_grad else None
