@@ -64,6 +64,9 @@ SH_DEGREE = 3
 REGIMES = {"small": (0.3, 1.5), "large": (4.0, 16.0)}  # std-dev range in pixels at the depth
 NEAR, FAR = 0.01, 1e10  # arc's and gsplat's default planes, passed to Faster-GS too
 # sh_rest: Faster-GS keeps SH degrees 1-3 apart, at 3DGS's 1/20 of the DC rate
+# untimed steps first: compilation, calibration, first allocations, and (arc) the steps
+# until torch's allocator repeats its pointers and CUDA graphs are captured
+WARMUP = 16
 LRS = {"means": 1.6e-4, "quats": 1e-3, "log_scales": 5e-3, "logit_opacities": 5e-2, "sh": 2.5e-3,
        "sh_rest": 2.5e-3 / 20}
 
@@ -298,7 +301,7 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps):
     cuda = device.type == "cuda"
     params = lib.params(raw, device)
     fwd, bwd, host, wait, arc_host = [], [], [], [], []
-    for i in range(reps + 2):
+    for i in range(reps + WARMUP):
         _WAITS[0] = _ARC_HOST[0] = 0.0
         with Timer(cuda) as tf:
             img = lib.render(params, viewmats, ks)
@@ -307,7 +310,7 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps):
             loss.backward()
         for p in params.values():
             p.grad = None
-        if i >= 2:  # warm-up: compilation, calibration, first allocations
+        if i >= WARMUP:
             fwd.append(tf.device_ms())
             bwd.append(tb.device_ms())
             host.append(tf.host_ms + tb.host_ms)
@@ -330,10 +333,10 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps):
             opt.zero_grad(set_to_none=True)
 
         steps = []
-        for i in range(reps + 2):
+        for i in range(reps + WARMUP):
             with Timer(cuda) as ts:
                 step()
-            if i >= 2:
+            if i >= WARMUP:
                 steps.append(ts.device_ms())
         row[f"step_{kind}_ms"] = float(np.median(steps))
         if kind == "torch_adam":

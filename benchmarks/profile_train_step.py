@@ -97,10 +97,14 @@ def main():
         print(f"N={args.n} C={args.cameras} {args.width}x{args.height}: {total:.3f} ms per forward + "
               f"backward, of which {host:.3f} ms outside Warp kernels (host overhead)")
         return
+    steps = 5
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        for _ in range(5):
+        for _ in range(steps):
             step()
         torch.cuda.synchronize()
+    busy = sum(e.self_device_time_total for e in prof.key_averages()) / steps / 1e3
+    print(f"N={args.n} C={args.cameras} {args.regime}: GPU busy {busy:.3f} ms per forward + backward "
+          "(kernels, copies and fills, summed)")
     print(prof.key_averages().table(sort_by="self_cuda_time_total", row_limit=25))
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20))
 

@@ -7,6 +7,7 @@ import pytest
 import warp as wp
 
 from arc_warp import Camera, RenderSettings, Workspace, render_gaussians, render_gaussians_backward
+from arc_warp._src.splat.workspace import Frame
 from conftest import random_scene
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not wp.is_cuda_available(), reason="needs a CUDA device")]
@@ -64,16 +65,17 @@ def test_replayed_graphs_match_kernel_launches(rng, reduce):
 def test_graph_replay_overflow_rerenders_exactly(rng):
     """A replayed render whose intersections outgrow the kept sort size is rendered again
     exactly, as without graphs."""
-    small = random_scene(rng, n=300, width=64, height=48, sh_degree=0)
+    small = random_scene(rng, n=3000, width=64, height=48, sh_degree=0)
     arrays = _upload(small)
     camera = _camera(small)
     ws = Workspace("cuda")
-    for _ in range(3):
+    for _ in range(4):  # each render's output is dropped before the next: one frame
         out = render_gaussians(*arrays, camera, workspace=ws)
-        kept = ws.sort_size((4, 3))
-    assert len(out._frame._graphs) >= 2
-    del out
-    small.scales[:] *= 6.0  # many more tiles per Gaussian, same pointers
+        frame = out._frame
+        del out
+    kept = ws.sort_size((4, 3))
+    assert len(frame._graphs) == 2  # the forward's two stages, replayed since the third render
+    small.scales[:] *= 8.0  # many more tiles per Gaussian, same pointers
     _upload(small, arrays)
     out = render_gaussians(*arrays, camera, workspace=ws)
     assert out._bins.n_isects > kept
@@ -82,8 +84,9 @@ def test_graph_replay_overflow_rerenders_exactly(rng):
 
 
 def test_torch_training_loop_replays_graphs(rng):
-    """A torch loop (activations, L1 loss, Adam) with graphs gives the parameters that
-    kernel-by-kernel launches give, and replays its renders as graphs."""
+    """A torch loop (L1 loss, in-place gradient steps on the leaf tensors it renders) with
+    graphs gives the parameters that kernel-by-kernel launches give, and replays its
+    renders and backwards as graphs once they repeat."""
     torch = pytest.importorskip("torch")
     from arc_warp_torch import RenderContext, rasterization
 
@@ -94,26 +97,33 @@ def test_torch_training_loop_replays_graphs(rng):
                       dtype=torch.float32, device="cuda")
 
     def train(ctx):
-        p = {"means": torch.tensor(scene.means, device="cuda"),
-             "quats": torch.tensor(scene.quats, device="cuda"),
-             "log_scales": torch.tensor(np.log(scene.scales), device="cuda"),
-             "opacities": torch.tensor(scene.opacities, device="cuda"),
-             "colors": torch.tensor(scene.colors, device="cuda")}
-        for t in p.values():
-            t.requires_grad_(True)
-        opt = torch.optim.Adam(p.values(), lr=1e-3)
-        for _ in range(6):
-            img, _, _ = rasterization(p["means"], p["quats"], p["log_scales"].exp(), p["opacities"].clamp(0, 1),
-                                      p["colors"], viewmats, ks, 64, 48, context=ctx)
+        p = [torch.tensor(getattr(scene, k), device="cuda", requires_grad=True)
+             for k in ("means", "quats", "scales", "opacities", "colors")]
+        for _ in range(8):
+            img, _, _ = rasterization(*p, viewmats, ks, 64, 48, context=ctx)
             loss = (img - target).abs().mean()
-            opt.zero_grad()
             loss.backward()
-            opt.step()
+            with torch.no_grad():
+                for t in p:
+                    t -= 1e-3 * t.grad
+                    t.grad = None
         return p
 
     graphed = RenderContext("cuda")
-    got = train(graphed)
+    launches = []
+    replay = Frame.replay
+
+    def counted(frame, key, queue):
+        launches.append(key is not None and (key, frame._workspace.allocations) in frame._graphs)
+        return replay(frame, key, queue)
+
+    Frame.replay = counted
+    try:
+        got = train(graphed)
+    finally:
+        Frame.replay = replay
     want = train(RenderContext("cuda", graphs=False))
-    for name in got:
-        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-5)
-    assert sum(len(f._graphs) for f in graphed.workspace._free) >= 3
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    # 3 graphs a step (two forward stages, the backward): the last two steps replay all six
+    assert launches[-6:] == [True] * 6, launches

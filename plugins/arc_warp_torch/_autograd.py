@@ -37,6 +37,9 @@ class RenderContext:
     - ``graphs``: on CUDA, a render or backward repeated with the same tensors (the same
       memory, as torch's caching allocator hands out in a steady training loop) replays
       as a CUDA graph (see :class:`arc_warp.Workspace`); False launches kernel by kernel.
+      With graphs, the tensors a render returns (images, radii, projected means) come
+      from a private torch memory pool (`outputs`), so from step to step they reuse the
+      same few blocks whatever else the loop allocates, and the graphs keep matching.
 
     ``rasterization`` and ``GaussianRasterizer`` take ``context=``; ``None`` uses
     :func:`default_context` of the tensors' device.
@@ -53,10 +56,13 @@ class RenderContext:
                 and wp.get_mempool_release_threshold(wdev) == 0):
             wp.set_mempool_release_threshold(wdev, pool_release_fraction)
         self.workspace = Workspace(wdev, threshold, graphs=graphs)
+        self._pool = torch.cuda.MemPool() if self.workspace.graphs else None
         self._wdevice = wdev
         self._streams = {}
         self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
         self._views = {}  # (pointer, element dtype, torch shape) -> Warp view (see `view`)
+        self._device_cameras = {}  # (pointers, C, size, planes) -> DeviceCameras (see `device_cameras`)
+        self._settings = {}  # option values -> RenderSettings (see `settings`)
         self._nodes = []  # weak references to the autograd nodes of renders still holding frames
         self.cameras = {}  # host camera values and image size -> arc_warp.Camera (bounded)
         self._intrinsics = {}  # (fx, fy, cx, cy) -> [1, 3, 3] device K (bounded)
@@ -104,7 +110,27 @@ class RenderContext:
         stream order, after the queued kernel has read them."""
         vm = viewmats.detach().to(torch.float32).contiguous()
         ks = Ks.detach().to(torch.float32).contiguous()
-        return DeviceCameras(self.view(vm, wp.mat44), self.view(ks, wp.mat33), width, height, near, far)
+        key = (vm.data_ptr(), ks.data_ptr(), vm.shape[0], width, height, near, far)
+        cams = self._device_cameras.get(key)
+        if cams is None:  # by pointer: the kernel reads the values, so a cached batch stays right
+            if len(self._device_cameras) >= 256:
+                self._device_cameras.clear()
+            cams = self._device_cameras[key] = DeviceCameras(self.view(vm, wp.mat44), self.view(ks, wp.mat33), width,
+                                                             height, near, far)
+        return cams
+
+    def settings(self, **values) -> RenderSettings:
+        """The `RenderSettings` of these values, made (and validated) once."""
+        key = tuple(values.items())
+        try:
+            settings = self._settings.get(key)
+        except TypeError:  # an unhashable value: RenderSettings says what is wrong with it
+            return RenderSettings(**values)
+        if settings is None:
+            if len(self._settings) >= 64:
+                self._settings.clear()
+            settings = self._settings[key] = RenderSettings(**values)
+        return settings
 
     def intrinsics(self, fx: float, fy: float, cx: float, cy: float) -> torch.Tensor:
         """[1, 3, 3] float32 K on this context's device, made once per value (a host-to-device
@@ -140,6 +166,13 @@ class RenderContext:
                 continue
             alive.append(ref)
         self._nodes = alive
+
+    def outputs(self):
+        """Context in which the tensors a render returns are allocated: the private memory
+        pool on CUDA with graphs (see the class notes), torch's default pool otherwise."""
+        if self._pool is None:
+            return contextlib.nullcontext()
+        return torch.cuda.use_mem_pool(self._pool, self.device)
 
     def torch_view(self, a: wp.array) -> torch.Tensor:
         """Torch view of a workspace array (cached: workspace arrays live as long as it)."""
@@ -275,8 +308,9 @@ class _RenderGaussians(torch.autograd.Function):
         size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
         h, w = size.height, size.width
         new = means.new_empty
-        images = (new((c, h, w, 3)), new((c, h, w)), new((c, h, w)), new((c, h, w)))
-        radii = torch.empty((c, n, 2), dtype=torch.int32, device=means.device)
+        with context.outputs():
+            images = (new((c, h, w, 3)), new((c, h, w)), new((c, h, w)), new((c, h, w)))
+            radii = torch.empty((c, n, 2), dtype=torch.int32, device=means.device)
         inputs = (means, quats, scales, opacities, colors)
         with context.stream():
             arrays = [context.view(t, dt) for t, dt in zip(inputs, INPUT_DTYPES)]
@@ -324,29 +358,38 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
     """Run render_gaussians_backward on torch cotangents ([C, ...]); return torch grads
     shaped like `inputs` and the sink's means2d gradient (None without a sink)."""
     # torch owns the gradient memory (its allocator, its stream); Warp adds into it. One
-    # buffer zeroed once holds all five gradients.
+    # buffer zeroed once holds all five gradients and, for a [C, N, 2] sink, its gradient.
+    c, n = len(outs), inputs[0].shape[0]
     sizes = [t.numel() for t in inputs]
-    flat = torch.zeros(sum(sizes), dtype=torch.float32, device=inputs[0].device)
-    torch_grads = tuple(part.view_as(t) for part, t in zip(flat.split(sizes), inputs))
+    direct = sink is not None and sink.tensor.shape[-1] == 2
+    flat = torch.zeros(sum(sizes) + (2 * c * n if direct else 0), dtype=torch.float32, device=inputs[0].device)
+    parts = flat.split(sizes + [2 * c * n] if direct else sizes)
+    torch_grads = tuple(part.view_as(t) for part, t in zip(parts, inputs))
+    m2d = parts[-1].view(sink.tensor.shape) if direct else None
     with context.stream():
         output_grads = [None if g is None else g.to(torch.float32).contiguous() for g in output_grads]
         into = GaussianGrads(*(context.view(g, dt) for g, dt in zip(torch_grads, INPUT_DTYPES)))
+        batched = None if m2d is None else m2d.view(c, n, 2)
         for i, out in enumerate(outs):
-            # The renderer accumulates into these; a second backward (retain_graph) starts at 0.
-            for buf in (out.means2d_grad, out.means2d_absgrad):
-                if buf is not None:
-                    buf.zero_()
+            # The renderer accumulates into these, so they start at 0 (also on a second
+            # backward with retain_graph); a [C, N, 2] sink's gradient is written in place.
+            if batched is not None:
+                out.means2d_grad = context.view(batched[i], wp.vec2)
+            else:
+                out.means2d_grad.zero_()
+            if out.means2d_absgrad is not None:
+                out.means2d_absgrad.zero_()
             # views of torch slices: cheaper than slicing a Warp view per camera
             cotangents = (None if g is None else context.view(g[i], dt) for g, dt in zip(output_grads, IMAGE_DTYPES))
             render_gaussians_backward(out, *cotangents, grads=into)
     if sink is None:
         return torch_grads, None
     target = sink.tensor
-    c, n = len(outs), inputs[0].shape[0]
-    m2d = target.new_zeros(target.shape) if target.shape[-1] > 2 else target.new_empty(target.shape)
-    batched = m2d.view(c, n, target.shape[-1])
-    for i, out in enumerate(outs):
-        batched[i, :, :2] = context.torch_view(out.means2d_grad)
+    if m2d is None:
+        m2d = target.new_zeros(target.shape)
+        batched = m2d.view(c, n, target.shape[-1])
+        for i, out in enumerate(outs):
+            batched[i, :, :2] = context.torch_view(out.means2d_grad)
     _scale(batched, sink.scale)
     if sink.absgrad_owner is not None:
         owner = sink.absgrad_owner

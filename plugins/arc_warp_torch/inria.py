@@ -11,7 +11,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import nn
 
-from arc_warp import Camera, RenderSettings
+from arc_warp import Camera
 
 from ._autograd import Means2dSink, RenderContext, check_tensor, default_context, render_camera
 from .optim import SparseGaussianAdam  # noqa: F401  (INRIA's train.py imports it from here)
@@ -239,10 +239,9 @@ class GaussianRasterizer(nn.Module):
             if means2D.device != device:
                 raise ValueError(f"means2D: expected device {device}, got {means2D.device}")
             sink = Means2dSink(means2D, scale=(0.5 * camera.width, 0.5 * camera.height))
-        settings = RenderSettings(sh_degree=sh_degree, background=(0.0, 0.0, 0.0),
-                                  reduce=s.reduce, threshold=s.threshold,
-                                  antialiased=bool(s.antialiasing))
         context = default_context(device)
+        settings = context.settings(sh_degree=sh_degree, reduce=s.reduce, threshold=s.threshold,
+                                    antialiased=bool(s.antialiasing))
         r = render_camera(means3D, rotations, scales, opacities, colors, _cameras(camera, context), settings,
                           sink, context)
 

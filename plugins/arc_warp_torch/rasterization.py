@@ -5,8 +5,6 @@ from typing import Optional, Tuple
 
 import torch
 
-from arc_warp import RenderSettings
-
 from ._autograd import Means2dSink, RenderContext, check_tensor, default_context, render_batch
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
@@ -194,11 +192,11 @@ def rasterization(
     need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
     if rasterize_mode not in ("classic", "antialiased"):
         raise ValueError(f"rasterize_mode: expected 'classic' or 'antialiased', got {rasterize_mode!r}")
-    settings = RenderSettings(sh_degree=sh_degree, background=(0.0, 0.0, 0.0), reduce=reduce,
-                              threshold=threshold, absgrad=absgrad and need_grad,
-                              antialiased=rasterize_mode == "antialiased")
+    settings = context.settings(sh_degree=sh_degree, reduce=reduce, threshold=threshold,
+                                absgrad=absgrad and need_grad, antialiased=rasterize_mode == "antialiased")
     # The projected means are written straight into the leaf that receives their gradient.
-    means2d = means.new_empty((c, n, 2)).requires_grad_(need_grad)
+    with context.outputs():
+        means2d = means.new_empty((c, n, 2)).requires_grad_(need_grad)
     sink = None
     if need_grad:
         sink = Means2dSink(means2d, absgrad_owner=means2d if absgrad else None)

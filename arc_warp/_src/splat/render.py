@@ -406,7 +406,8 @@ def render_gaussians_backward(
     key = None
     if out._key is not None and settings.reduce != "deterministic":  # deterministic reads the exact total
         key = ("backward", out._key, threshold, *(signature(v) for v in (v_color, v_alpha, v_depth, v_expected)),
-               *(signature(g) for g in (grads.means, grads.quats, grads.scales, grads.opacities, grads.colors)))
+               *(signature(g) for g in (grads.means, grads.quats, grads.scales, grads.opacities, grads.colors)),
+               signature(out.means2d_grad), signature(out.means2d_absgrad))
 
     def queue_backward():
         raster_grads = raster_backward(

@@ -14,7 +14,7 @@ _PYTHON_DTYPES = {float: wp.float32, int: wp.int32, bool: wp.bool}  # as wp.arra
 _REPACK = object()  # signature of an argument that is always repacked (structs, vectors)
 SORT_HISTORY = 64  # renders whose intersection totals set the sort size kept for the next
 SORT_SLACK = 4096  # entries added to every kept sort size, so small scenes rarely overflow
-GRAPHS_PER_FRAME = 12  # CUDA graphs a frame keeps (least recently used dropped first)
+GRAPHS_PER_FRAME = 24  # CUDA graphs a frame keeps (least recently used dropped first)
 
 
 def signature(arg):
