@@ -357,12 +357,14 @@ class _RenderGaussians(torch.autograd.Function):
 def _warp_backward(context, outs, inputs, sink, output_grads):
     """Run render_gaussians_backward on torch cotangents ([C, ...]); return torch grads
     shaped like `inputs` and the sink's means2d gradient (None without a sink)."""
-    # torch owns the gradient memory (its allocator, its stream); Warp adds into it. One
-    # buffer zeroed once holds all five gradients and, for a [C, N, 2] sink, its gradient.
+    # torch owns the gradient memory (its allocator, its stream); Warp writes into it. One
+    # buffer holds all five gradients and, for a [C, N, 2] sink, its gradient. The first
+    # camera writes every entry (accumulate=False), so nothing is zeroed for C = 1; later
+    # cameras add, into their own zeroed means2d slices.
     c, n = len(outs), inputs[0].shape[0]
     sizes = [t.numel() for t in inputs]
     direct = sink is not None and sink.tensor.shape[-1] == 2
-    flat = torch.zeros(sum(sizes) + (2 * c * n if direct else 0), dtype=torch.float32, device=inputs[0].device)
+    flat = torch.empty(sum(sizes) + (2 * c * n if direct else 0), dtype=torch.float32, device=inputs[0].device)
     parts = flat.split(sizes + [2 * c * n] if direct else sizes)
     torch_grads = tuple(part.view_as(t) for part, t in zip(parts, inputs))
     m2d = parts[-1].view(sink.tensor.shape) if direct else None
@@ -370,18 +372,20 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
         output_grads = [None if g is None else g.to(torch.float32).contiguous() for g in output_grads]
         into = GaussianGrads(*(context.view(g, dt) for g, dt in zip(torch_grads, INPUT_DTYPES)))
         batched = None if m2d is None else m2d.view(c, n, 2)
+        if batched is not None and c > 1:
+            batched[1:].zero_()
         for i, out in enumerate(outs):
-            # The renderer accumulates into these, so they start at 0 (also on a second
-            # backward with retain_graph); a [C, N, 2] sink's gradient is written in place.
+            # a [C, N, 2] sink's gradient is written in place; otherwise the workspace's
+            # (also on a second backward with retain_graph)
             if batched is not None:
                 out.means2d_grad = context.view(batched[i], wp.vec2)
-            else:
+            elif i > 0:
                 out.means2d_grad.zero_()
-            if out.means2d_absgrad is not None:
+            if out.means2d_absgrad is not None and i > 0:
                 out.means2d_absgrad.zero_()
             # views of torch slices: cheaper than slicing a Warp view per camera
             cotangents = (None if g is None else context.view(g[i], dt) for g, dt in zip(output_grads, IMAGE_DTYPES))
-            render_gaussians_backward(out, *cotangents, grads=into)
+            render_gaussians_backward(out, *cotangents, grads=into, accumulate=i > 0)
     if sink is None:
         return torch_grads, None
     target = sink.tensor

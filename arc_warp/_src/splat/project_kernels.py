@@ -28,7 +28,7 @@ from arc_warp._src.splat.geometry_funcs import (
     row_span,
     tile_bbox,
 )
-from arc_warp._src.splat.sh_kernels import make_color_vjp
+from arc_warp._src.splat.sh_kernels import make_clear_colors, make_color_vjp
 from arc_warp._src.splat.validate_kernels import nonfinite3
 
 @wp.func
@@ -179,16 +179,20 @@ def project_one(
 
 
 @functools.cache
-def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False):
+def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, overwrite: bool = False):
     """Per-Gaussian backward of the colour and projection stages in one pass.
 
     Reads the packed rasteriser gradient once; the colour part is ``make_color_vjp``
     (``n_coeffs`` = 0: plain RGB ``colors`` (N,), else (N, K) SH coefficients).
     ``antialiased``: the rasteriser's opacity was ``opacities * aa_compensation``.
+    ``overwrite``: every gradient entry is written rather than added to (culled Gaussians
+    get 0), so the gradient arrays need not be zeroed (nor read) first; the values are
+    those of adding into zeros.
     """
     grad_t = grad_vector(absgrad)
     color_t = wp.array(dtype=wp.vec3) if n_coeffs == 0 else wp.array2d(dtype=wp.vec3)
-    color_vjp = make_color_vjp(n_coeffs)
+    color_vjp = make_color_vjp(n_coeffs, overwrite)
+    clear_colors = make_clear_colors(n_coeffs)
 
     # 3 blocks of 256 per SM caps registers at 80 (unbounded 90: 2 blocks), no spills
     @wp.kernel(enable_backward=False, module="unique", launch_bounds=(256, 3))
@@ -202,6 +206,7 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False):
         eps2d: float,
         radii: wp.array(dtype=wp.vec2i),
         splats: wp.array(dtype=Splat2D),
+        rgb: wp.array(dtype=wp.vec3),
         raster_grads: wp.array(dtype=grad_t),
         v_means: wp.array(dtype=wp.vec3),
         v_quats: wp.array(dtype=wp.vec4),
@@ -213,16 +218,35 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False):
     ):
         i = wp.tid()
         if radii[i][0] <= 0:
+            if wp.static(overwrite):
+                v_means[i] = wp.vec3(0.0)
+                v_quats[i] = wp.vec4(0.0)
+                v_scales[i] = wp.vec3(0.0)
+                v_opacities[i] = 0.0
+                v_means2d[i] = wp.vec2(0.0)
+                if wp.static(absgrad):
+                    v_means2d_abs[i] = wp.vec2(0.0)
+                clear_colors(i, v_colors)
             return
         cam = cams[0]
         g = raster_grads[i]
         mean = means[i]
         v_xy = wp.vec2(g[G_XY], g[G_XY + 1])
+        # "x + g" below is "g" when overwriting: adding into 0 gives the same bits
         if wp.static(not antialiased):
-            v_opacities[i] = v_opacities[i] + g[G_OPACITY]
-        v_means2d[i] = v_means2d[i] + v_xy
+            v_o = g[G_OPACITY]
+            if wp.static(not overwrite):
+                v_o = v_opacities[i] + v_o
+            v_opacities[i] = v_o
+        v_m2 = v_xy
+        if wp.static(not overwrite):
+            v_m2 = v_means2d[i] + v_m2
+        v_means2d[i] = v_m2
         if wp.static(absgrad):
-            v_means2d_abs[i] = v_means2d_abs[i] + wp.vec2(g[G_ABS], g[G_ABS + 1])
+            v_abs = wp.vec2(g[G_ABS], g[G_ABS + 1])
+            if wp.static(not overwrite):
+                v_abs = v_means2d_abs[i] + v_abs
+            v_means2d_abs[i] = v_abs
 
         # conic = inverse(cov2d): dL/dcov2d = -C V C with V the symmetric dL/dconic
         conic = splats[i].conic
@@ -243,7 +267,10 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False):
             # opacity' = opacity * sqrt(r), r = det(S) / det(S + eps I), S = cov2d
             cov2d = jac * cov_c * wp.transpose(jac)
             comp = aa_compensation(cov2d, eps2d)
-            v_opacities[i] = v_opacities[i] + g[G_OPACITY] * comp
+            v_o = g[G_OPACITY] * comp
+            if wp.static(not overwrite):
+                v_o = v_opacities[i] + v_o
+            v_opacities[i] = v_o
             if comp > 0.0:
                 det_orig = cov2d[0, 0] * cov2d[1, 1] - cov2d[0, 1] * cov2d[1, 0]
                 det = (cov2d[0, 0] + eps2d) * (cov2d[1, 1] + eps2d) - cov2d[0, 1] * cov2d[1, 0]
@@ -270,13 +297,20 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False):
             rot[0, 1] * v_m[0, 1] + rot[1, 1] * v_m[1, 1] + rot[2, 1] * v_m[2, 1],
             rot[0, 2] * v_m[0, 2] + rot[1, 2] * v_m[1, 2] + rot[2, 2] * v_m[2, 2],
         )
-        v_scales[i] = v_scales[i] + v_scale
-        v_quats[i] = v_quats[i] + quat_to_rotmat_vjp(quat, scale_columns(v_m, scale))
+        v_quat = quat_to_rotmat_vjp(quat, scale_columns(v_m, scale))
+        if wp.static(not overwrite):
+            v_scale = v_scales[i] + v_scale
+            v_quat = v_quats[i] + v_quat
+        v_scales[i] = v_scale
+        v_quats[i] = v_quat
 
         # the colour stage last (fewer live registers); its view-direction share of
         # dL/dmean is added before the projection's, in the order of two separate passes
-        v_dir = color_vjp(i, mean, colors, cam.center, wp.vec3(g[G_RGB], g[G_RGB + 1], g[G_RGB + 2]), v_colors)
-        v_mean = v_means[i]
+        v_dir = color_vjp(i, mean, colors, cam.center, rgb[i], wp.vec3(g[G_RGB], g[G_RGB + 1], g[G_RGB + 2]),
+                          v_colors)
+        v_mean = wp.vec3(0.0)
+        if wp.static(not overwrite):
+            v_mean = v_means[i]
         if wp.static(n_coeffs > 1):
             v_mean = v_mean + v_dir
         v_means[i] = v_mean + wp.transpose(cam.rot) * v_p

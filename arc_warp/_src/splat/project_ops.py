@@ -100,11 +100,13 @@ def project_backward(
     frame: Frame,
     eps2d: float = 0.3,
     antialiased: bool = False,
+    accumulate: bool = True,
 ):
     """Adds the projection's and the colour stage's shares of the gradients into ``grads``
-    (and the 2D mean grads), in one pass over the Gaussians."""
+    (and the 2D mean grads), in one pass over the Gaussians; ``accumulate`` False writes
+    them instead (every entry, 0 for culled Gaussians: nothing needs zeroing first)."""
     frame.launch(
-        make_project_bwd(inputs.sh_coeffs, absgrad, antialiased),
+        make_project_bwd(inputs.sh_coeffs, absgrad, antialiased, not accumulate),
         inputs.count,
         [
             inputs.means,
@@ -116,6 +118,7 @@ def project_backward(
             eps2d,
             proj.radii,
             proj.splats,
+            proj.rgb,
             raster_grads,
             grads.means,
             grads.quats,

@@ -333,12 +333,13 @@ def _settle(queued: list, workspace: Workspace) -> None:
             out._bins.n_isects = total
 
 
-def _grads_into(frame: Frame, inputs: GaussianInputs, own_grads: bool) -> GaussianGrads:
-    """Where the backward adds the input gradients: with ``own_grads``, each input's
-    ``.grad`` where it requires grad; everywhere else a zeroed buffer of ``frame``."""
+def _grads_into(frame: Frame, inputs: GaussianInputs, own_grads: bool, zero: bool = True) -> GaussianGrads:
+    """Where the backward puts the input gradients: with ``own_grads``, each input's
+    ``.grad`` where it requires grad; everywhere else a buffer of ``frame``, zeroed with
+    ``zero``."""
     names = (f.name for f in dataclasses.fields(GaussianGrads))
     return GaussianGrads(*(
-        a.grad if own_grads and a.requires_grad else frame.array(f"grad_{name}", a.shape, a.dtype, zero=True)
+        a.grad if own_grads and a.requires_grad else frame.array(f"grad_{name}", a.shape, a.dtype, zero=zero)
         for name, a in zip(names, inputs.arrays)
     ))
 
@@ -358,6 +359,7 @@ def render_gaussians_backward(
     grad_depth: wp.array | None = None,  # (H, W) float
     grad_expected_depth: wp.array | None = None,  # (H, W) float
     grads: GaussianGrads | None = None,
+    accumulate: bool = True,
 ) -> GaussianGrads:
     """Gradients of a scalar loss w.r.t. the inputs of the render that made ``out``.
 
@@ -370,10 +372,16 @@ def render_gaussians_backward(
     the view direction). The 2D mean gradients are added into ``out.means2d_grad`` and, with
     ``settings.absgrad``, their per-pixel absolute sums into ``out.means2d_absgrad``.
 
+    ``accumulate`` False writes the gradients into ``grads`` (every entry: culled
+    Gaussians and SH coefficients past ``settings.sh_degree`` get 0) instead of adding
+    them, so ``grads`` need not be zeroed first; it also writes ``out.means2d_grad`` (and
+    ``means2d_absgrad``). Without ``grads`` the gradients are always written into fresh
+    workspace buffers.
+
     Returns:
         :class:`GaussianGrads` shaped like the inputs: buffers of the render's workspace
         (valid while ``out`` is alive), or ``grads``
-        (which must match the inputs) with the gradients added in.
+        (which must match the inputs) with the gradients added in (or written).
     """
     if not isinstance(out, RenderOutput) or out._inputs is None:
         raise TypeError(f"out must be a RenderOutput returned by render_gaussians, got {type(out).__name__}")
@@ -394,7 +402,8 @@ def render_gaussians_backward(
     v_depth = cotangent(grad_depth, "grad_depth", wp.float32)
     v_expected = cotangent(grad_expected_depth, "grad_expected_depth", wp.float32)
     if grads is None:
-        grads = _grads_into(frame, inputs, own_grads=False)
+        grads = _grads_into(frame, inputs, own_grads=False, zero=False)
+        accumulate = False
     else:
         check_grads(grads, inputs)
     if inputs.count == 0:
@@ -405,7 +414,8 @@ def render_gaussians_backward(
     threshold = settings.threshold if settings.threshold is not None else frame._workspace.threshold
     key = None
     if out._key is not None and settings.reduce != "deterministic":  # deterministic reads the exact total
-        key = ("backward", out._key, threshold, *(signature(v) for v in (v_color, v_alpha, v_depth, v_expected)),
+        key = ("backward", out._key, threshold, accumulate,
+               *(signature(v) for v in (v_color, v_alpha, v_depth, v_expected)),
                *(signature(g) for g in (grads.means, grads.quats, grads.scales, grads.opacities, grads.colors)),
                signature(out.means2d_grad), signature(out.means2d_absgrad))
 
@@ -416,7 +426,7 @@ def render_gaussians_backward(
         )
         project_backward(
             inputs, out._cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad,
-            out.means2d_absgrad, frame, settings.eps2d, settings.antialiased
+            out.means2d_absgrad, frame, settings.eps2d, settings.antialiased, accumulate
         )
 
     frame.replay(key, queue_backward)

@@ -143,11 +143,13 @@ def make_sh_fwd(n_coeffs: int):
 
 
 @functools.cache
-def make_color_vjp(n_coeffs: int):
-    """``@wp.func`` ``color_vjp(i, mean, colors, cam_center, v_rgb, v_colors) -> wp.vec3``.
+def make_color_vjp(n_coeffs: int, overwrite: bool = False):
+    """``@wp.func`` ``color_vjp(i, mean, colors, cam_center, rgb, v_rgb, v_colors) -> wp.vec3``.
 
-    Adds dL/dcolors of Gaussian ``i`` into ``v_colors`` given ``v_rgb`` = dL/drgb, and
-    returns the view-direction part of dL/dmean (zero below SH degree 1).
+    Adds dL/dcolors of Gaussian ``i`` into ``v_colors`` given ``v_rgb`` = dL/drgb and the
+    forward's clamped colour ``rgb``, and returns the view-direction part of dL/dmean
+    (zero below SH degree 1). ``overwrite``: writes the row instead of adding to it (the
+    coefficients past ``n_coeffs`` get 0), so ``v_colors`` need not be zeroed first.
     ``n_coeffs`` = 0 means plain RGB colours ((N,) ``colors`` used as-is); else ``colors``
     are (N, K) SH coefficients of which the first ``n_coeffs`` are evaluated.
     """
@@ -158,10 +160,14 @@ def make_color_vjp(n_coeffs: int):
             mean: wp.vec3,
             colors: wp.array(dtype=wp.vec3),
             cam_center: wp.vec3,
+            rgb: wp.vec3,
             v_rgb: wp.vec3,
             v_colors: wp.array(dtype=wp.vec3),
         ) -> wp.vec3:
-            v_colors[i] = v_colors[i] + v_rgb
+            if wp.static(overwrite):
+                v_colors[i] = v_rgb
+            else:
+                v_colors[i] = v_colors[i] + v_rgb
             return wp.vec3(0.0)
 
     else:
@@ -171,6 +177,7 @@ def make_color_vjp(n_coeffs: int):
             mean: wp.vec3,
             colors: wp.array2d(dtype=wp.vec3),
             cam_center: wp.vec3,
+            rgb: wp.vec3,
             v_rgb: wp.vec3,
             v_colors: wp.array2d(dtype=wp.vec3),
         ) -> wp.vec3:
@@ -178,22 +185,45 @@ def make_color_vjp(n_coeffs: int):
             inv_len = 1.0 / wp.length(offset)
             d = offset * inv_len
             basis = sh_basis(d)
-            value = wp.vec3(0.5)
-            for k in range(wp.static(n_coeffs)):
-                value += basis[k] * colors[i, k]
-            # clamp_min(., 0) passes the gradient where value >= 0, like torch
+            # rgb = max(value, 0): the gradient passes where value > 0 (torch's clamp_min
+            # also passes it at exactly 0); the mask from the forward's colour spares a
+            # second read of the coefficients, the costliest memory traffic of this pass
             g = v_rgb
             for c in range(3):
-                if value[c] < 0.0:
+                if rgb[c] <= 0.0:
                     g[c] = 0.0
             w = vec16(0.0)
             for k in range(wp.static(n_coeffs)):
-                v_colors[i, k] = v_colors[i, k] + basis[k] * g
+                if wp.static(overwrite):
+                    v_colors[i, k] = basis[k] * g
+                else:
+                    v_colors[i, k] = v_colors[i, k] + basis[k] * g
                 w[k] = wp.dot(colors[i, k], g)
+            if wp.static(overwrite):
+                for k in range(wp.static(n_coeffs), v_colors.shape[1]):
+                    v_colors[i, k] = wp.vec3(0.0)
             v_mean = wp.vec3(0.0)
             if wp.static(n_coeffs > 1):
                 v_d = sh_basis_vjp(d, w)
                 v_mean = (v_d - wp.dot(v_d, d) * d) * inv_len
             return v_mean
 
-    return wp.func(color_vjp, name=f"color_vjp_{n_coeffs}", module="unique")
+    return wp.func(color_vjp, name=f"color_vjp_{n_coeffs}_{int(overwrite)}", module="unique")
+
+
+@functools.cache
+def make_clear_colors(n_coeffs: int):
+    """``@wp.func`` ``clear_colors(i, v_colors)``: zeroes Gaussian ``i``'s colour gradient
+    (its (N,) RGB entry for ``n_coeffs`` = 0, else its whole (N, K) SH row)."""
+    if n_coeffs == 0:
+
+        def clear_colors(i: int, v_colors: wp.array(dtype=wp.vec3)):
+            v_colors[i] = wp.vec3(0.0)
+
+    else:
+
+        def clear_colors(i: int, v_colors: wp.array2d(dtype=wp.vec3)):
+            for k in range(v_colors.shape[1]):
+                v_colors[i, k] = wp.vec3(0.0)
+
+    return wp.func(clear_colors, name=f"clear_colors_{int(n_coeffs > 0)}", module="unique")
