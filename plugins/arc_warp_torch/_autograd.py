@@ -8,6 +8,7 @@ and convert their inputs first; this module assumes float32, contiguous, same-de
 
 import contextlib
 import dataclasses
+import functools
 import weakref
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
@@ -60,7 +61,6 @@ class RenderContext:
         self._wdevice = wdev
         self._streams = {}
         self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
-        self._views = {}  # (pointer, element dtype, torch shape) -> Warp view (see `view`)
         self._device_cameras = {}  # (pointers, C, size, planes) -> DeviceCameras (see `device_cameras`)
         self._settings = {}  # option values -> RenderSettings (see `settings`)
         self._nodes = []  # weak references to the autograd nodes of renders still holding frames
@@ -90,17 +90,7 @@ class RenderContext:
         garbage collection cannot break, pinning every step's buffers. Views come from the
         workspace's cache (`Workspace.view`), so a tensor that reuses memory reuses its
         view and prepared launches need not repack it."""
-        key = (t.data_ptr(), dtype, t.shape)
-        v = self._views.get(key)
-        if v is None:
-            if len(self._views) >= 512:  # bounded: pointers of freed memory pile up
-                self._views.clear()
-            if wp.types.type_is_matrix(dtype):
-                shape = tuple(t.shape[:-2])
-            else:
-                shape = tuple(t.shape[:-1]) if wp.types.type_is_vector(dtype) else tuple(t.shape)
-            v = self._views[key] = self.workspace.view(key[0], dtype, shape)
-        return v
+        return self.workspace.view(t.data_ptr(), dtype, tuple(t.shape[:t.dim() - _element_axes(dtype)]))
 
     def device_cameras(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int,
                        near: float, far: float) -> DeviceCameras:
@@ -192,6 +182,12 @@ class RenderContext:
             scoped = wp.ScopedStream(wp.stream_from_torch(self.device))
             self._streams[handle] = scoped
         return scoped
+
+
+@functools.cache
+def _element_axes(dtype) -> int:
+    """Trailing tensor axes one element of a Warp dtype packs: 2 (matrix), 1 (vector), 0."""
+    return 2 if wp.types.type_is_matrix(dtype) else 1 if wp.types.type_is_vector(dtype) else 0
 
 
 _contexts = {}  # default RenderContext per torch device, made on first use
@@ -375,17 +371,16 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
         if batched is not None and c > 1:
             batched[1:].zero_()
         for i, out in enumerate(outs):
-            # a [C, N, 2] sink's gradient is written in place; otherwise the workspace's
+            # a [C, N, 2] sink's gradient is written in place; otherwise into the workspace's
             # (also on a second backward with retain_graph)
-            if batched is not None:
-                out.means2d_grad = context.view(batched[i], wp.vec2)
-            elif i > 0:
+            m2d_grad = None if batched is None else context.view(batched[i], wp.vec2)
+            if m2d_grad is None and i > 0:
                 out.means2d_grad.zero_()
             if out.means2d_absgrad is not None and i > 0:
                 out.means2d_absgrad.zero_()
             # views of torch slices: cheaper than slicing a Warp view per camera
             cotangents = (None if g is None else context.view(g[i], dt) for g, dt in zip(output_grads, IMAGE_DTYPES))
-            render_gaussians_backward(out, *cotangents, grads=into, accumulate=i > 0)
+            render_gaussians_backward(out, *cotangents, grads=into, accumulate=i > 0, means2d_grad=m2d_grad)
     if sink is None:
         return torch_grads, None
     target = sink.tensor

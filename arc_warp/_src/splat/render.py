@@ -238,7 +238,7 @@ def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int 
         params = cam if index is None else device_camera_params(camera, index, flags, frame)
         proj = project(inputs, params, settings.eps2d, *grid, flags, frame, means2d, radii, settings.antialiased)
         if n == 0:
-            return flags, params, proj, None, None
+            return flags, params, _unbound(proj, inputs), None, None
         compute_colors(inputs, params, proj, flags, frame)  # flags bad colours before the readback
         depth = count_intersections(proj, flags, frame)
         host_flags = frame.host_array("host_flags", flags.shape[0], wp.int32)
@@ -360,6 +360,7 @@ def render_gaussians_backward(
     grad_expected_depth: wp.array | None = None,  # (H, W) float
     grads: GaussianGrads | None = None,
     accumulate: bool = True,
+    means2d_grad: wp.array | None = None,  # (N,) wp.vec2
 ) -> GaussianGrads:
     """Gradients of a scalar loss w.r.t. the inputs of the render that made ``out``.
 
@@ -374,9 +375,10 @@ def render_gaussians_backward(
 
     ``accumulate`` False writes the gradients into ``grads`` (every entry: culled
     Gaussians and SH coefficients past ``settings.sh_degree`` get 0) instead of adding
-    them, so ``grads`` need not be zeroed first; it also writes ``out.means2d_grad`` (and
-    ``means2d_absgrad``). Without ``grads`` the gradients are always written into fresh
-    workspace buffers.
+    them, so ``grads`` need not be zeroed first; it also writes the 2D mean gradients
+    (and ``means2d_absgrad``). Without ``grads`` the gradients are always written into
+    fresh workspace buffers. ``means2d_grad``, if given, receives the 2D mean gradients
+    in place of ``out.means2d_grad``.
 
     Returns:
         :class:`GaussianGrads` shaped like the inputs: buffers of the render's workspace
@@ -406,6 +408,10 @@ def render_gaussians_backward(
         accumulate = False
     else:
         check_grads(grads, inputs)
+    if means2d_grad is None:
+        means2d_grad = out.means2d_grad
+    else:
+        check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (inputs.count,), device)
     if inputs.count == 0:
         return grads
 
@@ -417,7 +423,7 @@ def render_gaussians_backward(
         key = ("backward", out._key, threshold, accumulate,
                *(signature(v) for v in (v_color, v_alpha, v_depth, v_expected)),
                *(signature(g) for g in (grads.means, grads.quats, grads.scales, grads.opacities, grads.colors)),
-               signature(out.means2d_grad), signature(out.means2d_absgrad))
+               signature(means2d_grad), signature(out.means2d_absgrad))
 
     def queue_backward():
         raster_grads = raster_backward(
@@ -425,7 +431,7 @@ def render_gaussians_backward(
             settings.reduce, settings.absgrad, threshold, frame,
         )
         project_backward(
-            inputs, out._cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad,
+            inputs, out._cam, out._project, raster_grads, settings.absgrad, grads, means2d_grad,
             out.means2d_absgrad, frame, settings.eps2d, settings.antialiased, accumulate
         )
 
