@@ -25,7 +25,7 @@ from arc_warp._src.mesh.common import (
 )
 from arc_warp._src.mesh.geometry import check_tri, geometry
 from arc_warp._src.mesh.plan import Plan, prepared
-from arc_warp._src.mesh.util_kernels import add_into, copy_into
+from arc_warp._src.mesh.util_kernels import copy_into
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,7 @@ def antialias_construct_topology_hash(tri: wp.array) -> TopologyHash:  # [F, 3] 
 def _setup(plan: Plan, color, rast, pos, tri, topology_hash):
     rast = float_array(rast, "rast", (4,), 4)
     device = rast.device
-    ws = plan.workspace = check_workspace(plan.workspace, device)
+    ws = check_workspace(plan.workspace, device)
     color = float_array(color, "color", (4,), device=device)
     check_shape(color, "color", (*rast.shape[:3], color.shape[3]))
     num_tri = check_tri(tri, device, ws).shape[0]
@@ -121,7 +121,7 @@ def antialias(
                                                        out))
     plan.run()
     out, topo = (out, topology_hash) if reused else plan.result
-    mode, ws = plan.mode, plan.workspace
+    mode, ws = plan.mode, workspace  # as checked by the build
 
     def backward():
         antialias_backward(color, rast, pos, tri, out.grad, topo, pos_gradient_boost, grad_color=grad_of(color),
@@ -195,9 +195,6 @@ def _plan_backward(plan: Plan, color, rast, pos, tri, grad_out, topology_hash, p
         return
     mode, t = reduce_settings(reduce, threshold, device, ws)
     b, h, w, _ = rast_c.shape
-    # the colour passes through unchanged except across edges
-    flat = (grad_color.size,)
-    plan.launch(add_into, flat[0], [view(ws, go, wp.float32, flat), view(ws, grad_color, wp.float32, flat)], device)
     plan.launch(make_aa_bwd(mode), tiled_dim(b, h, w),
                 [color_c, vec4_view(ws, rast_c), geom.pos, geom.tri, topo.opposite, geom.instanced, go,
                  float(pos_gradient_boost), t, grad_color, vec4_view(ws, grad_pos, True)], device, block_dim=BLOCK)

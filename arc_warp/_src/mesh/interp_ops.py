@@ -107,7 +107,7 @@ def interpolate(
                                                        given))
     plan.run()
     out, out_da = given if reused else plan.result
-    mode, ws = plan.mode, plan.workspace
+    mode, ws = plan.mode, workspace  # as checked by the build
 
     def backward():
         interpolate_backward(attr, rast, tri, out.grad, rast_db, out_da.grad if out_da.shape[3] else None, diff_attrs,
@@ -122,7 +122,6 @@ def interpolate(
 def _plan_forward(plan: Plan, attr, rast, tri, rast_db, diff_attrs, reduce, threshold, out) -> None:
     """Checks an interpolate call and queues its work; ``plan.result`` = (out, out_da)."""
     attr3, rast_c, tri_v, rast_db_c, diff, ws = _inputs(attr, rast, tri, rast_db, diff_attrs, plan.workspace)
-    plan.workspace = ws
     plan.mode, _ = reduce_settings(reduce, threshold, rast.device, ws)
     b, h, w, _ = rast_c.shape
     device = rast_c.device

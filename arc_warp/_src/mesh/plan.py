@@ -37,7 +37,8 @@ class Plan:
     ``reusable``: the plan may be cached (a workspace that replays, outputs given); a
     builder whose work depends on more than the signature clears it. The builder sets
     ``result`` (the op's outputs at build time) and ``mode`` (the accumulation mode its
-    tape backward uses), and may replace ``workspace`` by the checked one."""
+    tape backward uses). ``workspace`` is the call's during the build only: plans are
+    cached by workspace, so a plan must not keep its workspace alive."""
 
     def __init__(self, workspace, reusable: bool):
         self.workspace = workspace
@@ -126,7 +127,7 @@ def _option(value):
     if t in _SCALARS:
         return t, value
     if t is tuple or t is list:
-        return t, tuple(map(_option, value))
+        return t, tuple((type(v), v) if type(v) in _SCALARS else _option(v) for v in value)
     if t is np.ndarray:
         return t, value.dtype.str, value.shape, value.tobytes()
     raise _Unkeyed
@@ -181,6 +182,7 @@ def prepared(workspace, op: str, arrays: tuple, outputs: tuple, options: tuple, 
                 return plan, True
     plan = Plan(workspace, key is not None)
     build(plan)
+    plan.workspace = None
     if plan.reusable and workspace.allocations == cache.allocations and plan.bind(ptrs):
         cache.plans[key] = plan
         if len(cache.plans) > PLANS_PER_WORKSPACE:

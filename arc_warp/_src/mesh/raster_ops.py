@@ -85,7 +85,7 @@ def rasterize(
                             lambda plan: _plan_forward(plan, pos, tri, resolution, ranges, reduce, threshold, given))
     plan.run()
     rast, rast_db = given if reused else plan.result
-    mode, ws = plan.mode, plan.workspace
+    mode, ws = plan.mode, workspace  # as checked by the build
 
     def backward():
         rasterize_backward(pos, tri, rast, rast.grad, rast_db.grad if grad_db else None,
@@ -99,7 +99,7 @@ def _plan_forward(plan: Plan, pos, tri, resolution, ranges, reduce, threshold, o
     """Checks a rasterize call and queues its work; ``plan.result`` = (rast, rast_db),
     ``plan.mode`` the backward's accumulation mode."""
     geom = geometry(pos, tri, ranges, plan.workspace)
-    ws = plan.workspace = geom.workspace
+    ws = geom.workspace
     height, width = check_resolution(resolution)
     plan.mode, _ = reduce_settings(reduce, threshold, pos.device, ws)
     shape = (geom.batch, height, width, 4)

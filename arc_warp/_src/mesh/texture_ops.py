@@ -167,7 +167,7 @@ def _mip_parts(mip) -> tuple[tuple, object]:
 def _setup(plan: Plan, tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level):
     tex = _check_tex(tex)
     device = tex.device
-    ws = plan.workspace = check_workspace(plan.workspace, device)
+    ws = check_workspace(plan.workspace, device)
     uv = float_array(uv, "uv", (4,), 2, device)
     b, h, w, _ = uv.shape
     if tex.shape[0] not in (1, b):
@@ -244,7 +244,7 @@ def texture(
     plan.run()
     # a reused plan's stack is the given mip, or, without mipmaps, one the backward does not read
     out, stack = (out, mip) if reused else plan.result
-    mode, ws = plan.mode, plan.workspace
+    mode, ws = plan.mode, workspace  # as checked by the build
 
     def backward():
         texture_backward(tex, uv, out.grad, uv_da, mip_level_bias, stack, filter_mode, boundary_mode, max_mip_level,
