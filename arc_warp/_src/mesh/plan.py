@@ -127,7 +127,10 @@ def _option(value):
     if t in _SCALARS:
         return t, value
     if t is tuple or t is list:
-        return t, tuple((type(v), v) if type(v) in _SCALARS else _option(v) for v in value)
+        types = tuple(map(type, value))
+        if _SCALARS.issuperset(types):
+            return t, tuple(value), types
+        return t, tuple(map(_option, value))
     if t is np.ndarray:
         return t, value.dtype.str, value.shape, value.tobytes()
     raise _Unkeyed
