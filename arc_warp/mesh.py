@@ -34,7 +34,9 @@ Repeated calls: pass ``workspace=arc_warp.Workspace(device)`` to keep scratch bu
 (depth keys, mip gradients) and prepared launches across calls, and ``out=`` arrays
 (``build_mip(out=)``, sized by ``mip_shape``) to write results into memory the caller
 manages (they must not overlap the inputs); calls of one size then allocate no Warp arrays
-(the torch drop-in does both). A workspace's scratch is shared by its calls, so use it
+(the torch drop-in does both). With both, and ``grad_*=`` arrays for the backwards, a
+call repeated with arrays of the same shapes and dtypes and the same options reuses its
+checked, packed launches (only moved pointers are rewritten). A workspace's scratch is shared by its calls, so use it
 from one stream at a time.
 """
 

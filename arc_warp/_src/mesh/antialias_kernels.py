@@ -216,8 +216,8 @@ def aa_fwd(
 
 @functools.cache
 def make_aa_bwd(mode: str):
-    """Backward of :func:`aa_fwd`: colour gradients (plain atomics: each goes to one of two
-    pixels) and the edge-vertex position gradients accumulated with ``mode``. One
+    """Backward of :func:`aa_fwd`: colour gradients (the pass-through and the blends',
+    plain atomics: each blend's goes to one of two pixels) and the edge-vertex position gradients accumulated with ``mode``. One
     thread per pixel, padded launch; every lane makes 4 accumulator calls."""
     add = accumulator(wp.vec4, mode)
 
@@ -231,7 +231,7 @@ def make_aa_bwd(mode: str):
         grad_out: wp.array4d(dtype=float),
         boost: float,
         threshold: int,
-        grad_color: wp.array4d(dtype=float),  # added into (grad_out is added by the caller)
+        grad_color: wp.array4d(dtype=float),  # added into: grad_out, plus the blends' gradients
         grad_pos: wp.array(dtype=wp.vec4),  # (B*V or V,) flat, added into
     ):
         height = rast.shape[1]
@@ -245,6 +245,11 @@ def make_aa_bwd(mode: str):
         vb = b * instanced
         xh = 0.5 * float(width)
         yh = 0.5 * float(height)
+        if inside:
+            # the colour passes through unchanged except across edges; atomic, as the
+            # neighbours' blend gradients land here too
+            for c in range(color.shape[3]):
+                wp.atomic_add(grad_color, b, y, x, c, grad_out[b, y, x, c])
         for d in range(2):
             hit = analyse_pair(rast, pos, tri, opposite, instanced, b, x, y, d)
             valid = inside and hit.alpha != 0.0

@@ -16,7 +16,6 @@ from arc_warp._src.mesh.common import (
     float_array,
     grad_of,
     grad_or_new,
-    launch,
     output,
     record,
     reduce_settings,
@@ -25,7 +24,8 @@ from arc_warp._src.mesh.common import (
     view,
 )
 from arc_warp._src.mesh.geometry import check_tri, geometry
-from arc_warp._src.mesh.util_kernels import add_into, copy_into
+from arc_warp._src.mesh.plan import Plan, prepared
+from arc_warp._src.mesh.util_kernels import copy_into
 
 
 @dataclass(frozen=True)
@@ -72,10 +72,10 @@ def antialias_construct_topology_hash(tri: wp.array) -> TopologyHash:  # [F, 3] 
     return TopologyHash(wp.array(opposite, dtype=wp.vec3i, device=tri.device), n)
 
 
-def _setup(color, rast, pos, tri, topology_hash, workspace):
+def _setup(plan: Plan, color, rast, pos, tri, topology_hash):
     rast = float_array(rast, "rast", (4,), 4)
     device = rast.device
-    ws = check_workspace(workspace, device)
+    ws = check_workspace(plan.workspace, device)
     color = float_array(color, "color", (4,), device=device)
     check_shape(color, "color", (*rast.shape[:3], color.shape[3]))
     num_tri = check_tri(tri, device, ws).shape[0]
@@ -85,6 +85,7 @@ def _setup(color, rast, pos, tri, topology_hash, workspace):
     if geom.batch != rast.shape[0]:
         raise ValueError(f"pos: expected a minibatch of {rast.shape[0]} (that of rast), got {geom.batch}")
     if topology_hash is None:
+        plan.reusable = False  # built from tri's values, which the signature does not hold
         topology_hash = antialias_construct_topology_hash(tri)
     elif not isinstance(topology_hash, TopologyHash):
         raise TypeError(f"topology_hash: expected a TopologyHash, got {type(topology_hash).__name__}")
@@ -114,17 +115,13 @@ def antialias(
         [B, H, W, C] float32. Recorded on an active ``wp.Tape``: gradients into ``color``
         and, through the silhouette edges, into ``pos`` (times ``pos_gradient_boost``).
     """
-    color_c, rast_c, geom, topo, ws = _setup(color, rast, pos, tri, topology_hash, workspace)
-    device = rast_c.device
-    mode, _ = reduce_settings(reduce, threshold, device, ws)
-    out = output(out, "out", tuple(color_c.shape), device)
-    b, h, w, _ = rast_c.shape
-    flat = (out.size,)
-    # aa_fwd adds the blends into the copy
-    launch(ws, copy_into, flat[0], [view(ws, color_c, wp.float32, flat), view(ws, out, wp.float32, flat)], device,
-           key="mesh_aa_copy")
-    launch(ws, aa_fwd, (b, h, w),
-           [color_c, vec4_view(ws, rast_c), geom.pos, geom.tri, topo.opposite, geom.instanced, out], device)
+    plan, reused = prepared(workspace, "antialias", (color, rast, pos, tri, *_topology_arrays(topology_hash)), (out,),
+                            (_topology_option(topology_hash), reduce, threshold),
+                            lambda plan: _plan_forward(plan, color, rast, pos, tri, topology_hash, reduce, threshold,
+                                                       out))
+    plan.run()
+    out, topo = (out, topology_hash) if reused else plan.result
+    mode, ws = plan.mode, workspace  # as checked by the build
 
     def backward():
         antialias_backward(color, rast, pos, tri, out.grad, topo, pos_gradient_boost, grad_color=grad_of(color),
@@ -132,6 +129,31 @@ def antialias(
 
     record([color, pos], [out], backward)
     return out
+
+
+def _topology_arrays(topology_hash) -> tuple:
+    """The arrays of a ``topology_hash=`` argument in a plan's signature."""
+    return (topology_hash.opposite,) if isinstance(topology_hash, TopologyHash) else ()
+
+
+def _topology_option(topology_hash):
+    """The rest of a ``topology_hash=`` argument in a plan's signature."""
+    return topology_hash.num_triangles if isinstance(topology_hash, TopologyHash) else topology_hash
+
+
+def _plan_forward(plan: Plan, color, rast, pos, tri, topology_hash, reduce, threshold, out) -> None:
+    """Checks an antialias call and queues its work; ``plan.result`` = (out, topology hash)."""
+    color_c, rast_c, geom, topo, ws = _setup(plan, color, rast, pos, tri, topology_hash)
+    device = rast_c.device
+    plan.mode, _ = reduce_settings(reduce, threshold, device, ws)
+    out = output(out, "out", tuple(color_c.shape), device)
+    b, h, w, _ = rast_c.shape
+    flat = (out.size,)
+    # aa_fwd adds the blends into the copy
+    plan.launch(copy_into, flat[0], [view(ws, color_c, wp.float32, flat), view(ws, out, wp.float32, flat)], device)
+    plan.launch(aa_fwd, (b, h, w),
+                [color_c, vec4_view(ws, rast_c), geom.pos, geom.tri, topo.opposite, geom.instanced, out], device)
+    plan.result = out, topo
 
 
 def antialias_backward(
@@ -151,20 +173,28 @@ def antialias_backward(
     """Gradients of :func:`antialias` into ``(color, pos)``. The pair analysis is recomputed
     from the inputs (deterministic, so it matches the forward). As in nvdiffrast, a
     crossing clamped to a pixel centre (|alpha| = 0.5) passes no position gradient."""
-    color_c, rast_c, geom, topo, ws = _setup(color, rast, pos, tri, topology_hash, workspace)
+    plan, reused = prepared(workspace, "antialias_backward",
+                            (color, rast, pos, tri, grad_out, *_topology_arrays(topology_hash)), (grad_color, grad_pos),
+                            (_topology_option(topology_hash), pos_gradient_boost, reduce, threshold),
+                            lambda plan: _plan_backward(plan, color, rast, pos, tri, grad_out, topology_hash,
+                                                        pos_gradient_boost, grad_color, grad_pos, reduce, threshold))
+    plan.run()
+    return (grad_color, grad_pos) if reused else plan.result
+
+
+def _plan_backward(plan: Plan, color, rast, pos, tri, grad_out, topology_hash, pos_gradient_boost, grad_color,
+                   grad_pos, reduce, threshold) -> None:
+    """Checks an antialias_backward call and queues its work; ``plan.result`` = (grad_color, grad_pos)."""
+    color_c, rast_c, geom, topo, ws = _setup(plan, color, rast, pos, tri, topology_hash)
     device = rast_c.device
     grad_color = grad_or_new(grad_color, "grad_color", color)
     grad_pos = grad_or_new(grad_pos, "grad_pos", pos)
+    plan.result = grad_color, grad_pos
     go = cotangent(grad_out, "grad_out", color_c.shape, device)
     if go is None:
-        return grad_color, grad_pos
+        return
     mode, t = reduce_settings(reduce, threshold, device, ws)
     b, h, w, _ = rast_c.shape
-    # the colour passes through unchanged except across edges
-    flat = (grad_color.size,)
-    launch(ws, add_into, flat[0], [view(ws, go, wp.float32, flat), view(ws, grad_color, wp.float32, flat)], device)
-    launch(ws, make_aa_bwd(mode), tiled_dim(b, h, w),
-           [color_c, vec4_view(ws, rast_c), geom.pos, geom.tri, topo.opposite, geom.instanced, go,
-            float(pos_gradient_boost), t, grad_color, vec4_view(ws, grad_pos, True)], device, block_dim=BLOCK)
-    return grad_color, grad_pos
-
+    plan.launch(make_aa_bwd(mode), tiled_dim(b, h, w),
+                [color_c, vec4_view(ws, rast_c), geom.pos, geom.tri, topo.opposite, geom.instanced, go,
+                 float(pos_gradient_boost), t, grad_color, vec4_view(ws, grad_pos, True)], device, block_dim=BLOCK)

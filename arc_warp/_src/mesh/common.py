@@ -1,6 +1,7 @@
 """Shared host-side helpers of the mesh ops: validation, reduce settings, launch sizes, tape
-recording, and the workspace side of a call (scratch buffers, prepared launches, cached
-views; each helper does the plain Warp thing when the call has no workspace)."""
+recording, and the workspace side of a call (scratch buffers, cached views; each helper
+does the plain Warp thing when the call has no workspace). Launches go through a
+:class:`arc_warp._src.mesh.plan.Plan`."""
 
 from __future__ import annotations
 
@@ -115,13 +116,12 @@ def check_workspace(workspace, device) -> Workspace | None:
     return workspace
 
 
-def scratch(workspace: Workspace | None, name: str, shape, dtype, device, zero: bool = False) -> wp.array:
+def scratch(workspace: Workspace | None, name: str, shape, dtype, device) -> wp.array:
     """A buffer used only within one call: the workspace's shared buffer ``name`` (kept
-    across calls, so calls of one size allocate nothing), or a new array without one.
-    ``zero`` fills it with zeros."""
+    across calls, so calls of one size allocate nothing), or a new array without one."""
     if workspace is None:
-        return (wp.zeros if zero else wp.empty)(shape, dtype=dtype, device=device)
-    return workspace.shared.array(name, shape, dtype, zero)
+        return wp.empty(shape, dtype=dtype, device=device)
+    return workspace.shared.array(name, shape, dtype)
 
 
 def zeros_once(workspace: Workspace | None, name: str, shape, dtype, device) -> wp.array:
@@ -142,16 +142,6 @@ def absent(workspace: Workspace | None, dtype, device, ndim: int = 1) -> wp.arra
     if workspace is None:
         return wp.empty((0,) * ndim, dtype=dtype, device=device)
     return workspace.shared.zeros_once(_absent_name(dtype, ndim), (0,) * ndim, dtype)
-
-
-def launch(workspace: Workspace | None, kernel, dim, args: list, device, block_dim: int | None = None,
-           key=None) -> None:
-    """``wp.launch(kernel, dim, inputs=args)`` off the tape; with a workspace, prepared once
-    and replayed (see ``Frame.launch``; ``key`` names a kernel launched at several places)."""
-    if workspace is None:
-        wp.launch(kernel, dim=dim, inputs=args, device=device, block_dim=block_dim, record_tape=False)
-    else:
-        workspace.shared.launch(kernel, dim, args, block_dim, key)
 
 
 def output(value, name: str, shape: tuple, device) -> wp.array:

@@ -18,7 +18,6 @@ from arc_warp._src.mesh.common import (
     float_array,
     grad_of,
     grad_or_new,
-    launch,
     output,
     vector_view,
     vec4_view,
@@ -30,6 +29,7 @@ from arc_warp._src.mesh.common import (
 )
 from arc_warp._src.mesh.geometry import check_tri
 from arc_warp._src.mesh.interp_kernels import interp_fwd, make_interp_bwd
+from arc_warp._src.mesh.plan import Plan, pair, prepared
 
 
 def _diff_indices(diff_attrs, num_attr: int) -> np.ndarray:
@@ -100,24 +100,36 @@ def interpolate(
         ``diff_attrs``). Recorded on an active ``wp.Tape`` (gradients into ``attr``,
         ``rast`` and ``rast_db``); ``reduce``/``threshold`` select the backward's accumulator.
     """
-    attr3, rast_c, tri_v, rast_db_c, diff, ws = _inputs(attr, rast, tri, rast_db, diff_attrs, workspace)
-    mode, _ = reduce_settings(reduce, threshold, rast.device, ws)
-    b, h, w, _ = rast_c.shape
-    device = rast_c.device
     given = (None, None) if out is None else out
-    out = output(given[0], "out[0] (out)", (b, h, w, attr3.shape[2]), device)
-    out_da = output(given[1], "out[1] (out_da)", (b, h, w, 2 * diff.shape[0]), device)
-    db = vec4_view(ws, rast_db_c) if rast_db_c is not None else absent(ws, wp.vec4, device, 3)
-    launch(ws, interp_fwd, (b, h, w), [attr3, vec4_view(ws, rast_c), db, tri_v, diff, out, out_da], device)
+    plan, reused = prepared(workspace, "interpolate", (attr, rast, tri, rast_db), pair(given),
+                            (diff_attrs, reduce, threshold),
+                            lambda plan: _plan_forward(plan, attr, rast, tri, rast_db, diff_attrs, reduce, threshold,
+                                                       given))
+    plan.run()
+    out, out_da = given if reused else plan.result
+    mode, ws = plan.mode, workspace  # as checked by the build
 
     def backward():
-        interpolate_backward(attr, rast, tri, out.grad, rast_db, out_da.grad if diff.shape[0] else None, diff_attrs,
+        interpolate_backward(attr, rast, tri, out.grad, rast_db, out_da.grad if out_da.shape[3] else None, diff_attrs,
                              grad_attr=grad_of(attr), grad_rast=grad_of(rast), grad_rast_db=grad_of(rast_db),
                              reduce=mode, threshold=threshold, workspace=ws, attr_grad=attr.requires_grad)
 
     inputs = [attr, rast] + ([rast_db] if rast_db is not None else [])
     record(inputs, [out, out_da], backward)
     return out, out_da
+
+
+def _plan_forward(plan: Plan, attr, rast, tri, rast_db, diff_attrs, reduce, threshold, out) -> None:
+    """Checks an interpolate call and queues its work; ``plan.result`` = (out, out_da)."""
+    attr3, rast_c, tri_v, rast_db_c, diff, ws = _inputs(attr, rast, tri, rast_db, diff_attrs, plan.workspace)
+    plan.mode, _ = reduce_settings(reduce, threshold, rast.device, ws)
+    b, h, w, _ = rast_c.shape
+    device = rast_c.device
+    out_a = output(out[0], "out[0] (out)", (b, h, w, attr3.shape[2]), device)
+    out_da = output(out[1], "out[1] (out_da)", (b, h, w, 2 * diff.shape[0]), device)
+    db = vec4_view(ws, rast_db_c) if rast_db_c is not None else absent(ws, wp.vec4, device, 3)
+    plan.launch(interp_fwd, (b, h, w), [attr3, vec4_view(ws, rast_c), db, tri_v, diff, out_a, out_da], device)
+    plan.result = out_a, out_da
 
 
 def interpolate_backward(
@@ -140,7 +152,23 @@ def interpolate_backward(
     vertices), ``rast`` (u, v) and ``rast_db``. Returns ``(grad_attr, grad_rast,
     grad_rast_db)`` shaped like the inputs (``grad_rast_db`` None without ``rast_db``;
     ``grad_attr`` None with ``attr_grad=False``)."""
-    attr3, rast_c, tri_v, rast_db_c, diff, ws = _inputs(attr, rast, tri, rast_db, diff_attrs, workspace)
+    plan, reused = prepared(workspace, "interpolate_backward", (attr, rast, tri, grad_out, rast_db, grad_out_da),
+                            (grad_rast, *((grad_attr,) if attr_grad else ()),
+                             *((grad_rast_db,) if rast_db is not None else ())),
+                            (diff_attrs, reduce, threshold, attr_grad),
+                            lambda plan: _plan_backward(plan, attr, rast, tri, grad_out, rast_db, grad_out_da,
+                                                        diff_attrs, grad_attr, grad_rast, grad_rast_db, reduce,
+                                                        threshold, attr_grad))
+    plan.run()
+    if reused:
+        return grad_attr if attr_grad else None, grad_rast, grad_rast_db if rast_db is not None else None
+    return plan.result
+
+
+def _plan_backward(plan: Plan, attr, rast, tri, grad_out, rast_db, grad_out_da, diff_attrs, grad_attr, grad_rast,
+                   grad_rast_db, reduce, threshold, attr_grad) -> None:
+    """Checks an interpolate_backward call and queues its work; ``plan.result`` = the gradients."""
+    attr3, rast_c, tri_v, rast_db_c, diff, ws = _inputs(attr, rast, tri, rast_db, diff_attrs, plan.workspace)
     device = rast_c.device
     b, h, w, _ = rast_c.shape
     n, num_a = b * h * w, attr3.shape[2]
@@ -148,10 +176,11 @@ def interpolate_backward(
     grad_rast = grad_or_new(grad_rast, "grad_rast", rast)
     if rast_db is not None:
         grad_rast_db = grad_or_new(grad_rast_db, "grad_rast_db", rast_db)
+    plan.result = grad_attr, grad_rast, grad_rast_db
     go = cotangent(grad_out, "grad_out", (b, h, w, num_a), device)
     gda = cotangent(grad_out_da, "grad_out_da", (b, h, w, 2 * diff.shape[0]), device)
     if (go is None and gda is None) or num_a == 0 or n == 0:
-        return grad_attr, grad_rast, grad_rast_db
+        return
     go = go if go is not None else zeros_once(ws, "mesh_zero_grad_out", (b, h, w, num_a), wp.float32, device)
     if gda is None or diff.shape[0] == 0:
         gda = zeros_once(ws, "mesh_zero_grad_out_da", (1, 1), wp.float32, device)
@@ -161,8 +190,8 @@ def interpolate_backward(
     gda2 = view(ws, gda, wp.float32, (n, gda.shape[3])) if gda.ndim == 4 else gda
     db_flat = vec4_view(ws, rast_db_c, True) if rast_db_c is not None else absent(ws, wp.vec4, device)
     g_db = vec4_view(ws, grad_rast_db, True) if rast_db is not None else absent(ws, wp.vec4, device)
-    launch(ws, make_interp_bwd(mode, k), tiled_dim(b, h, w),
-           [attr3, vec4_view(ws, rast_c, True), db_flat, tri_v, diff, view(ws, go, wp.float32, (n, num_a)), gda2, w,
-            h, t, vector_view(ws, grad_attr, k) if attr_grad else absent(ws, wp.types.vector(k, wp.float32), device),
-            vec4_view(ws, grad_rast, True), g_db], device, block_dim=BLOCK)
-    return grad_attr, grad_rast, grad_rast_db
+    plan.launch(make_interp_bwd(mode, k), tiled_dim(b, h, w),
+                [attr3, vec4_view(ws, rast_c, True), db_flat, tri_v, diff, view(ws, go, wp.float32, (n, num_a)), gda2,
+                 w, h, t, vector_view(ws, grad_attr, k) if attr_grad else absent(ws, wp.types.vector(k, wp.float32),
+                                                                                 device),
+                 vec4_view(ws, grad_rast, True), g_db], device, block_dim=BLOCK)

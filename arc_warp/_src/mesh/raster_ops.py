@@ -14,7 +14,6 @@ from arc_warp._src.mesh.common import (
     float_array,
     cotangent,
     grad_or_new,
-    launch,
     output,
     record,
     reduce_settings,
@@ -23,7 +22,8 @@ from arc_warp._src.mesh.common import (
     vec4_view,
     zeros_once,
 )
-from arc_warp._src.mesh.geometry import Geometry, geometry
+from arc_warp._src.mesh.geometry import geometry
+from arc_warp._src.mesh.plan import Plan, pair, prepared
 from arc_warp._src.validate import check_resolution
 from arc_warp._src.mesh.raster_kernels import EMPTY_KEY, make_raster_bwd, raster_big, raster_depth, raster_resolve
 
@@ -79,15 +79,13 @@ def rasterize(
         triangle ids index the whole ``tri``. Recorded on an active ``wp.Tape`` when
         ``pos.requires_grad``.
     """
-    geom = geometry(pos, tri, ranges, workspace)
-    ws = geom.workspace
-    height, width = check_resolution(resolution)
-    mode, _ = reduce_settings(reduce, threshold, pos.device, ws)
-    shape = (geom.batch, height, width, 4)
-    out = (None, None) if out is None else out
-    rast = output(out[0], "out[0] (rast)", shape, pos.device)
-    rast_db = output(out[1], "out[1] (rast_db)", shape, pos.device)
-    _forward(geom, height, width, ws, rast, rast_db)
+    given = (None, None) if out is None else out
+    plan, reused = prepared(workspace, "rasterize", (pos, tri), pair(given),
+                            (resolution, ranges, reduce, threshold),
+                            lambda plan: _plan_forward(plan, pos, tri, resolution, ranges, reduce, threshold, given))
+    plan.run()
+    rast, rast_db = given if reused else plan.result
+    mode, ws = plan.mode, workspace  # as checked by the build
 
     def backward():
         rasterize_backward(pos, tri, rast, rast.grad, rast_db.grad if grad_db else None,
@@ -97,36 +95,46 @@ def rasterize(
     return rast, rast_db
 
 
-def _cleared_scratch(ws, b: int, height: int, width: int, device) -> tuple[wp.array, wp.array]:
-    """(keys, big_count): the (B, H, W) int64 depth keys, all EMPTY_KEY, and the (1,) int32
-    big-triangle count, 0. raster_resolve leaves them so, so a workspace's pair is filled
-    only when new (or when the last call did not reach the resolve); the mark is the keys'
-    ``mesh_cleared`` attribute, naming the count it was cleared with."""
-    keys = scratch(ws, "mesh_raster_keys", (b, height, width), wp.int64, device)
-    big_count = scratch(ws, "mesh_raster_big_count", 1, wp.int32, device)
-    if getattr(keys, "mesh_cleared", None) is not big_count:
-        keys.fill_(EMPTY_KEY)
-        big_count.zero_()
-    keys.mesh_cleared = None  # marked again once the resolve is queued
-    return keys, big_count
-
-
-def _forward(geom: Geometry, height: int, width: int, ws, rast: wp.array, rast_db: wp.array) -> None:
+def _plan_forward(plan: Plan, pos, tri, resolution, ranges, reduce, threshold, out) -> None:
+    """Checks a rasterize call and queues its work; ``plan.result`` = (rast, rast_db),
+    ``plan.mode`` the backward's accumulation mode."""
+    geom = geometry(pos, tri, ranges, plan.workspace)
+    ws = geom.workspace
+    height, width = check_resolution(resolution)
+    plan.mode, _ = reduce_settings(reduce, threshold, pos.device, ws)
+    shape = (geom.batch, height, width, 4)
+    rast = output(out[0], "out[0] (rast)", shape, pos.device)
+    rast_db = output(out[1], "out[1] (rast_db)", shape, pos.device)
     device = geom.pos.device
     b = geom.batch
-    keys, big_count = _cleared_scratch(ws, b, height, width, device)
+    keys = scratch(ws, "mesh_raster_keys", (b, height, width), wp.int64, device)
+    big_count = scratch(ws, "mesh_raster_big_count", 1, wp.int32, device)
+    plan.step(functools.partial(_clear, keys, big_count))
     xs, xo, ys, yo = _pixel_grid(height, width)
     if geom.max_count > 0:
         # triangles with big pixel boxes are queued and tested per pixel (no host readback)
         big = scratch(ws, "mesh_raster_big", b * geom.max_count, wp.vec4i, device)
         big_box = scratch(ws, "mesh_raster_big_box", b * geom.max_count, wp.vec4i, device)
-        launch(ws, raster_depth, (b, geom.max_count), [geom.pos, geom.tri, geom.ranges, geom.instanced, width,
-                                                      height, xs, xo, ys, yo, keys, big, big_box, big_count], device)
-        launch(ws, raster_big, (b, height, width), [geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo, big, big_box,
-                                                    big_count, keys], device)
-    launch(ws, raster_resolve, (b, height, width), [keys, geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo,
-                                                    vec4_view(ws, rast), vec4_view(ws, rast_db), big_count], device)
-    keys.mesh_cleared = big_count
+        plan.launch(raster_depth, (b, geom.max_count), [geom.pos, geom.tri, geom.ranges, geom.instanced, width,
+                                                        height, xs, xo, ys, yo, keys, big, big_box, big_count], device)
+        plan.launch(raster_big, (b, height, width), [geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo, big,
+                                                     big_box, big_count, keys], device)
+    plan.launch(raster_resolve, (b, height, width), [keys, geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo,
+                                                      vec4_view(ws, rast), vec4_view(ws, rast_db), big_count], device)
+    plan.step(functools.partial(setattr, keys, "mesh_cleared", big_count))
+    plan.result = rast, rast_db
+
+
+def _clear(keys: wp.array, big_count: wp.array) -> None:
+    """Leaves the (B, H, W) int64 depth keys all EMPTY_KEY and the (1,) int32 big-triangle
+    count 0. raster_resolve leaves them so, so a workspace's pair is filled only when new
+    (or when the last call did not reach the resolve); the mark is the keys'
+    ``mesh_cleared`` attribute, naming the count it was cleared with, set again once the
+    resolve is queued."""
+    if getattr(keys, "mesh_cleared", None) is not big_count:
+        keys.fill_(EMPTY_KEY)
+        big_count.zero_()
+    keys.mesh_cleared = None
 
 
 def rasterize_backward(
@@ -149,24 +157,32 @@ def rasterize_backward(
     with the ``reduce`` accumulator. Returns ``grad_pos`` (new if None), shaped like pos:
     x, y, w components; z gets none.
     """
-    geom = geometry(pos, tri, ranges, workspace)
+    plan, reused = prepared(workspace, "rasterize_backward", (pos, tri, rast, grad_rast, grad_rast_db), (grad_pos,),
+                            (ranges, reduce, threshold),
+                            lambda plan: _plan_backward(plan, pos, tri, rast, grad_rast, grad_rast_db, ranges,
+                                                        grad_pos, reduce, threshold))
+    plan.run()
+    return grad_pos if reused else plan.result
+
+
+def _plan_backward(plan: Plan, pos, tri, rast, grad_rast, grad_rast_db, ranges, grad_pos, reduce, threshold) -> None:
+    """Checks a rasterize_backward call and queues its work; ``plan.result`` = grad_pos."""
+    geom = geometry(pos, tri, ranges, plan.workspace)
     ws = geom.workspace
     device = pos.device
     rast = float_array(rast, "rast", (4,), 4, device)
     b, height, width = geom.batch, rast.shape[1], rast.shape[2]
     shape = (b, height, width, 4)
     check_shape(rast, "rast", shape)
-    grad_pos = grad_or_new(grad_pos, "grad_pos", pos)
+    plan.result = grad_pos = grad_or_new(grad_pos, "grad_pos", pos)
     if grad_rast is None and grad_rast_db is None:
-        return grad_pos
+        return
     mode, t = reduce_settings(reduce, threshold, device, ws)
     g = cotangent(grad_rast, "grad_rast", shape, device)
     g = g if g is not None else zeros_once(ws, "mesh_zero_grad_rast", shape, wp.float32, device)
     gdb = cotangent(grad_rast_db, "grad_rast_db", shape, device)
     gdb_flat = vec4_view(ws, gdb, True) if gdb is not None else absent(ws, wp.vec4, device)
     xs, xo, ys, yo = _pixel_grid(height, width)
-    launch(ws, make_raster_bwd(mode), tiled_dim(b, height, width),
-           [vec4_view(ws, rast, True), vec4_view(ws, g, True), gdb_flat, geom.pos, geom.tri, geom.instanced,
-            width, height, xs, xo, ys, yo, t, vec4_view(ws, grad_pos, True)], device, block_dim=BLOCK)
-    return grad_pos
-
+    plan.launch(make_raster_bwd(mode), tiled_dim(b, height, width),
+                [vec4_view(ws, rast, True), vec4_view(ws, g, True), gdb_flat, geom.pos, geom.tri, geom.instanced,
+                 width, height, xs, xo, ys, yo, t, vec4_view(ws, grad_pos, True)], device, block_dim=BLOCK)

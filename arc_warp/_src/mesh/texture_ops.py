@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from dataclasses import dataclass
 
 import numpy as np
 import warp as wp
@@ -19,7 +19,6 @@ from arc_warp._src.mesh.common import (
     float_array,
     grad_of,
     grad_or_new,
-    launch,
     output,
     record,
     reduce_settings,
@@ -28,6 +27,7 @@ from arc_warp._src.mesh.common import (
     vector_view,
     view,
 )
+from arc_warp._src.mesh.plan import Plan, prepared
 from arc_warp._src.mesh.texture_kernels import (
     BOUNDARY_MODES,
     FILTER_MODES,
@@ -41,7 +41,7 @@ from arc_warp._src.mesh.texture_kernels import (
 from arc_warp._src.mesh.util_kernels import copy_into
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class MipStack:
     """A texture and its mip levels in one (texels, C) float32 array (see texture_kernels).
 
@@ -124,34 +124,50 @@ def build_mip(tex: wp.array, max_mip_level: int | None = None, out: wp.array | N
     ``max_mip_level`` limits the number of levels after level 0 (None: down to 1x1).
     ``out`` (float32 of :func:`mip_shape`) receives the stack instead of a new array;
     ``workspace`` (an ``arc_warp.Workspace``) keeps the prepared launches across calls."""
+    plan, reused = prepared(workspace, "build_mip", (tex,), (out,), (max_mip_level,),
+                            lambda plan: _plan_mip(plan, tex, max_mip_level, out))
+    plan.run()
+    return dataclasses.replace(plan.result, data=out) if reused else plan.result
+
+
+def _plan_mip(plan: Plan, tex, max_mip_level, out) -> None:
+    """Checks a build_mip call and queues its work; ``plan.result`` = the MipStack (a new
+    ``data`` array when ``out`` is None, which makes the plan single-use)."""
     tex = _check_tex(tex)
     sizes, offsets, texels = _mip_layout(tuple(tex.shape), max_mip_level)
     b, _, _, c = tex.shape
     device = tex.device
-    ws = check_workspace(workspace, device)
+    ws = check_workspace(plan.workspace, device)
+    if out is None:
+        plan.reusable = False
     # every row is written below (level 0 copied, the others built), so no zero fill
     data = output(out, "out", (texels, c), device)
     n = tex.size
-    launch(ws, copy_into, n, [view(ws, tex, wp.float32, (n,)), view(ws, data, wp.float32, (n,))], device,
-           key="mesh_mip_copy")
+    plan.launch(copy_into, n, [view(ws, tex, wp.float32, (n,)), view(ws, data, wp.float32, (n,))], device)
     # two levels per launch, the last one alone if their count is odd
     for level in range(1, len(sizes), 2):
         src = [data, int(offsets[level - 1]), *sizes[level - 1]]
-        key = ("mesh_mip_build", level)
         if level + 1 < len(sizes):
             dw, dh = sizes[level + 1]
             mid = [int(offsets[level]), *sizes[level]]
-            launch(ws, mip_build2, (b, dh, dw), [*src, *mid, int(offsets[level + 1]), dw, dh], device, key=key)
+            plan.launch(mip_build2, (b, dh, dw), [*src, *mid, int(offsets[level + 1]), dw, dh], device)
         else:
             dw, dh = sizes[level]
-            launch(ws, mip_build, (b, dh, dw), [*src, int(offsets[level]), dw, dh], device, key=key)
-    return MipStack(data, *_mip_tables(tuple(tex.shape), max_mip_level, device.alias), tuple(sizes), b, c)
+            plan.launch(mip_build, (b, dh, dw), [*src, int(offsets[level]), dw, dh], device)
+    plan.result = MipStack(data, *_mip_tables(tuple(tex.shape), max_mip_level, device.alias), tuple(sizes), b, c)
 
 
-def _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level, workspace):
+def _mip_parts(mip) -> tuple[tuple, object]:
+    """(arrays, option) standing for a ``mip=`` argument in a plan's signature."""
+    if isinstance(mip, MipStack):
+        return (mip.data, mip.sizes, mip.offsets), (mip.host_sizes, mip.images, mip.channels)
+    return (), mip
+
+
+def _setup(plan: Plan, tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level):
     tex = _check_tex(tex)
     device = tex.device
-    ws = check_workspace(workspace, device)
+    ws = check_workspace(plan.workspace, device)
     uv = float_array(uv, "uv", (4,), 2, device)
     b, h, w, _ = uv.shape
     if tex.shape[0] not in (1, b):
@@ -172,7 +188,8 @@ def _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_
             filter_mode = "linear"
     if "mipmap" in filter_mode:
         if mip is None:
-            mip = build_mip(tex, max_mip_level, workspace=ws)
+            _plan_mip(plan, tex, max_mip_level, None)
+            mip = plan.result
         elif not isinstance(mip, MipStack):
             raise TypeError(f"mip: expected a MipStack from build_mip(), got {type(mip).__name__}")
         elif mip.host_sizes[0] != (tex.shape[2], tex.shape[1]) or mip.images != tex.shape[0]:
@@ -219,18 +236,15 @@ def texture(
         [B, H, W, C] float32. Recorded on an active ``wp.Tape``: gradients into ``tex``
         (every mip level folded back into level 0), ``uv``, ``uv_da`` and ``mip_level_bias``.
     """
-    args = _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level, workspace)
-    tex_c, uv_c, da_c, bias_c, stack, fmode, bmode, ws = args
-    mode, _ = reduce_settings(reduce, threshold, tex_c.device, ws)
-    device = tex_c.device
-    b, h, w, _ = uv_c.shape
-    out = output(out, "out", (b, h, w, tex_c.shape[3]), device)
-    n = b * h * w
-    if n:
-        launch(ws, make_tex_fwd(fmode), n,
-               [stack.data, stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
-                _flat(ws, da_c, wp.vec4, device), _flat(ws, bias_c, float, device), h * w, tex_c.shape[0], bmode,
-                view(ws, out, wp.float32, (n, tex_c.shape[3]))], device)
+    mip_arrays, mip_option = _mip_parts(mip)
+    plan, reused = prepared(workspace, "texture", (tex, uv, uv_da, mip_level_bias, *mip_arrays), (out,),
+                            (mip_option, filter_mode, boundary_mode, max_mip_level, reduce, threshold),
+                            lambda plan: _plan_forward(plan, tex, uv, uv_da, mip_level_bias, mip, filter_mode,
+                                                       boundary_mode, max_mip_level, reduce, threshold, out))
+    plan.run()
+    # a reused plan's stack is the given mip, or, without mipmaps, one the backward does not read
+    out, stack = (out, mip) if reused else plan.result
+    mode, ws = plan.mode, workspace  # as checked by the build
 
     def backward():
         texture_backward(tex, uv, out.grad, uv_da, mip_level_bias, stack, filter_mode, boundary_mode, max_mip_level,
@@ -240,6 +254,24 @@ def texture(
 
     record([tex, uv, uv_da, mip_level_bias], [out], backward)
     return out
+
+
+def _plan_forward(plan: Plan, tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level, reduce,
+                  threshold, out) -> None:
+    """Checks a texture call and queues its work; ``plan.result`` = (out, mip stack)."""
+    tex_c, uv_c, da_c, bias_c, stack, fmode, bmode, ws = _setup(plan, tex, uv, uv_da, mip_level_bias, mip,
+                                                               filter_mode, boundary_mode, max_mip_level)
+    plan.mode, _ = reduce_settings(reduce, threshold, tex_c.device, ws)
+    device = tex_c.device
+    b, h, w, _ = uv_c.shape
+    out = output(out, "out", (b, h, w, tex_c.shape[3]), device)
+    n = b * h * w
+    if n:
+        plan.launch(make_tex_fwd(fmode), n,
+                    [stack.data, stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
+                     _flat(ws, da_c, wp.vec4, device), _flat(ws, bias_c, float, device), h * w, tex_c.shape[0], bmode,
+                     view(ws, out, wp.float32, (n, tex_c.shape[3]))], device)
+    plan.result = out, stack
 
 
 def texture_backward(
@@ -267,8 +299,28 @@ def texture_backward(
     nearest filtering gives no uv gradient, and the level of detail's gradient reaches
     ``uv_da``/``mip_level_bias`` only in 'linear-mipmap-linear'. ``grad_tex`` is None with
     ``tex_grad=False``."""
-    tex_c, uv_c, da_c, bias_c, stack, fmode, bmode, ws = _setup(tex, uv, uv_da, mip_level_bias, mip, filter_mode,
-                                                               boundary_mode, max_mip_level, workspace)
+    mip_arrays, mip_option = _mip_parts(mip)
+    plan, reused = prepared(
+        workspace, "texture_backward", (tex, uv, grad_out, uv_da, mip_level_bias, *mip_arrays),
+        (grad_uv, *((grad_tex,) if tex_grad else ()), *((grad_uv_da,) if uv_da is not None else ()),
+         *((grad_mip_level_bias,) if mip_level_bias is not None else ())),
+        (mip_option, filter_mode, boundary_mode, max_mip_level, reduce, threshold, tex_grad),
+        lambda plan: _plan_backward(plan, tex, uv, grad_out, uv_da, mip_level_bias, mip, filter_mode, boundary_mode,
+                                    max_mip_level, grad_tex, grad_uv, grad_uv_da, grad_mip_level_bias, reduce,
+                                    threshold, tex_grad))
+    plan.run()
+    if reused:
+        return (grad_tex if tex_grad else None, grad_uv, grad_uv_da if uv_da is not None else None,
+                grad_mip_level_bias if mip_level_bias is not None else None)
+    return plan.result
+
+
+def _plan_backward(plan: Plan, tex, uv, grad_out, uv_da, mip_level_bias, mip, filter_mode, boundary_mode,
+                   max_mip_level, grad_tex, grad_uv, grad_uv_da, grad_mip_level_bias, reduce, threshold,
+                   tex_grad) -> None:
+    """Checks a texture_backward call and queues its work; ``plan.result`` = the gradients."""
+    tex_c, uv_c, da_c, bias_c, stack, fmode, bmode, ws = _setup(plan, tex, uv, uv_da, mip_level_bias, mip,
+                                                               filter_mode, boundary_mode, max_mip_level)
     device = tex_c.device
     b, h, w, _ = uv_c.shape
     c = tex_c.shape[3]
@@ -277,20 +329,23 @@ def texture_backward(
     grad_uv_da = grad_or_new(grad_uv_da, "grad_uv_da", uv_da) if uv_da is not None else None
     grad_bias = grad_or_new(grad_mip_level_bias, "grad_mip_level_bias", mip_level_bias) \
         if mip_level_bias is not None else None
+    plan.result = grad_tex, grad_uv, grad_uv_da, grad_bias
     go = cotangent(grad_out, "grad_out", (b, h, w, c), device)
     n = b * h * w
     if go is None or n == 0:
-        return grad_tex, grad_uv, grad_uv_da, grad_bias
+        return
     mode, t = reduce_settings(reduce, threshold, device, ws)
     k, _ = chunking(c)
     vec_k = wp.types.vector(k, wp.float32)
-    gstack = scratch(ws, "mesh_tex_gstack", stack.data.shape, wp.float32, device, zero=True) if tex_grad else None
-    launch(ws, make_tex_bwd(mode, fmode, k), tiled_dim(b, h, w),
-           [stack.data, stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
-            _flat(ws, da_c, wp.vec4, device), _flat(ws, bias_c, float, device), view(ws, go, wp.float32, (n, c)), w, h,
-            tex_c.shape[0], bmode, t, vector_view(ws, gstack, k) if tex_grad else absent(ws, vec_k, device),
-            _flat(ws, grad_uv if fmode != NEAREST else None, wp.vec2, device), _flat(ws, grad_uv_da, wp.vec4, device),
-            _flat(ws, grad_bias, float, device)], device, block_dim=BLOCK)
+    gstack = None
     if tex_grad:
-        launch(ws, mip_fold, tuple(tex_c.shape[:3]), [gstack, stack.sizes, stack.offsets, grad_tex], device)
-    return grad_tex, grad_uv, grad_uv_da, grad_bias
+        gstack = scratch(ws, "mesh_tex_gstack", stack.data.shape, wp.float32, device)
+        plan.step(gstack.zero_)  # texel gradients of every level are summed into it
+    plan.launch(make_tex_bwd(mode, fmode, k), tiled_dim(b, h, w),
+                [stack.data, stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
+                 _flat(ws, da_c, wp.vec4, device), _flat(ws, bias_c, float, device), view(ws, go, wp.float32, (n, c)),
+                 w, h, tex_c.shape[0], bmode, t, vector_view(ws, gstack, k) if tex_grad else absent(ws, vec_k, device),
+                 _flat(ws, grad_uv if fmode != NEAREST else None, wp.vec2, device),
+                 _flat(ws, grad_uv_da, wp.vec4, device), _flat(ws, grad_bias, float, device)], device, block_dim=BLOCK)
+    if tex_grad:
+        plan.launch(mip_fold, tuple(tex_c.shape[:3]), [gstack, stack.sizes, stack.offsets, grad_tex], device)

@@ -5,13 +5,6 @@ import warp as wp
 
 
 @wp.kernel(enable_backward=False, module="unique")
-def add_into(src: wp.array(dtype=float), dst: wp.array(dtype=float)):
-    """dst += src (flat, same size)."""
-    i = wp.tid()
-    dst[i] = dst[i] + src[i]
-
-
-@wp.kernel(enable_backward=False, module="unique")
 def copy_into(src: wp.array(dtype=float), dst: wp.array(dtype=float)):
     """dst = src (flat, same size): a launch that a workspace replays, cheaper on the host than wp.copy."""
     i = wp.tid()
