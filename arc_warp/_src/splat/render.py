@@ -14,7 +14,7 @@ from arc_warp._src.splat.project_ops import camera_params, device_camera_params,
 from arc_warp._src.splat.raster_ops import raster_backward, rasterize
 from arc_warp._src.splat.records import (BinResult, GaussianGrads, GaussianInputs, ProjectResult, RenderOutput,
                                          RenderSettings)
-from arc_warp._src.splat.sh_ops import compute_colors
+from arc_warp._src.splat.sh_ops import color_backward, compute_colors
 from arc_warp._src.splat.validate import check_array, check_grads, check_inputs, raise_on_flags
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
 from arc_warp._src.splat.workspace import Frame, Workspace, signature
@@ -424,9 +424,11 @@ def render_gaussians_backward(
             out._project, out._bins, out._images, settings.background, v_color, v_alpha, v_depth, v_expected,
             settings.reduce, settings.absgrad, threshold, frame,
         )
+        sh_v_means = color_backward(inputs, out._cam, out._project, raster_grads, settings.absgrad, grads.colors,
+                                    settings.reduce, threshold, frame, accumulate)
         project_backward(
             inputs, out._cam, out._project, raster_grads, settings.absgrad, grads, out.means2d_grad,
-            out.means2d_absgrad, frame, settings.eps2d, settings.antialiased, accumulate
+            out.means2d_absgrad, frame, settings.eps2d, settings.antialiased, accumulate, sh_v_means
         )
 
     frame.replay(key, queue_backward)
