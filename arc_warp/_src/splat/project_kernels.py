@@ -1,5 +1,5 @@
 """EWA projection of 3D Gaussians to screen space: forward, and the hand-written backward
-of projection and colour together."""
+(with the colour stage's where ``sh_kernels.make_sh_bwd`` does not run apart)."""
 
 import functools
 

@@ -366,10 +366,12 @@ def render_gaussians_backward(
     ``grad_*`` are cotangents shaped like the outputs, on the same device; ``None``
     means zero. The rasteriser backward runs one 256-thread block per tile and reduces
     the per-Gaussian gradients with the accumulator of ``out.settings.reduce``
-    (``"floor"`` yields no rasteriser gradients: benchmarking only). Then one
-    per-Gaussian kernel takes them through the projection (means, quats via the
-    normalisation, scales, opacities) and the SH evaluation (coefficients, and means via
-    the view direction). The 2D mean gradients are added into ``out.means2d_grad`` and, with
+    (``"floor"`` yields no rasteriser gradients: benchmarking only). Then the SH
+    backward, one thread per coefficient row (coefficients, and means via the view
+    direction: each Gaussian's row shares summed with the same accumulator), and one
+    per-Gaussian kernel through the projection (means, quats via the normalisation,
+    scales, opacities). Plain RGB colours, and SH under ``"deterministic"``, take their
+    colour backward inside the per-Gaussian kernel. The 2D mean gradients are added into ``out.means2d_grad`` and, with
     ``settings.absgrad``, their per-pixel absolute sums into ``out.means2d_absgrad``.
 
     ``accumulate`` False writes the gradients into ``grads`` (every entry: culled
