@@ -246,17 +246,11 @@ def make_clear_colors(n_coeffs: int):
     return wp.func(clear_colors, name=f"clear_colors_{int(n_coeffs > 0)}", module="unique")
 
 
-def sh_lanes(n_coeffs: int, k: int, overwrite: bool) -> int:
-    """Threads per Gaussian of ``make_sh_bwd``: the power of two covering the rows it
-    writes (all ``k`` when overwriting, else the ``n_coeffs`` evaluated), so for up to 32
-    rows a warp's lanes hold whole Gaussians."""
-    return 1 << (max(k if overwrite else n_coeffs, 1) - 1).bit_length()
-
-
 @functools.cache
 def make_sh_bwd(n_coeffs: int, lanes: int, absgrad: bool, mode: str, overwrite: bool):
     """SH backward with thread ``t = i * lanes + k`` on coefficient row ``k`` of Gaussian ``i``
-    (``lanes`` from ``sh_lanes``), so consecutive threads touch consecutive 12-byte rows.
+    (``lanes`` a power of two, ``sh_ops.sh_lanes``), so consecutive threads touch
+    consecutive 12-byte rows.
 
     Reads ``means`` (N,) vec3, ``colors`` (N, K) vec3, ``cams`` (1,) CameraParams,
     ``radii`` (N,) vec2i, the forward's clamped ``rgb`` (N,) vec3 and the packed

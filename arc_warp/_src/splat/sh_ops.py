@@ -10,7 +10,7 @@ import warp as wp
 from arc_warp._src.arc.intrinsics import cpu_launch_guard
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS, flag_nonfinite
 from arc_warp._src.splat.records import GaussianInputs, ProjectResult
-from arc_warp._src.splat.sh_kernels import make_sh_bwd, make_sh_fwd, sh_lanes
+from arc_warp._src.splat.sh_kernels import make_sh_bwd, make_sh_fwd
 from arc_warp._src.splat.workspace import Frame
 
 SH_BWD_BLOCK = 256
@@ -44,6 +44,13 @@ def compute_colors(inputs: GaussianInputs, cam: wp.array, proj: ProjectResult, b
     )
 
 
+def sh_lanes(n_coeffs: int, rows: int, overwrite: bool) -> int:
+    """Threads per Gaussian of the SH backward: the power of two covering the rows it
+    writes (all ``rows`` stored when overwriting, else the ``n_coeffs`` evaluated), so for
+    up to 32 rows a warp's lanes hold whole Gaussians."""
+    return 1 << (max(rows if overwrite else n_coeffs, 1) - 1).bit_length()
+
+
 def color_backward(
     inputs: GaussianInputs,
     cam: wp.array,  # (1,) CameraParams
@@ -67,8 +74,8 @@ def color_backward(
     Gaussian."""
     if inputs.sh_coeffs == 0 or mode == "deterministic":
         return None
-    n, k = inputs.colors.shape
-    lanes = sh_lanes(inputs.sh_coeffs, k, not accumulate)
+    n, rows = inputs.colors.shape
+    lanes = sh_lanes(inputs.sh_coeffs, rows, not accumulate)
     v_means = frame.shared.array("sh_v_means", n, wp.vec3, zero=inputs.sh_coeffs > 1)
     dim = -(-n * lanes // SH_BWD_BLOCK) * SH_BWD_BLOCK
     with cpu_launch_guard(frame.device):
