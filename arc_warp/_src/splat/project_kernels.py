@@ -1,5 +1,5 @@
-"""EWA projection of 3D Gaussians to screen space: forward, and the hand-written backward
-(with the colour stage's where ``sh_kernels.make_sh_bwd`` does not run apart)."""
+"""EWA projection of 3D Gaussians to screen space: forward, and the hand-written per-Gaussian
+backward (also the colour stage's, where ``sh_kernels.make_sh_bwd`` does not run)."""
 
 import functools
 
@@ -198,7 +198,6 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
     color_t = wp.array(dtype=wp.vec3) if n_coeffs == 0 else wp.array2d(dtype=wp.vec3)
     color_vjp = make_color_vjp(n_coeffs, overwrite)
     clear_colors = make_clear_colors(n_coeffs)
-    fused_color = not sh_apart
 
     # 3 blocks of 256 per SM caps registers at 80 (unbounded 90: 2 blocks), no spills
     @wp.kernel(enable_backward=False, module="unique", launch_bounds=(256, 3))
@@ -233,7 +232,7 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
                 v_means2d[i] = wp.vec2(0.0)
                 if wp.static(absgrad):
                     v_means2d_abs[i] = wp.vec2(0.0)
-                if wp.static(fused_color):
+                if wp.static(not sh_apart):
                     clear_colors(i, v_colors)
             return
         cam = cams[0]
@@ -315,7 +314,7 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
         # the colour stage last (fewer live registers); its view-direction share of
         # dL/dmean is added before the projection's, in the order of two separate passes
         v_dir = wp.vec3(0.0)
-        if wp.static(fused_color):
+        if wp.static(not sh_apart):
             v_dir = color_vjp(i, mean, colors, cam.center, rgb[i], wp.vec3(g[G_RGB], g[G_RGB + 1], g[G_RGB + 2]),
                               v_colors)
         elif wp.static(n_coeffs > 1):
