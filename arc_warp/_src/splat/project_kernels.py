@@ -1,5 +1,5 @@
-"""EWA projection of 3D Gaussians to screen space: forward, and the hand-written backward
-of projection and colour together."""
+"""EWA projection of 3D Gaussians to screen space: forward, and the hand-written per-Gaussian
+backward (also the colour stage's, where ``sh_kernels.make_sh_bwd`` does not run)."""
 
 import functools
 
@@ -179,11 +179,16 @@ def project_one(
 
 
 @functools.cache
-def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, overwrite: bool = False):
-    """Per-Gaussian backward of the colour and projection stages in one pass.
+def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, overwrite: bool = False,
+                     sh_apart: bool = False):
+    """Per-Gaussian backward of the projection stage, and of the colour stage unless
+    ``sh_apart``.
 
     Reads the packed rasteriser gradient once; the colour part is ``make_color_vjp``
     (``n_coeffs`` = 0: plain RGB ``colors`` (N,), else (N, K) SH coefficients).
+    ``sh_apart``: ``make_sh_bwd`` ran first and wrote the colour gradients; its share of
+    dL/dmean, ``sh_v_means`` (N,) vec3, is added here (``colors`` and ``v_colors`` are not
+    touched; ``sh_v_means`` may be None otherwise, and for ``n_coeffs`` 1).
     ``antialiased``: the rasteriser's opacity was ``opacities * aa_compensation``.
     ``overwrite``: every gradient entry is written rather than added to (culled Gaussians
     get 0), so the gradient arrays need not be zeroed (nor read) first; the values are
@@ -215,6 +220,7 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
         v_colors: color_t,
         v_means2d: wp.array(dtype=wp.vec2),
         v_means2d_abs: wp.array(dtype=wp.vec2),
+        sh_v_means: wp.array(dtype=wp.vec3),
     ):
         i = wp.tid()
         if radii[i][0] <= 0:
@@ -226,7 +232,8 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
                 v_means2d[i] = wp.vec2(0.0)
                 if wp.static(absgrad):
                     v_means2d_abs[i] = wp.vec2(0.0)
-                clear_colors(i, v_colors)
+                if wp.static(not sh_apart):
+                    clear_colors(i, v_colors)
             return
         cam = cams[0]
         g = raster_grads[i]
@@ -306,8 +313,12 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
 
         # the colour stage last (fewer live registers); its view-direction share of
         # dL/dmean is added before the projection's, in the order of two separate passes
-        v_dir = color_vjp(i, mean, colors, cam.center, rgb[i], wp.vec3(g[G_RGB], g[G_RGB + 1], g[G_RGB + 2]),
-                          v_colors)
+        v_dir = wp.vec3(0.0)
+        if wp.static(not sh_apart):
+            v_dir = color_vjp(i, mean, colors, cam.center, rgb[i], wp.vec3(g[G_RGB], g[G_RGB + 1], g[G_RGB + 2]),
+                              v_colors)
+        elif wp.static(n_coeffs > 1):
+            v_dir = sh_v_means[i]
         v_mean = wp.vec3(0.0)
         if wp.static(not overwrite):
             v_mean = v_means[i]

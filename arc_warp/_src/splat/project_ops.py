@@ -101,12 +101,17 @@ def project_backward(
     eps2d: float = 0.3,
     antialiased: bool = False,
     accumulate: bool = True,
+    sh_v_means: wp.array | None = None,
 ):
     """Adds the projection's and the colour stage's shares of the gradients into ``grads``
     (and the 2D mean grads), in one pass over the Gaussians; ``accumulate`` False writes
-    them instead (every entry, 0 for culled Gaussians: nothing needs zeroing first)."""
+    them instead (every entry, 0 for culled Gaussians: nothing needs zeroing first).
+
+    ``sh_v_means``: (N,) vec3 from ``sh_ops.color_backward``, which has written the colour
+    gradients; this adds its view-direction share of dL/dmeans. None: the colour
+    backward runs here, per Gaussian."""
     frame.launch(
-        make_project_bwd(inputs.sh_coeffs, absgrad, antialiased, not accumulate),
+        make_project_bwd(inputs.sh_coeffs, absgrad, antialiased, not accumulate, sh_v_means is not None),
         inputs.count,
         [
             inputs.means,
@@ -127,5 +132,6 @@ def project_backward(
             grads.colors,
             means2d_grad,
             means2d_absgrad,
+            sh_v_means,
         ],
     )

@@ -14,7 +14,7 @@ from arc_warp._src.splat.project_ops import camera_params, device_camera_params,
 from arc_warp._src.splat.raster_ops import raster_backward, rasterize
 from arc_warp._src.splat.records import (BinResult, GaussianGrads, GaussianInputs, ProjectResult, RenderOutput,
                                          RenderSettings)
-from arc_warp._src.splat.sh_ops import compute_colors
+from arc_warp._src.splat.sh_ops import color_backward, compute_colors
 from arc_warp._src.splat.validate import check_array, check_grads, check_inputs, raise_on_flags
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
 from arc_warp._src.splat.workspace import Frame, Workspace, signature
@@ -367,10 +367,12 @@ def render_gaussians_backward(
     ``grad_*`` are cotangents shaped like the outputs, on the same device; ``None``
     means zero. The rasteriser backward runs one 256-thread block per tile and reduces
     the per-Gaussian gradients with the accumulator of ``out.settings.reduce``
-    (``"floor"`` yields no rasteriser gradients: benchmarking only). Then one
-    per-Gaussian kernel takes them through the projection (means, quats via the
-    normalisation, scales, opacities) and the SH evaluation (coefficients, and means via
-    the view direction). The 2D mean gradients are added into ``out.means2d_grad`` and, with
+    (``"floor"`` yields no rasteriser gradients: benchmarking only). Then the SH
+    backward, one thread per coefficient row (coefficients, and means via the view
+    direction: each Gaussian's row shares summed with the same accumulator), and one
+    per-Gaussian kernel through the projection (means, quats via the normalisation,
+    scales, opacities). Plain RGB colours, and SH under ``"deterministic"``, take their
+    colour backward inside the per-Gaussian kernel. The 2D mean gradients are added into ``out.means2d_grad`` and, with
     ``settings.absgrad``, their per-pixel absolute sums into ``out.means2d_absgrad``.
 
     ``accumulate`` False writes the gradients into ``grads`` (every entry: culled
@@ -430,9 +432,11 @@ def render_gaussians_backward(
             out._project, out._bins, out._images, settings.background, v_color, v_alpha, v_depth, v_expected,
             settings.reduce, settings.absgrad, threshold, frame,
         )
+        sh_v_means = color_backward(inputs, out._cam, out._project, raster_grads, settings.absgrad, grads.colors,
+                                    settings.reduce, threshold, frame, accumulate)
         project_backward(
             inputs, out._cam, out._project, raster_grads, settings.absgrad, grads, means2d_grad,
-            out.means2d_absgrad, frame, settings.eps2d, settings.antialiased, accumulate
+            out.means2d_absgrad, frame, settings.eps2d, settings.antialiased, accumulate, sh_v_means
         )
 
     frame.replay(key, queue_backward)

@@ -2,14 +2,18 @@
 
 colour = max(sum_k basis_k(d) * coeff_k + 0.5, 0) with d the normalised direction from
 the camera centre to the Gaussian mean. Gradients reach the coefficients and, through
-d, the means; the backward is a ``@wp.func`` run inside the projection backward kernel.
+d, the means. The backward is ``make_sh_bwd``, a kernel of one thread per (Gaussian,
+coefficient) so that a warp reads and writes consecutive coefficient rows, or (plain RGB
+colours, and the deterministic mode, which cannot sum with atomics) ``make_color_vjp``, a
+``@wp.func`` run per Gaussian inside the projection backward kernel.
 """
 
 import functools
 
 import warp as wp
 
-from arc_warp._src.splat.geometry_funcs import CameraParams
+from arc_warp._src.arc.reduce_funcs import accumulator
+from arc_warp._src.splat.geometry_funcs import G_RGB, CameraParams, grad_vector
 
 vec16 = wp.types.vector(16, wp.float32)
 
@@ -100,6 +104,26 @@ def sh_basis_vjp(d: wp.vec3, w: vec16) -> wp.vec3:
 
 
 @wp.func
+def clamped_cotangent(rgb: wp.vec3, v_rgb: wp.vec3) -> wp.vec3:
+    """dL/d(unclamped colour) of rgb = max(value, 0), from the forward's clamped ``rgb``.
+
+    The gradient passes where value > 0 (torch's clamp_min also passes it at exactly 0);
+    the mask from the forward's colour spares a second read of the coefficients, the
+    costliest memory traffic of the SH backward."""
+    g = v_rgb
+    for c in range(3):
+        if rgb[c] <= 0.0:
+            g[c] = 0.0
+    return g
+
+
+@wp.func
+def direction_vjp(v_d: wp.vec3, d: wp.vec3, inv_len: float) -> wp.vec3:
+    """dL/dmean from dL/dd, d = (mean - centre) * inv_len of unit length."""
+    return (v_d - wp.dot(v_d, d) * d) * inv_len
+
+
+@wp.func
 def finite3(v: wp.vec3) -> bool:
     return wp.isfinite(v[0]) and wp.isfinite(v[1]) and wp.isfinite(v[2])
 
@@ -185,13 +209,7 @@ def make_color_vjp(n_coeffs: int, overwrite: bool = False):
             inv_len = 1.0 / wp.length(offset)
             d = offset * inv_len
             basis = sh_basis(d)
-            # rgb = max(value, 0): the gradient passes where value > 0 (torch's clamp_min
-            # also passes it at exactly 0); the mask from the forward's colour spares a
-            # second read of the coefficients, the costliest memory traffic of this pass
-            g = v_rgb
-            for c in range(3):
-                if rgb[c] <= 0.0:
-                    g[c] = 0.0
+            g = clamped_cotangent(rgb, v_rgb)
             w = vec16(0.0)
             for k in range(wp.static(n_coeffs)):
                 if wp.static(overwrite):
@@ -204,8 +222,7 @@ def make_color_vjp(n_coeffs: int, overwrite: bool = False):
                     v_colors[i, k] = wp.vec3(0.0)
             v_mean = wp.vec3(0.0)
             if wp.static(n_coeffs > 1):
-                v_d = sh_basis_vjp(d, w)
-                v_mean = (v_d - wp.dot(v_d, d) * d) * inv_len
+                v_mean = direction_vjp(sh_basis_vjp(d, w), d, inv_len)
             return v_mean
 
     return wp.func(color_vjp, name=f"color_vjp_{n_coeffs}_{int(overwrite)}", module="unique")
@@ -227,3 +244,69 @@ def make_clear_colors(n_coeffs: int):
                 v_colors[i, k] = wp.vec3(0.0)
 
     return wp.func(clear_colors, name=f"clear_colors_{int(n_coeffs > 0)}", module="unique")
+
+
+@functools.cache
+def make_sh_bwd(n_coeffs: int, lanes: int, absgrad: bool, mode: str, overwrite: bool):
+    """SH backward with thread ``t = i * lanes + k`` on coefficient row ``k`` of Gaussian ``i``
+    (``lanes`` a power of two, ``sh_ops.sh_lanes``), so consecutive threads touch
+    consecutive 12-byte rows.
+
+    Reads ``means`` (N,) vec3, ``colors`` (N, K) vec3, ``cams`` (1,) CameraParams,
+    ``radii`` (N,) vec2i, the forward's clamped ``rgb`` (N,) vec3 and the packed
+    ``raster_grads`` (N,) ``grad_vector(absgrad)``. Adds dL/dcolors into ``v_colors``
+    (N, K) vec3, or with ``overwrite`` writes every row (0 for culled Gaussians and rows
+    ``k >= n_coeffs``). Each thread's share of the view-direction part of dL/dmean is
+    added into ``v_means`` (N,) vec3 (zeroed by the caller; untouched for ``n_coeffs`` 1)
+    by the accumulator of ``mode``: the ``lanes`` threads of a Gaussian share one target.
+    Launch a multiple of 32 threads (past ``N * lanes``: idle lanes) with no early exit,
+    so whole warps reach the accumulator.
+    """
+    grad_t = grad_vector(absgrad)
+    add = accumulator(wp.vec3, mode)
+    shift = lanes.bit_length() - 1
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def sh_bwd(
+        means: wp.array(dtype=wp.vec3),
+        colors: wp.array2d(dtype=wp.vec3),
+        cams: wp.array(dtype=CameraParams),
+        radii: wp.array(dtype=wp.vec2i),
+        rgb: wp.array(dtype=wp.vec3),
+        raster_grads: wp.array(dtype=grad_t),
+        threshold: int,
+        v_colors: wp.array2d(dtype=wp.vec3),
+        v_means: wp.array(dtype=wp.vec3),
+    ):
+        t = wp.tid()
+        i = t >> wp.static(shift)
+        k = t & wp.static(lanes - 1)
+        v_mean = wp.vec3(0.0)
+        valid = False
+        if i < colors.shape[0] and k < colors.shape[1]:
+            v_coeff = wp.vec3(0.0)
+            evaluated = k < wp.static(n_coeffs) and radii[i][0] > 0
+            if evaluated:
+                offset = means[i] - cams[0].center
+                inv_len = 1.0 / wp.length(offset)
+                d = offset * inv_len
+                gr = raster_grads[i]
+                g = clamped_cotangent(rgb[i], wp.vec3(gr[G_RGB], gr[G_RGB + 1], gr[G_RGB + 2]))
+                # row k's basis value and derivative: an unrolled select keeps the
+                # vectors in registers (a runtime index would put them in local memory)
+                one_hot = vec16(0.0)
+                for j in range(wp.static(n_coeffs)):
+                    one_hot[j] = wp.where(j == k, 1.0, 0.0)
+                v_coeff = wp.dot(sh_basis(d), one_hot) * g
+                if wp.static(n_coeffs > 1):
+                    v_d = sh_basis_vjp(d, wp.dot(colors[i, k], g) * one_hot)
+                    v_mean = direction_vjp(v_d, d, inv_len)
+                    valid = True
+            if wp.static(overwrite):
+                v_colors[i, k] = v_coeff
+            elif evaluated:
+                v_colors[i, k] = v_colors[i, k] + v_coeff
+        if wp.static(n_coeffs > 1):
+            add(v_means, i, v_mean, valid, threshold)
+
+    return sh_bwd
