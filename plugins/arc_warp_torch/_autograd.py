@@ -16,8 +16,9 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import warp as wp
 
-from arc_warp import (Camera, DeviceCameras, GaussianGrads, RenderSettings, Workspace, render_gaussians,
-                      render_gaussians_backward)
+from arc_warp import (Camera, DeviceCameras, GaussianGrads, RenderSettings, Workspace, render_gaussians_backward)
+from arc_warp._src.splat.render import render_checked
+from arc_warp._src.splat.validate import check_inputs
 
 
 class RenderContext:
@@ -61,6 +62,7 @@ class RenderContext:
         self._wdevice = wdev
         self._streams = {}
         self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
+        self._memo = {}  # (kind, pointers, shapes, ...) -> checked views (see `_memoized`)
         self._device_cameras = {}  # (pointers, C, size, planes) -> DeviceCameras (see `device_cameras`)
         self._settings = {}  # option values -> RenderSettings (see `settings`)
         self._nodes = []  # weak references to the autograd nodes of renders still holding frames
@@ -91,6 +93,46 @@ class RenderContext:
         workspace's cache (`Workspace.view`), so a tensor that reuses memory reuses its
         view and prepared launches need not repack it."""
         return self.workspace.view(t.data_ptr(), dtype, tuple(t.shape[:t.dim() - _element_axes(dtype)]))
+
+    def _memoized(self, key, make):
+        """``make()``, kept by ``key`` (pointers and shapes of the tensors it views): a
+        training step passes the same memory every step, and checking and viewing it again
+        would cost more host time than its replayed render."""
+        value = self._memo.get(key)
+        if value is None:
+            if len(self._memo) >= 256:  # bounded: pointers of freed memory pile up
+                self._memo.clear()
+            value = self._memo[key] = make()
+        return value
+
+    def inputs(self, tensors: Sequence[torch.Tensor], settings: RenderSettings):
+        """Checked Warp views (`arc_warp`'s GaussianInputs) of float32 contiguous
+        (means, quats, scales, opacities, colors) tensors, made once per memory, shape and
+        SH degree."""
+        key = ("inputs", *(t.data_ptr() for t in tensors), tensors[0].shape[0], tensors[4].shape,
+               settings.sh_degree)
+        return self._memoized(key, lambda: check_inputs(
+            *(self.view(t, dt) for t, dt in zip(tensors, INPUT_DTYPES)), settings))
+
+    def per_camera(self, tensors: Sequence[torch.Tensor], dtypes: Sequence, names: Sequence[str]) -> list[dict]:
+        """For [C, ...] contiguous tensors, C dicts of Warp views of camera i's slice by
+        name (made once per memory and shape). A name given None is left out."""
+        present = [(t, dt, name) for t, dt, name in zip(tensors, dtypes, names) if t is not None]
+        key = ("per_camera", *((name, t.data_ptr(), t.shape) for t, _, name in present))
+
+        def make():
+            c = present[0][0].shape[0]
+            return [{name: self.workspace.view(t.data_ptr() + i * t.stride(0) * t.element_size(), dt,
+                                               tuple(t.shape[1:t.dim() - _element_axes(dt)]))
+                     for t, dt, name in present} for i in range(c)]
+
+        return self._memoized(key, make)
+
+    def grads(self, tensors: Sequence[torch.Tensor]) -> GaussianGrads:
+        """Warp views of the five gradient tensors (shaped like the inputs), made once per
+        memory and shape."""
+        key = ("grads", *((t.data_ptr(), t.shape) for t in tensors))
+        return self._memoized(key, lambda: GaussianGrads(*(self.view(t, dt) for t, dt in zip(tensors, INPUT_DTYPES))))
 
     def device_cameras(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int,
                        near: float, far: float) -> DeviceCameras:
@@ -179,7 +221,9 @@ class RenderContext:
         handle = torch.cuda.current_stream(self.device).cuda_stream
         scoped = self._streams.get(handle)
         if scoped is None:
-            scoped = wp.ScopedStream(wp.stream_from_torch(self.device))
+            # no wait on Warp's previous current stream: torch orders on this stream everything
+            # the bridge's launches read and write (its tensors and the workspace's buffers)
+            scoped = wp.ScopedStream(wp.stream_from_torch(self.device), sync_enter=False)
             self._streams[handle] = scoped
         return scoped
 
@@ -308,15 +352,16 @@ class _RenderGaussians(torch.autograd.Function):
             images = (new((c, h, w, 3)), new((c, h, w)), new((c, h, w)), new((c, h, w)))
             radii = torch.empty((c, n, 2), dtype=torch.int32, device=means.device)
         inputs = (means, quats, scales, opacities, colors)
+        checked = context.inputs(inputs, settings)
+        targets = context.per_camera((*images, means2d_out, radii), (*IMAGE_DTYPES, wp.vec2, wp.vec2i),
+                                     (*IMAGE_NAMES, "means2d", "radii"))
+        if isinstance(cameras, DeviceCameras):
+            pairs = [(cameras, i) for i in range(c)]
+        else:
+            pairs = [(cam, None) for cam in cameras]
         with context.stream():
-            arrays = [context.view(t, dt) for t, dt in zip(inputs, INPUT_DTYPES)]
-            targets = []
-            for i in range(c):
-                views = {name: context.view(img[i], dt) for name, img, dt in zip(IMAGE_NAMES, images, IMAGE_DTYPES)}
-                views["means2d"], views["radii"] = context.view(means2d_out[i], wp.vec2), context.view(radii[i], wp.vec2i)
-                targets.append(views)
-            # all C cameras queued before the one wait that checks them (render_gaussians)
-            outs = render_gaussians(*arrays, cameras, settings, context.workspace, targets)
+            # all C cameras queued before the one wait that checks them
+            outs = render_checked(checked, pairs, settings, context.workspace, targets)
         ctx.mark_non_differentiable(radii)
         # Saved only so torch raises if anything the Warp backward reads was modified in place.
         ctx.save_for_backward(*inputs, *images)
@@ -366,21 +411,23 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
     m2d = parts[-1].view(sink.tensor.shape) if direct else None
     with context.stream():
         output_grads = [None if g is None else g.to(torch.float32).contiguous() for g in output_grads]
-        into = GaussianGrads(*(context.view(g, dt) for g, dt in zip(torch_grads, INPUT_DTYPES)))
+        into = context.grads(torch_grads)
         batched = None if m2d is None else m2d.view(c, n, 2)
         if batched is not None and c > 1:
             batched[1:].zero_()
+        # a [C, N, 2] sink's gradient is written in place; otherwise into the workspace's
+        # (also on a second backward with retain_graph)
+        sinks = [{}] * c if batched is None else context.per_camera((batched,), (wp.vec2,), ("means2d",))
+        cotangents = context.per_camera(output_grads, IMAGE_DTYPES, IMAGE_NAMES) if any(
+            g is not None for g in output_grads) else [{}] * c
         for i, out in enumerate(outs):
-            # a [C, N, 2] sink's gradient is written in place; otherwise into the workspace's
-            # (also on a second backward with retain_graph)
-            m2d_grad = None if batched is None else context.view(batched[i], wp.vec2)
+            m2d_grad = sinks[i].get("means2d")
             if m2d_grad is None and i > 0:
                 out.means2d_grad.zero_()
             if out.means2d_absgrad is not None and i > 0:
                 out.means2d_absgrad.zero_()
-            # views of torch slices: cheaper than slicing a Warp view per camera
-            cotangents = (None if g is None else context.view(g[i], dt) for g, dt in zip(output_grads, IMAGE_DTYPES))
-            render_gaussians_backward(out, *cotangents, grads=into, accumulate=i > 0, means2d_grad=m2d_grad)
+            render_gaussians_backward(out, *(cotangents[i].get(name) for name in IMAGE_NAMES), grads=into,
+                                      accumulate=i > 0, means2d_grad=m2d_grad)
     if sink is None:
         return torch_grads, None
     target = sink.tensor

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import NamedTuple
 
+import numpy as np
 import warp as wp
 
 from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD
@@ -137,22 +138,35 @@ def render_gaussians(
         raise ValueError(f"workspace is on {workspace.device} but the inputs are on {inputs.means.device}")
     if isinstance(camera, DeviceCameras) and camera.viewmats.device != inputs.means.device:
         raise ValueError(f"DeviceCameras are on {camera.viewmats.device} but the inputs are on {inputs.means.device}")
-    queued = []
-    for (cam, index), targets in zip(cameras, per_camera):
-        frame = workspace.acquire()
-        out, pending = _forward(inputs, cam, index, settings, frame, targets)
-        workspace.release_with(out, frame)
-        queued.append((out, pending, targets))
-    _settle(queued, workspace)
+    outs = render_checked(inputs, cameras, settings, workspace, per_camera)
     if tape is None:
         tape = active_tape()
     if tape is not None and any(a.requires_grad for a in inputs.arrays):
-        for out, _, _ in queued:
+        for out in outs:
             tracked = [a for a in (out.color, out.alpha, out.depth, out.expected_depth, *inputs.arrays)
                        if a.requires_grad]
             tape.record_func(lambda out=out: _tape_backward(out), tracked)
-    outs = [out for out, _, _ in queued]
     return outs if batch else outs[0]
+
+
+def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettings, workspace: Workspace,
+                   per_camera: list) -> list[RenderOutput]:
+    """The renders of :func:`render_gaussians` from arguments it has checked (also the
+    torch bridge's entry, which checks its tensors itself): ``cameras`` as
+    (Camera, None) or (DeviceCameras, index) pairs, ``per_camera`` one dict of valid
+    output arrays by name per camera. All cameras are queued before the one wait that
+    checks them (:func:`_settle`)."""
+    queued = []
+    input_key = None
+    if workspace.graphs:
+        input_key = (tuple(signature(a) for a in inputs.arrays), inputs.sh_coeffs, settings)
+    for (cam, index), targets in zip(cameras, per_camera):
+        frame = workspace.acquire()
+        out, pending = _forward(inputs, cam, index, settings, frame, targets, input_key)
+        workspace.release_with(out, frame)
+        queued.append((out, pending, targets))
+    _settle(queued, workspace)
+    return [out for out, _, _ in queued]
 
 
 def _camera_args(workspace: Workspace, camera: Camera) -> wp.array:
@@ -184,15 +198,14 @@ def _check_outputs(outputs, inputs: GaussianInputs, camera: Camera) -> dict:
 class _Pending(NamedTuple):
     """A render queued with a kept sort size, for :func:`_settle` to check."""
 
-    host_flags: wp.array  # host copy of the render's flags (slot 0: intersection total)
+    host_flags: np.ndarray  # host copy of the render's flags (slot 0: intersection total)
     event: wp.Event | None  # recorded after the copy (None on the CPU)
     sort_size: int  # the size the sort was queued with
 
 
-def _read_total(host_flags: wp.array, workspace: Workspace, grid: tuple[int, int]) -> int:
+def _read_total(flags: np.ndarray, workspace: Workspace, grid: tuple[int, int]) -> int:
     """The intersection total from a render's flags, once the copy has landed: raises on
     bad inputs and records the total for the workspace's kept sort size."""
-    flags = host_flags.numpy()
     raise_on_flags(flags)
     total = int(flags[0])
     workspace.observe_total(grid, total)
@@ -200,13 +213,14 @@ def _read_total(host_flags: wp.array, workspace: Workspace, grid: tuple[int, int
 
 
 def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int | None, settings: RenderSettings,
-             frame: Frame, outputs: dict, exact: bool = False) -> tuple[RenderOutput, _Pending | None]:
+             frame: Frame, outputs: dict, input_key, exact: bool = False) -> tuple[RenderOutput, _Pending | None]:
     """Queues one camera's render (camera ``index`` of ``DeviceCameras``, or a Camera).
 
     The intersection sort is sized by the workspace's kept capacity without waiting for
     the device, or (``exact``, or no capacity yet) by reading the total back first.
     With a kept capacity, the stages before and after the flags copy each go through
     ``Frame.replay`` (a CUDA graph once the same arguments repeat).
+    ``input_key`` is the part of the graph keys common to all cameras (None: no graphs).
     Returns the output and, for the first way, what :func:`_settle` checks once all
     cameras are queued."""
     grid = tile_grid(camera.width, camera.height)
@@ -223,14 +237,14 @@ def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int 
     cam = None if index is not None else _camera_args(workspace, camera)
     sort_size = None if exact or n == 0 else workspace.sort_size(grid)
     key = None
-    if sort_size is not None and workspace.graphs:
+    if sort_size is not None and input_key is not None:
         # everything the queued work reads or writes outside the workspace's buffers
         if index is None:
             camera_key = signature(cam)
         else:
             camera_key = (signature(camera.viewmats), signature(camera.intrinsics), index, camera.width,
                           camera.height, camera.near, camera.far)
-        key = (tuple(signature(a) for a in inputs.arrays), inputs.sh_coeffs, camera_key, settings, sort_size,
+        key = (input_key, camera_key, sort_size,
                tuple(signature(a) for a in images_out.values()), signature(means2d), signature(radii))
 
     def queue_count():
@@ -256,9 +270,9 @@ def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int 
         if sort_size is None:
             if event is not None:
                 wp.synchronize_event(event)  # the one host sync of this render
-            sort_size = _read_total(host_flags, workspace, grid)
+            sort_size = _read_total(frame.host_numpy(host_flags), workspace, grid)
         else:
-            pending = _Pending(host_flags, event, sort_size)
+            pending = _Pending(frame.host_numpy(host_flags), event, sort_size)
 
     def queue_raster():
         if n > 0:
@@ -326,7 +340,7 @@ def _settle(queued: list, workspace: Workspace) -> None:
         total = _read_total(p.host_flags, workspace, (out._bins.tiles_x, out._bins.tiles_y))
         if total > p.sort_size:
             redone, _ = _forward(out._inputs, out.camera, out.camera_index, out.settings, out._frame, targets,
-                                 exact=True)
+                                 None, exact=True)
             for field in dataclasses.fields(RenderOutput):
                 setattr(out, field.name, getattr(redone, field.name))
         else:

@@ -41,6 +41,8 @@ _CAMERA_SLOT = BAD_SLOTS.index("cameras") + 1
 def raise_on_flags(flags: np.ndarray):
     """ValueError naming each input the device checks found non-finite, zero quaternions and
     invalid device cameras."""
+    if not flags[1:].any():
+        return
     special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT)
     bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if flags[slot] and slot not in special]
     problems = [f"non-finite (NaN/Inf) values in {', '.join(bad)}"] if bad else []

@@ -46,6 +46,7 @@ class Frame:
         self._event = None
         self._graphs: collections.OrderedDict = collections.OrderedDict()  # key -> (wp.Graph, result)
         self._seen: collections.OrderedDict = collections.OrderedDict()  # keys queued once without allocating
+        self._numpy: dict = {}  # (pointer, shape, dtype) of a host buffer -> its numpy view
 
     @property
     def device(self):
@@ -150,6 +151,15 @@ class Frame:
         """A host buffer ``name`` that device copies into without blocking (page-locked on
         CUDA; on the CPU the host is the device)."""
         return self._buffer(name, shape, dtype, False, host=True)[0]
+
+    def host_numpy(self, a: wp.array):
+        """A numpy view of the host buffer ``a`` (made once per buffer: ``wp.array.numpy()``
+        costs more host time than the rest of a replayed render's readback)."""
+        key = (a.ptr, a.shape, a.dtype)
+        v = self._numpy.get(key)
+        if v is None:
+            v = self._numpy[key] = a.numpy()
+        return v
 
     def event(self) -> wp.Event | None:
         """This frame's reusable CUDA event (None on the CPU, where work is synchronous)."""
