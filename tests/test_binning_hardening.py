@@ -71,12 +71,13 @@ def test_4096_full_frame_total_refused_before_allocation(monkeypatch, device):
     ]
     real_empty = wp.empty
 
-    def guarded_empty(shape=0, *a, **k):
-        count = int(np.prod(shape))
-        # per-Gaussian buffers and (H, W) images are fine; 1-D key buffers are not
-        if count > 2 * n and len(np.atleast_1d(shape)) < 2:
-            raise AssertionError(f"allocated {count} entries before refusing the total")
-        return real_empty(shape, *a, **k)
+    def guarded_empty(shape=0, dtype=float, *a, **k):
+        nbytes = int(np.prod(shape)) * wp.types.type_size_in_bytes({float: wp.float32, int: wp.int32}.get(dtype, dtype))
+        # per-Gaussian buffers (32 bytes each at most: splats, the scratch arena) and (H, W)
+        # images are fine; 1-D key buffers (2 x the wrapped total x 4 bytes) are not
+        if nbytes > 32 * n and len(np.atleast_1d(shape)) < 2:
+            raise AssertionError(f"allocated {nbytes} bytes before refusing the total")
+        return real_empty(shape, dtype, *a, **k)
 
     monkeypatch.setattr(wp, "empty", guarded_empty)
     with pytest.raises(ValueError, match=r"65546 Gaussians on a 4096x4096-pixel image .* make 4295622656 tile"):

@@ -399,16 +399,26 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
     """Run render_gaussians_backward on torch cotangents ([C, ...]); return torch grads
     shaped like `inputs` and the sink's means2d gradient (None without a sink)."""
     # torch owns the gradient memory (its allocator, its stream); Warp writes into it. One
-    # buffer holds all five gradients and, for a [C, N, 2] sink, its gradient. The first
+    # buffer holds the gradients of leaf inputs and, for a [C, N, 2] sink, its gradient:
+    # torch keeps them as .grad (views of the buffer) until the optimizer step. Another holds
+    # those of computed inputs (activated quats, scales, opacities), which their backward
+    # consumes, so it is freed then instead of being held with the first. The first
     # camera writes every entry (accumulate=False), so nothing is zeroed for C = 1; later
     # cameras add, into their own zeroed means2d slices.
     c, n = len(outs), inputs[0].shape[0]
-    sizes = [t.numel() for t in inputs]
     direct = sink is not None and sink.tensor.shape[-1] == 2
-    flat = torch.empty(sum(sizes) + (2 * c * n if direct else 0), dtype=torch.float32, device=inputs[0].device)
-    parts = flat.split(sizes + [2 * c * n] if direct else sizes)
-    torch_grads = tuple(part.view_as(t) for part, t in zip(parts, inputs))
-    m2d = parts[-1].view(sink.tensor.shape) if direct else None
+    torch_grads, m2d = [None] * len(inputs), None
+    for leaves in (True, False):
+        group = [i for i, t in enumerate(inputs) if t.is_leaf == leaves]
+        sizes = [inputs[i].numel() for i in group] + ([2 * c * n] if leaves and direct else [])
+        if not sizes:
+            continue
+        parts = torch.empty(sum(sizes), dtype=torch.float32, device=inputs[0].device).split(sizes)
+        for i, part in zip(group, parts):
+            torch_grads[i] = part.view_as(inputs[i])
+        if leaves and direct:
+            m2d = parts[-1].view(sink.tensor.shape)
+    torch_grads = tuple(torch_grads)
     with context.stream():
         output_grads = [None if g is None else g.to(torch.float32).contiguous() for g in output_grads]
         into = context.grads(torch_grads)

@@ -11,7 +11,7 @@ INT32_MAX = 2**31 - 1
 @wp.kernel(enable_backward=False)
 def depth_keys(
     splats: wp.array(dtype=Splat2D),
-    tiles_per_gauss: wp.array(dtype=wp.int64),
+    tiles_per_gauss: wp.array(dtype=wp.int32),
     keys: wp.array(dtype=wp.int32),
     order: wp.array(dtype=wp.int32),
 ):
@@ -19,17 +19,18 @@ def depth_keys(
     like the depth), or INT32_MAX for Gaussians without tiles (their splats are unset)."""
     i = wp.tid()
     keys[i] = INT32_MAX
-    if tiles_per_gauss[i] > wp.int64(0):
+    if tiles_per_gauss[i] > 0:
         keys[i] = float_bits(splats[i].geom[3])
     order[i] = i
 
 
 @wp.kernel(enable_backward=False)
 def gather_counts(
-    order: wp.array(dtype=wp.int32), tiles_per_gauss: wp.array(dtype=wp.int64), counts: wp.array(dtype=wp.int64)
+    order: wp.array(dtype=wp.int32), tiles_per_gauss: wp.array(dtype=wp.int32), counts: wp.array(dtype=wp.int64)
 ):
+    """Tile counts in depth order, widened to int64 for the scan (their sum may pass 2^31)."""
     j = wp.tid()
-    counts[j] = tiles_per_gauss[order[j]]
+    counts[j] = wp.int64(tiles_per_gauss[order[j]])
 
 
 @wp.kernel(enable_backward=False)
@@ -44,7 +45,7 @@ def write_keys(
     order: wp.array(dtype=wp.int32),
     splats: wp.array(dtype=Splat2D),
     radii: wp.array(dtype=wp.vec2i),
-    tiles_per_gauss: wp.array(dtype=wp.int64),
+    tiles_per_gauss: wp.array(dtype=wp.int32),
     cum_tiles: wp.array(dtype=wp.int64),
     tiles_x: int,
     tiles_y: int,
@@ -60,7 +61,7 @@ def write_keys(
     total it reads back exceeds ``capacity``."""
     j = wp.tid()
     i = order[j]
-    count = tiles_per_gauss[i]
+    count = wp.int64(tiles_per_gauss[i])
     start = cum_tiles[j] - count
     if count == wp.int64(0) or start >= wp.int64(capacity):
         return

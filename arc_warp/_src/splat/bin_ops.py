@@ -12,7 +12,7 @@ from arc_warp._src.splat.bin_kernels import copy_last, depth_keys, gather_counts
 from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, TILE_SIZE
 from arc_warp._src.splat.records import BinResult, DepthOrder, ProjectResult
 from arc_warp._src.splat.validate import check_intersections
-from arc_warp._src.splat.workspace import Frame
+from arc_warp._src.splat.workspace import SCRATCH_ALIGN, Frame
 
 # the rasteriser runs one thread per pixel of the tile grid with int32 thread ids (which
 # also keeps the tile keys, filler tile n_tiles included, in int32)
@@ -30,25 +30,33 @@ def tile_grid(width: int, height: int) -> tuple[int, int]:
     return tiles_x, tiles_y
 
 
+def forward_scratch_bytes(n: int) -> int:
+    """Bytes of the forward's stage of the scratch arena (``Frame.scratch``) for ``n``
+    Gaussians: the int32 tile counts (``project``), then :func:`count_intersections`'
+    int32 depth keys and order (twice ``n`` each: the radix sort's room) and int64 scan,
+    each part aligned."""
+    return (4 + 8 + 8 + 8) * n + 4 * SCRATCH_ALIGN
+
+
 def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame) -> DepthOrder:
     """Depth order of the Gaussians and the int64 scan of their tile counts in that order.
 
     ``flags[0]`` receives the intersection total (saturated at 2^31 - 1), so one readback
     of ``flags`` returns the sort size together with the input-check flags. Scratch comes
-    from ``frame.shared``: it is valid until the next render call's binning.
+    from the forward's stage of ``frame.shared``'s arena, after the tile counts: it is
+    valid until the render's backward (or the next render) takes the arena.
     """
     n = proj.radii.shape[0]
     shared = frame.shared
     # radix_sort_pairs works in place and needs room for 2 * count
-    keys = shared.array("depth_keys", 2 * n, wp.int32)
-    order = shared.array("depth_order", 2 * n, wp.int32)
-    counts = shared.array("depth_counts", n, wp.int64)
-    cum_tiles = shared.array("cum_tiles", n, wp.int64)
+    keys = shared.scratch(2 * n, wp.int32, after=proj.tiles_per_gauss)
+    order = shared.scratch(2 * n, wp.int32, after=keys)
+    cum_tiles = shared.scratch(n, wp.int64, after=order)
     frame.launch(depth_keys, n, [proj.splats, proj.tiles_per_gauss, keys, order])
     # stable: equal depths keep index order; the positive keys need 31 bits
     wp.utils.radix_sort_pairs(keys, order, n, 0, 31)
-    frame.launch(gather_counts, n, [order, proj.tiles_per_gauss, counts])
-    wp.utils.array_scan(counts, cum_tiles, inclusive=True)
+    frame.launch(gather_counts, n, [order, proj.tiles_per_gauss, cum_tiles])
+    wp.utils.array_scan(cum_tiles, cum_tiles, inclusive=True)  # in place (cub and the CPU scan allow it)
     frame.launch(copy_last, 1, [cum_tiles, flags])
     return DepthOrder(order=order, cum_tiles=cum_tiles)
 
@@ -67,7 +75,8 @@ def sort_intersections(
     dropped (the caller re-renders then). A size too large for one sort raises
     ValueError before anything is allocated. The sort buffers come from ``frame`` with
     room for at least ``reserve`` entries and spare capacity, so a size that varies a
-    little between steps reuses them.
+    little between steps reuses them: ``reserve`` (the workspace's kept size) already has
+    25% headroom, so the buffers get no more on top.
     ``BinResult.n_isects`` is ``sort_size`` until the caller sets the exact total.
     """
     n_tiles = tiles_x * tiles_y
@@ -75,8 +84,8 @@ def sort_intersections(
         sort_size, lambda: int(depth.cum_tiles[-1:].numpy()[0]), proj.radii.shape[0], tiles_x, tiles_y
     )
     room = 2 * max(sort_size, reserve)
-    keys = frame.shared.capacity("sort_keys", room, wp.int32)
-    gauss_ids = frame.capacity("sort_ids", room, wp.int32)
+    keys = frame.shared.capacity("sort_keys", room, wp.int32, headroom=False)
+    gauss_ids = frame.capacity("sort_ids", room, wp.int32, headroom=False)
     ranges = frame.array("tile_ranges", n_tiles, wp.vec2i, zero=True)
     if sort_size > 0:
         frame.launch(

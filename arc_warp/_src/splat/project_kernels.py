@@ -69,7 +69,7 @@ def make_project_fwd(antialiased: bool):
         means2d: wp.array(dtype=wp.vec2),
         splats: wp.array(dtype=Splat2D),
         radii: wp.array(dtype=wp.vec2i),
-        tiles_per_gauss: wp.array(dtype=wp.int64),
+        tiles_per_gauss: wp.array(dtype=wp.int32),
         bad: wp.array(dtype=wp.int32),
     ):
         # the camera is read from device memory, so cameras on the device need no host copy
@@ -93,7 +93,7 @@ def project_one(
     means2d: wp.array(dtype=wp.vec2),
     splats: wp.array(dtype=Splat2D),
     radii: wp.array(dtype=wp.vec2i),
-    tiles_per_gauss: wp.array(dtype=wp.int64),
+    tiles_per_gauss: wp.array(dtype=wp.int32),
     bad: wp.array(dtype=wp.int32),
     antialiased: bool,  # a compile-time constant (wp.static) in each kernel variant
 ):
@@ -121,7 +121,7 @@ def project_one(
 
     radii[i] = wp.vec2i(0, 0)
     means2d[i] = wp.vec2(0.0, 0.0)  # culled entries read 0 (here, not in a separate memset launch)
-    tiles_per_gauss[i] = wp.int64(0)
+    tiles_per_gauss[i] = 0
     p = cam.rot * mean + cam.trans
     if not (p[2] >= cam.near and p[2] <= cam.far and opacity >= ALPHA_MIN):
         return
@@ -173,7 +173,8 @@ def project_one(
     radius = wp.vec2i(int(rx), int(ry))
     geom = wp.vec4(xy[0], xy[1], opacity, p[2])
     radii[i] = radius
-    tiles_per_gauss[i] = count_tiles(geom, conic, radius, tiles_x, tiles_y)
+    # at most the grid's tile count (< 2^23, bin_ops.MAX_TILES): exact in an int32
+    tiles_per_gauss[i] = wp.int32(count_tiles(geom, conic, radius, tiles_x, tiles_y))
     means2d[i] = xy
     splats[i] = Splat2D(geom, conic)
 

@@ -4,6 +4,7 @@ import numpy as np
 import warp as wp
 
 from arc_warp._src.camera import Camera, DeviceCameras
+from arc_warp._src.splat.bin_ops import forward_scratch_bytes
 from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
 from arc_warp._src.splat.project_kernels import camera_from_matrices, make_project_bwd, make_project_fwd
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
@@ -56,14 +57,16 @@ def project(
 ) -> ProjectResult:
     """Screen-space splats, radii and tile counts; flags non-finite inputs in ``bad``.
 
-    Scratch comes from ``frame``; ``means2d`` and ``radii`` are the caller's outputs.
+    The backward's state comes from ``frame``; the tile counts, read only by the binning
+    of this render, start the forward's stage of the shared scratch arena.
+    ``means2d`` and ``radii`` are the caller's outputs.
     ``antialiased``: splat opacities carry the 2D filter's compensation."""
     n = inputs.count
     result = ProjectResult(
         means2d=means2d,
         splats=frame.array("splats", n, Splat2D),  # culled entries are never read
         radii=radii,
-        tiles_per_gauss=frame.array("tiles_per_gauss", n, wp.int64),
+        tiles_per_gauss=frame.shared.scratch(n, wp.int32, room=forward_scratch_bytes(n)),
         rgb=inputs.colors if inputs.sh_coeffs == 0 else frame.array("rgb", n, wp.vec3),
     )
     frame.launch(

@@ -10,7 +10,7 @@ from arc_warp._src.arc.scatter_ops import ordered_scatter_add
 from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, grad_vector
 from arc_warp._src.splat.raster_kernels import make_raster_bwd, raster_fwd
 from arc_warp._src.splat.records import BinResult, ProjectResult, RasterImages
-from arc_warp._src.splat.workspace import Frame
+from arc_warp._src.splat.workspace import SCRATCH_ALIGN, Frame
 
 
 def rasterize(
@@ -69,14 +69,18 @@ def raster_backward(
     frame: Frame,
 ) -> wp.array:
     """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents,
-    in a zeroed buffer of ``frame``.
+    zeroed, starting the backward's stage of ``frame.shared``'s scratch arena (the
+    forward's depth sort is done with it), with room after them for the SH backward's
+    (N,) vec3 (``sh_ops.color_backward``).
 
     ``deterministic`` writes one partial per sorted entry (tile, Gaussian), summed over
     the tile's pixels in a fixed order, then sums each Gaussian's entries in entry order
     (``ordered_scatter_add``): bit-identical from run to run.
     """
     grad_t = grad_vector(absgrad)
-    raster_grads = frame.shared.array("raster_grads", proj.radii.shape[0], grad_t, zero=True)
+    n = proj.radii.shape[0]
+    room = n * (wp.types.type_size_in_bytes(grad_t) + 12) + SCRATCH_ALIGN
+    raster_grads = frame.shared.scratch(n, grad_t, room=room, zero=True)
     if bins.n_isects == 0:
         return raster_grads
     height, width = images.alpha.shape

@@ -112,7 +112,7 @@ class ProjectResult:
     means2d: wp.array  # (N,) vec2, pixels
     splats: wp.array  # (N,) Splat2D: (x, y, opacity, depth), (conic a, b, c, 0); culled: unset
     radii: wp.array  # (N,) vec2i, (0, 0) = culled
-    tiles_per_gauss: wp.array  # (N,) int64, tiles the footprint reaches
+    tiles_per_gauss: wp.array  # (N,) int32, tiles the footprint reaches (scratch: forward only)
     rgb: wp.array  # (N,) vec3, colour fed to the rasteriser
 
 
@@ -121,7 +121,7 @@ class DepthOrder:
     """Gaussians in depth order with their tile counts scanned in that order (private)."""
 
     order: wp.array  # (>= N,) int32, Gaussian ids front to back (culled ones last)
-    cum_tiles: wp.array  # (N,) int64, inclusive scan of tiles_per_gauss[order]
+    cum_tiles: wp.array  # (N,) int64, inclusive scan of tiles_per_gauss[order] (scratch: forward only)
 
 
 @dataclass

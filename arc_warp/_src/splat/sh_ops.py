@@ -65,7 +65,8 @@ def color_backward(
 ) -> wp.array | None:
     """The SH backward as a kernel of its own: adds dL/dcoefficients into ``v_colors`` (or,
     without ``accumulate``, writes every entry) and returns the view-direction share of
-    dL/dmeans, (N,) vec3 in a buffer of ``frame.shared``, for the projection backward to add
+    dL/dmeans, (N,) vec3 in ``frame.shared``'s scratch arena after ``raster_grads``, for the
+    projection backward to add
     (not written, nor read there, for SH degree 0). Its threads' shares are summed with the
     accumulator of ``mode`` (ARC ``threshold``).
 
@@ -76,7 +77,7 @@ def color_backward(
         return None
     n, rows = inputs.colors.shape
     lanes = sh_lanes(inputs.sh_coeffs, rows, not accumulate)
-    v_means = frame.shared.array("sh_v_means", n, wp.vec3, zero=inputs.sh_coeffs > 1)
+    v_means = frame.shared.scratch(n, wp.vec3, after=raster_grads, zero=inputs.sh_coeffs > 1)
     dim = -(-n * lanes // SH_BWD_BLOCK) * SH_BWD_BLOCK
     with cpu_launch_guard(frame.device):
         frame.launch(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import weakref
+from typing import NamedTuple
 
 import warp as wp
 
@@ -15,6 +16,7 @@ _REPACK = object()  # signature of an argument that is always repacked (structs,
 SORT_HISTORY = 64  # renders whose intersection totals set the sort size kept for the next
 SORT_SLACK = 4096  # entries added to every kept sort size, so small scenes rarely overflow
 GRAPHS_PER_FRAME = 24  # CUDA graphs a frame keeps (least recently used dropped first)
+SCRATCH_ALIGN = 256  # byte alignment of each part carved from the scratch arena (Frame.scratch)
 
 
 def signature(arg):
@@ -24,6 +26,16 @@ def signature(arg):
     if arg is None or isinstance(arg, (bool, int, float)):
         return arg
     return _REPACK
+
+
+class BufferInfo(NamedTuple):
+    """One device buffer of a :class:`Workspace` (see ``Workspace.memory_report``)."""
+
+    frame: int  # 0: the shared frame (scratch of one call); 1, 2, ...: render frames
+    name: str
+    dtype: type  # Warp dtype
+    shape: tuple
+    nbytes: int  # bytes allocated (a capacity buffer's spare room included)
 
 
 class Frame:
@@ -167,14 +179,50 @@ class Frame:
             self._event = wp.Event(self.device)
         return self._event
 
-    def capacity(self, name: str, count: int, dtype) -> wp.array:
-        """A 1D buffer ``name`` of at least ``count`` entries (grown by 1.5x, never shrunk),
-        for sizes that vary from call to call such as the tile-sort buffers."""
+    def capacity(self, name: str, count: int, dtype, headroom: bool = True) -> wp.array:
+        """A 1D buffer ``name`` of at least ``count`` entries (grown to 1.5x ``count``, or
+        exactly ``count`` without ``headroom``; never shrunk), for sizes that vary from
+        call to call such as the tile-sort buffers."""
         a = self._arrays.get(name)
         if a is None or a.shape[0] < count or a.dtype != dtype:
-            a = self._workspace._allocate((max(count + count // 2, 1),), dtype, False)
+            a = self._workspace._allocate((max(count + count // 2 if headroom else count, 1),), dtype, False)
             self._arrays[name] = a
         return a
+
+    def scratch(self, shape, dtype, after: wp.array | None = None, room: int = 0, zero: bool = False) -> wp.array:
+        """A ``shape`` view of ``dtype`` into this frame's scratch arena: one byte buffer
+        whose stages take turns, so a stage's scratch costs no memory beyond the largest
+        stage's (the forward's depth sort and the backward's gradients share it).
+
+        ``after`` None starts a stage: the view is at offset 0, and the arena is grown
+        first (never shrunk) to ``room`` bytes, which must cover every part the stage
+        will take. ``after`` (a view of this stage) places the view at the next
+        ``SCRATCH_ALIGN`` boundary past it; it must fit (a part never grows the arena:
+        that would move the stage's earlier parts). A view is valid until the next stage
+        starts. ``zero`` memsets it."""
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dtype = _PYTHON_DTYPES.get(dtype, dtype)
+        size = wp.types.type_size_in_bytes(dtype)
+        for d in shape:
+            size *= d
+        arena = self._arrays.get("scratch")
+        if after is None:
+            offset = 0
+            if arena is None or arena.capacity < max(room, size):
+                arena = self._arrays["scratch"] = self._workspace._allocate((max(room, size, 1),), wp.uint8, False)
+        else:
+            offset = -(-(after.ptr - arena.ptr + after.capacity) // SCRATCH_ALIGN) * SCRATCH_ALIGN
+            if offset + size > arena.capacity:
+                raise RuntimeError(f"Frame.scratch: a {size}-byte part past byte {offset} overflows the "
+                                   f"{arena.capacity}-byte arena; the stage's first part must ask for more room")
+        view = self._workspace.view(arena.ptr + offset, dtype, shape)
+        if zero:
+            view.zero_()
+        return view
+
+    def buffers(self) -> list[tuple[str, wp.array]]:
+        """(name, array) of every buffer this frame holds."""
+        return list(self._arrays.items())
 
 
 class Workspace:
@@ -218,6 +266,7 @@ class Workspace:
         self.allocations = 0
         self._free: list[Frame] = []
         self._shared = Frame(self)
+        self._frames: list[Frame] = []  # every render frame made (leased or free), for memory_report
         # kernel arguments derived from a Camera, by id; the entry keeps the camera alive
         # so an id is never reused while cached
         self.camera_args: dict[int, tuple] = {}
@@ -266,6 +315,12 @@ class Workspace:
         entry = self._sort_sizes.get(grid)
         return None if entry is None or not self.replay else entry[0]
 
+    def last_total(self, grid: tuple[int, int]) -> int | None:
+        """The intersection total of the last render on a ``grid`` = (tiles_x, tiles_y)
+        image, or None before the first."""
+        entry = self._sort_sizes.get(grid)
+        return entry[1][-1] if entry else None
+
     def observe_total(self, grid: tuple[int, int], total: int) -> None:
         """Record a render's intersection total on ``grid``: the sort size becomes 1.25x the
         largest of the last ``SORT_HISTORY`` totals (plus ``SORT_SLACK``) when a total
@@ -281,7 +336,26 @@ class Workspace:
 
     def acquire(self) -> Frame:
         """A free frame, or a new one."""
-        return self._free.pop() if self._free else Frame(self, self._shared)
+        if self._free:
+            return self._free.pop()
+        self._frames.append(Frame(self, self._shared))
+        return self._frames[-1]
+
+    def memory_report(self) -> list[BufferInfo]:
+        """Every device buffer this workspace holds, as :class:`BufferInfo` records: the
+        shared frame's (``frame`` 0) and each render frame's (1, 2, ... in order of
+        creation, leased or free). Host (page-locked) buffers are left out. Their
+        ``nbytes`` sum to :meth:`nbytes`; what the buffers cost per Gaussian, intersection
+        or pixel is the caller's to divide (``benchmarks/memory_report.py`` does)."""
+        return [BufferInfo(i, name, a.dtype, a.shape, a.capacity)
+                for i, frame in enumerate([self._shared, *self._frames])
+                for name, a in frame.buffers() if a.device == self.device]
+
+    def nbytes(self) -> int:
+        """Bytes of device memory the workspace's buffers hold (see :meth:`memory_report`):
+        what a render and its backward keep allocated between steps, since the workspace
+        frees nothing."""
+        return sum(b.nbytes for b in self.memory_report())
 
     def release_with(self, owner, frame: Frame) -> None:
         """Return ``frame`` to the pool when ``owner`` (the render's output) is collected."""
