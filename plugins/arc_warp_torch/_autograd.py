@@ -16,8 +16,8 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 import warp as wp
 
-from arc_warp import (Camera, DeviceCameras, GaussianGrads, RenderSettings, Workspace, render_gaussians_backward)
-from arc_warp._src.splat.render import render_checked
+from arc_warp import Camera, DeviceCameras, GaussianGrads, RenderSettings, Workspace
+from arc_warp._src.splat.render import backward_checked, render_checked
 from arc_warp._src.splat.validate import check_inputs
 
 
@@ -29,8 +29,9 @@ class RenderContext:
       creation, never inside a training step; the frame of a render whose backward has
       run (without retain_graph) serves the next render even while its image is still
       referenced (`release_finished`), so a training loop holds one frame, not two;
-    - one ``wp.ScopedStream`` per torch CUDA stream, made on first use of that stream,
-      so Warp launches on torch's current stream without a new wrapper per call;
+    - one ``wp.Stream`` per torch CUDA stream, made on first use of that stream, made
+      Warp's current stream for the bridge's calls (`stream`), so Warp launches on
+      torch's current stream;
     - on CUDA, Warp's pool release threshold, set here when this context is made:
       ``pool_release_fraction`` of device memory stays pooled across the per-step sync
       (CUDA's default 0 hands every freed block back at each sync, so each step would
@@ -60,7 +61,7 @@ class RenderContext:
         self.workspace = Workspace(wdev, threshold, graphs=graphs)
         self._pool = torch.cuda.MemPool() if self.workspace.graphs else None
         self._wdevice = wdev
-        self._streams = {}
+        self._streams = {}  # torch CUDA stream handle -> wp.Stream
         self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
         self._memo = {}  # (kind, pointers, shapes, ...) -> checked views (see `_memoized`)
         self._device_cameras = {}  # (pointers, C, size, planes) -> DeviceCameras (see `device_cameras`)
@@ -140,8 +141,11 @@ class RenderContext:
         this context's CUDA device, read by the projection kernel. float32 contiguous
         copies are made only where needed; torch's allocator reuses their memory only in
         stream order, after the queued kernel has read them."""
-        vm = viewmats.detach().to(torch.float32).contiguous()
-        ks = Ks.detach().to(torch.float32).contiguous()
+        vm, ks = viewmats, Ks  # read by pointer only: no detach needed
+        if vm.dtype is not torch.float32 or not vm.is_contiguous():
+            vm = vm.to(torch.float32).contiguous()
+        if ks.dtype is not torch.float32 or not ks.is_contiguous():
+            ks = ks.to(torch.float32).contiguous()
         key = (vm.data_ptr(), ks.data_ptr(), vm.shape[0], width, height, near, far)
         cams = self._device_cameras.get(key)
         if cams is None:  # by pointer: the kernel reads the values, so a cached batch stays right
@@ -218,14 +222,32 @@ class RenderContext:
         """Context in which Warp launches on torch's current stream (no-op on the CPU)."""
         if self.device.type != "cuda":
             return contextlib.nullcontext()
-        handle = torch.cuda.current_stream(self.device).cuda_stream
-        scoped = self._streams.get(handle)
-        if scoped is None:
-            # no wait on Warp's previous current stream: torch orders on this stream everything
-            # the bridge's launches read and write (its tensors and the workspace's buffers)
-            scoped = wp.ScopedStream(wp.stream_from_torch(self.device), sync_enter=False)
-            self._streams[handle] = scoped
-        return scoped
+        handle = torch.cuda.current_stream(self.device.index).cuda_stream
+        stream = self._streams.get(handle)
+        if stream is None:
+            stream = self._streams[handle] = wp.stream_from_torch(self.device)
+        return _StreamScope(self._wdevice, stream)
+
+
+class _StreamScope:
+    """Makes ``stream`` the current stream of its Warp ``device`` for a block, without a
+    wait on the previous one (torch orders on its stream everything the bridge's
+    launches read and write: its tensors and the workspace's buffers) and without
+    making the device current (the bridge's Warp calls name their device)."""
+
+    __slots__ = ("device", "stream", "saved")
+
+    def __init__(self, device, stream):
+        self.device, self.stream = device, stream
+
+    def __enter__(self):
+        self.saved = self.device.stream
+        if self.saved is not self.stream:
+            self.device.set_stream(self.stream, sync=False)
+
+    def __exit__(self, *exc):
+        if self.saved is not self.stream:
+            self.device.set_stream(self.saved, sync=False)
 
 
 @functools.cache
@@ -254,6 +276,11 @@ def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = No
     non-floating dtypes, ValueError for wrong shapes or devices. The dtype cast and the
     contiguity copy are autograd-tracked and happen only when needed.
     """
+    # the common case, tested first: it costs a training step's host time on every call
+    if (isinstance(t, torch.Tensor) and t.dtype is torch.float32 and t.dim() == len(shape)
+            and ((t.is_cuda or t.is_cpu) if device is None else t.device == device) and t.is_contiguous()
+            and all(s is None or isinstance(s, str) or s == d for s, d in zip(shape, t.shape))):
+        return t
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
@@ -436,8 +463,7 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
                 out.means2d_grad.zero_()
             if out.means2d_absgrad is not None and i > 0:
                 out.means2d_absgrad.zero_()
-            render_gaussians_backward(out, *(cotangents[i].get(name) for name in IMAGE_NAMES), grads=into,
-                                      accumulate=i > 0, means2d_grad=m2d_grad)
+            backward_checked(out, *(cotangents[i].get(name) for name in IMAGE_NAMES), into, i > 0, m2d_grad)
     if sink is None:
         return torch_grads, None
     target = sink.tensor

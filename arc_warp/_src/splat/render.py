@@ -266,7 +266,7 @@ def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int 
     if n > 0:
         event = frame.event()
         if event is not None:
-            wp.record_event(event)
+            frame.device.stream.record_event(event)  # the device's stream, whatever device is current
         if sort_size is None:
             if event is not None:
                 wp.synchronize_event(event)  # the one host sync of this render
@@ -407,30 +407,42 @@ def render_gaussians_backward(
     device = inputs.means.device
     shape = out.alpha.shape
 
-    frame = out._frame
-
     def cotangent(value, name, dtype):
-        if value is not None:
-            return check_array(value, name, dtype, 2, shape, device)
-        # one read-only zero image per dtype serves every missing cotangent
-        return frame.shared.zeros_once(f"zero_{dtype.__name__}", shape, dtype)
+        return None if value is None else check_array(value, name, dtype, 2, shape, device)
 
     v_color = cotangent(grad_color, "grad_color", wp.vec3)
     v_alpha = cotangent(grad_alpha, "grad_alpha", wp.float32)
     v_depth = cotangent(grad_depth, "grad_depth", wp.float32)
     v_expected = cotangent(grad_expected_depth, "grad_expected_depth", wp.float32)
     if grads is None:
-        grads = _grads_into(frame, inputs, own_grads=False, zero=False)
+        grads = _grads_into(out._frame, inputs, own_grads=False, zero=False)
         accumulate = False
     else:
         check_grads(grads, inputs)
+    if means2d_grad is not None:
+        check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (inputs.count,), device)
+    backward_checked(out, v_color, v_alpha, v_depth, v_expected, grads, accumulate, means2d_grad)
+    return grads
+
+
+def backward_checked(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.array | None,
+                     v_depth: wp.array | None, v_expected: wp.array | None, grads: GaussianGrads,
+                     accumulate: bool, means2d_grad: wp.array | None) -> None:
+    """:func:`render_gaussians_backward` from arguments it has checked (also the torch
+    bridge's entry, which checks its tensors itself): cotangents shaped like ``out``'s
+    images or None (zero), ``grads`` matching the inputs, ``means2d_grad`` (N,) wp.vec2
+    or None (``out.means2d_grad``)."""
+    inputs = out._inputs
+    if inputs.count == 0:
+        return
+    frame = out._frame
+    shape = out.alpha.shape
+    # one read-only zero image per dtype serves every missing cotangent
+    v_color = v_color if v_color is not None else frame.shared.zeros_once("zero_vec3f", shape, wp.vec3)
+    v_alpha, v_depth, v_expected = (v if v is not None else frame.shared.zeros_once("zero_float32", shape, wp.float32)
+                                    for v in (v_alpha, v_depth, v_expected))
     if means2d_grad is None:
         means2d_grad = out.means2d_grad
-    else:
-        check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (inputs.count,), device)
-    if inputs.count == 0:
-        return grads
-
     settings = out.settings
     # resolved when the workspace was made, never here (no lazy calibration in a step)
     threshold = settings.threshold if settings.threshold is not None else frame._workspace.threshold
@@ -454,4 +466,3 @@ def render_gaussians_backward(
         )
 
     frame.replay(key, queue_backward)
-    return grads
