@@ -18,7 +18,10 @@ regime and camera count C it reports, as medians after warm-up:
   arc_warp code": the time inside ``rasterization()`` and its autograd backward, less
   that wait (the user's activations, loss and torch's autograd engine excluded);
 - peak MiB: ``torch.cuda.max_memory_allocated`` plus Warp's stream-ordered pool
-  high-water mark (``wp.get_mempool_used_mem_high``) over the library's runs.
+  high-water mark (``wp.get_mempool_used_mem_high``, less Warp's memory in use before the
+  library's runs), read after the torch-Adam training steps: the same work for every
+  library (forward, backward and torch-Adam steps), before arc_warp's and Faster-GS's
+  own optimizers run.
 
 Libraries are imported if available and skipped otherwise: ``arc`` (arc_warp_torch;
 ``arc_nograph`` the same with ``RenderContext(graphs=False)``: no CUDA graph replay),
@@ -295,9 +298,10 @@ def _optimizer(kind, params):
     return SparseGaussianAdam(groups, lr=0.0, eps=1e-15, bias_correction=True)
 
 
-def bench_library(lib, raw, viewmats, ks, target, device, reps):
+def bench_library(lib, raw, viewmats, ks, target, device, reps, warp_before):
     """Median forward / backward / step times (one step per optimizer of ``lib``), host
-    time per forward + backward, ms."""
+    time per forward + backward, ms; peak memory of the runs up to the torch-Adam steps
+    (see the module notes), MiB."""
     cuda = device.type == "cuda"
     params = lib.params(raw, device)
     fwd, bwd, host, wait, arc_host = [], [], [], [], []
@@ -345,6 +349,7 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps):
                 for _ in range(reps):
                     step()
             row["loop_ms"] = tl.device_ms() / reps
+            row["peak_mib"] = _peak_mib(device, warp_before)
     return row
 
 
@@ -492,12 +497,11 @@ def main(argv=None) -> int:
                     warp_before = wp.get_mempool_used_mem_current(wp.device_from_torch(device)) \
                         if device.type == "cuda" else 0
                     try:
-                        row = bench_library(lib, raw, viewmats, ks, target, device, args.reps)
+                        row = bench_library(lib, raw, viewmats, ks, target, device, args.reps, warp_before)
                     except Exception as e:  # noqa: BLE001 - report, go on with the others
                         print(f"| {n} | {regime} | {c} | {name} | failed: {type(e).__name__}: {e} |")
                         continue
-                    row.update(n=n, regime=regime, cameras=c, library=name,
-                               peak_mib=_peak_mib(device, warp_before))
+                    row.update(n=n, regime=regime, cameras=c, library=name)
                     rows.append(row)
                     arc = name.startswith("arc")
                     cell = lambda *ks: next((f"{row[k]:.3f}" for k in ks if k in row), "-")  # noqa: E731
