@@ -57,7 +57,7 @@ def test_replayed_graphs_match_kernel_launches(rng, reduce):
         for g, w in zip(got[3:], want[3:]):  # gradients: up to the order of float atomics
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
         if step >= 2:  # captured on the second repeat, replayed after
-            assert len(out._frame._graphs) == 3
+            assert len(out._frame._graphs) == 2  # the forward (both stages in one graph), the backward
         del out
     assert not any(f._graphs for f in plain._free)
 
@@ -74,7 +74,7 @@ def test_graph_replay_overflow_rerenders_exactly(rng):
         frame = out._frame
         del out
     kept = ws.sort_size((4, 3))
-    assert len(frame._graphs) == 2  # the forward's two stages, replayed since the third render
+    assert len(frame._graphs) == 1  # the forward, replayed since the third render
     small.scales[:] *= 8.0  # many more tiles per Gaussian, same pointers
     _upload(small, arrays)
     out = render_gaussians(*arrays, camera, workspace=ws)
@@ -125,5 +125,5 @@ def test_torch_training_loop_replays_graphs(rng):
     want = train(RenderContext("cuda", graphs=False))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
-    # 3 graphs a step (two forward stages, the backward): the last two steps replay all six
-    assert launches[-6:] == [True] * 6, launches
+    # 2 graphs a step (the forward, the backward): the last two steps replay all four
+    assert launches[-4:] == [True] * 4, launches

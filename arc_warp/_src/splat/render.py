@@ -218,8 +218,9 @@ def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int 
 
     The intersection sort is sized by the workspace's kept capacity without waiting for
     the device, or (``exact``, or no capacity yet) by reading the total back first.
-    With a kept capacity, the stages before and after the flags copy each go through
-    ``Frame.replay`` (a CUDA graph once the same arguments repeat).
+    With a kept capacity and graphs, both stages (projection through the flags copy, then
+    sort through the rasteriser) go through one ``Frame.replay`` (a CUDA graph once the
+    same arguments repeat), with the event the host waits on recorded between them.
     ``input_key`` is the part of the graph keys common to all cameras (None: no graphs).
     Returns the output and, for the first way, what :func:`_settle` checks once all
     cameras are queued."""
@@ -252,29 +253,19 @@ def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int 
         params = cam if index is None else device_camera_params(camera, index, flags, frame)
         proj = project(inputs, params, settings.eps2d, *grid, flags, frame, means2d, radii, settings.antialiased)
         if n == 0:
-            return flags, params, _unbound(proj, inputs), None, None
+            return params, _unbound(proj, inputs), None, None
         compute_colors(inputs, params, proj, flags, frame)  # flags bad colours before the readback
         depth = count_intersections(proj, flags, frame)
         host_flags = frame.host_array("host_flags", flags.shape[0], wp.int32)
         wp.copy(host_flags, flags)
-        return flags, params, _unbound(proj, inputs), depth, host_flags
+        return params, _unbound(proj, inputs), depth, host_flags
 
-    flags, params, proj, depth, host_flags = frame.replay(key and ("count", key), queue_count)
-    proj = dataclasses.replace(proj, means2d=means2d, radii=radii,
-                               rgb=inputs.colors if inputs.sh_coeffs == 0 else proj.rgb)
-    pending = None
-    if n > 0:
-        event = frame.event()
-        if event is not None:
-            frame.device.stream.record_event(event)  # the device's stream, whatever device is current
-        if sort_size is None:
-            if event is not None:
-                wp.synchronize_event(event)  # the one host sync of this render
-            sort_size = _read_total(frame.host_numpy(host_flags), workspace, grid)
-        else:
-            pending = _Pending(frame.host_numpy(host_flags), event, sort_size)
+    def bound(proj):
+        """``proj`` with this call's arrays (outputs, plain RGB inputs) put back."""
+        return dataclasses.replace(proj, means2d=means2d, radii=radii,
+                                   rgb=inputs.colors if inputs.sh_coeffs == 0 else proj.rgb)
 
-    def queue_raster():
+    def queue_raster(proj, depth, sort_size):
         if n > 0:
             # buffers for the size later renders will sort, so those allocate nothing
             reserve = workspace.sort_size(grid) or 0
@@ -287,7 +278,32 @@ def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int 
         means2d_absgrad = frame.array("means2d_absgrad", n, wp.vec2, zero=True) if settings.absgrad else None
         return bins, dataclasses.replace(images, **dict.fromkeys(IMAGE_OUTPUTS)), means2d_grad, means2d_absgrad
 
-    bins, images, means2d_grad, means2d_absgrad = frame.replay(key and ("raster", key), queue_raster)
+    event = frame.event() if n > 0 else None
+    pending = None
+    if key is not None:
+        # both stages in one graph, the event the host waits on recorded between them
+        def queue_forward():
+            params, proj, depth, host_flags = queue_count()
+            frame.device.stream.record_event(event, external=True)
+            return params, proj, host_flags, queue_raster(bound(proj), depth, sort_size)
+
+        params, proj, host_flags, rastered = frame.replay(("forward", key), queue_forward)
+        proj = bound(proj)
+        pending = _Pending(frame.host_numpy(host_flags), event, sort_size)
+    else:
+        params, proj, depth, host_flags = queue_count()
+        proj = bound(proj)
+        if n > 0:
+            if event is not None:
+                frame.device.stream.record_event(event)  # the device's stream, whatever device is current
+            if sort_size is None:
+                if event is not None:
+                    wp.synchronize_event(event)  # the one host sync of this render
+                sort_size = _read_total(frame.host_numpy(host_flags), workspace, grid)
+            else:
+                pending = _Pending(frame.host_numpy(host_flags), event, sort_size)
+        rastered = queue_raster(proj, depth, sort_size)
+    bins, images, means2d_grad, means2d_absgrad = rastered
     bins = dataclasses.replace(bins)  # its n_isects is this render's
     images = dataclasses.replace(images, **images_out)
     if any(a.requires_grad for a in inputs.arrays):
