@@ -20,6 +20,7 @@ Usage::
 
     python benchmarks/memory_report.py --device cpu --n 100000 --extrapolate 1000000
     python benchmarks/memory_report.py --n 1000000 --cameras 1 4
+    python benchmarks/memory_report.py --n 1000000 --peaks   # plus a torch-Adam step's peaks
 """
 
 import argparse
@@ -79,6 +80,34 @@ def report(n, width, height, cameras, device, steps=3, regime="small"):
     return rows, counts
 
 
+def peaks(n, width, height, device, steps=12, regime="small"):
+    """Peak memory of a training step (render + L1 + backward + ``torch.optim.Adam``, one
+    camera) in a fresh context: (torch's peak allocated over the last two steps, Warp's
+    pool in use after them, Warp's pool high-water mark since the process started), MiB.
+    CUDA only."""
+    from arc_warp_torch import RenderContext, rasterization
+
+    raw, viewmats, ks = make_scene(n, regime, width, height, 1)
+    viewmats, ks = viewmats.to(device), ks.to(device)
+    params = _params(raw, device)
+    opt = torch.optim.Adam(list(params.values()), lr=1e-4)
+    context = RenderContext(device)
+    wdev = wp.device_from_torch(device)
+    for step in range(steps):
+        if step == steps - 2:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
+        img = rasterization(*_activated(params), viewmats, ks, width, height, sh_degree=SH_DEGREE,
+                            context=context)[0]
+        img.abs().mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize(device)
+    mib = 2**20
+    return (torch.cuda.max_memory_allocated(device) / mib, wp.get_mempool_used_mem_current(wdev) / mib,
+            wp.get_mempool_used_mem_high(wdev) / mib)
+
+
 def print_report(rows, counts, extrapolate=None):
     n, isects, pixels = counts["gaussian"], counts["isect"], counts["pixel"]
     print(f"# N = {n}, intersections = {isects} ({isects / n:.3f} per Gaussian), pixels = {pixels}")
@@ -109,13 +138,22 @@ def main(argv=None) -> int:
     ap.add_argument("--cameras", type=int, nargs="+", default=[1])
     ap.add_argument("--regime", choices=("small", "large"), default="small")
     ap.add_argument("--extrapolate", type=int, help="also estimate the totals at this N")
+    ap.add_argument("--peaks", action="store_true",
+                    help="CUDA: also the peak memory of a torch-Adam training step in a fresh process")
     args = ap.parse_args(argv)
-    wp.config.quiet = True
+    wp.config.log_level = wp.LOG_WARNING
     wp.init()
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("no CUDA device: use --device cpu", file=sys.stderr)
         return 2
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if args.peaks and device.type == "cuda":  # first, so no other run's memory counts
+        torch_peak, warp_now, warp_high = peaks(args.n, args.width, args.height, device, regime=args.regime)
+        print(f"# training step, N = {args.n}, C = 1: torch peak {torch_peak:.0f} MiB (parameters, their "
+              f"gradients and Adam's states included), Warp pool {warp_now:.0f} MiB in use, "
+              f"{warp_high:.0f} MiB high-water mark")
     for c in args.cameras:
         rows, counts = report(args.n, args.width, args.height, c, device, regime=args.regime)
         print(f"\n# {args.regime} regime, {args.width}x{args.height}, C = {c}, SH {SH_DEGREE}, device {device}")

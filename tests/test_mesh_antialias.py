@@ -11,7 +11,7 @@ from arc_warp._src.mesh.primitives import uv_sphere
 from mesh_scenes import REDUCE_CASES, REDUCE_IDS, cpu_blocks, t64, wa
 from reference_mesh import antialias as ref_antialias
 
-wp.config.quiet = True
+wp.config.log_level = wp.LOG_WARNING
 H, W = 12, 14
 
 

@@ -10,7 +10,7 @@ import arc_warp.mesh as mesh
 from mesh_scenes import REDUCE_CASES, REDUCE_IDS, cpu_blocks, random_mesh, t64, wa
 from reference_mesh import interpolate as ref_interpolate
 
-wp.config.quiet = True
+wp.config.log_level = wp.LOG_WARNING
 H, W = 11, 14
 
 

@@ -12,7 +12,7 @@ from arc_warp._src.mesh import plan as plan_module
 from arc_warp._src.mesh.primitives import uv_sphere
 from mesh_scenes import wa
 
-wp.config.quiet = True
+wp.config.log_level = wp.LOG_WARNING
 
 
 def sphere(rng, batch=2):

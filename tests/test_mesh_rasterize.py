@@ -11,7 +11,7 @@ from arc_warp import Workspace
 from mesh_scenes import REDUCE_CASES, REDUCE_IDS, cpu_blocks, random_mesh, t64, wa
 from reference_mesh import barycentrics, rasterize as ref_rasterize
 
-wp.config.quiet = True
+wp.config.log_level = wp.LOG_WARNING
 H, W = 13, 17  # not multiples of 16, not square
 
 # Pixels whose decision is within this of flipping (barycentric near 0 or a depth

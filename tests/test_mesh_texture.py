@@ -10,7 +10,7 @@ import arc_warp.mesh as mesh
 from mesh_scenes import REDUCE_CASES, REDUCE_IDS, cpu_blocks, t64, wa
 from reference_mesh import texture as ref_texture
 
-wp.config.quiet = True
+wp.config.log_level = wp.LOG_WARNING
 H, W = 9, 13
 MODES = ["nearest", "linear", "linear-mipmap-nearest", "linear-mipmap-linear"]
 
