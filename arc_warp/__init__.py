@@ -1,6 +1,6 @@
 """arc_warp: differentiable rasterization in NVIDIA Warp with ARC adaptive atomic reduction."""
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 from .ply import GaussianPly, PlyFormatError, read_ply, write_ply
 from .arc import MODES, Calibration, accumulator, calibrate, resolve_threshold, scatter_add, warp_plan, warp_reducer
