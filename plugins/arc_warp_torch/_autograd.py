@@ -363,8 +363,9 @@ class _RaiseOnDoubleBackward(torch.autograd.Function):
 class _RenderGaussians(torch.autograd.Function):
     """(means, quats, scales, opacities, colors) -> (color, alpha, depth, expected_depth,
     radii) for C cameras of one size, written into tensors allocated once per call; the
-    projected means go into `means2d_out`. Backward calls render_gaussians_backward per
-    camera, all adding into one zeroed gradient buffer."""
+    projected means go into `means2d_out`. Backward runs the core backward
+    (`backward_checked`) per camera into one gradient buffer: the first camera writes every
+    entry, the others add."""
 
     @staticmethod
     def forward(ctx, context, cameras, settings, means2d_out, sink, sink_tensor,
@@ -423,8 +424,8 @@ class _RenderGaussians(torch.autograd.Function):
 
 
 def _warp_backward(context, outs, inputs, sink, output_grads):
-    """Run render_gaussians_backward on torch cotangents ([C, ...]); return torch grads
-    shaped like `inputs` and the sink's means2d gradient (None without a sink)."""
+    """Run the core backward (`backward_checked`) on torch cotangents ([C, ...]); return
+    torch grads shaped like `inputs` and the sink's means2d gradient (None without a sink)."""
     # torch owns the gradient memory (its allocator, its stream); Warp writes into it. One
     # buffer holds the gradients of leaf inputs and, for a [C, N, 2] sink, its gradient:
     # torch keeps them as .grad (views of the buffer) until the optimizer step. Another holds
