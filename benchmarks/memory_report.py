@@ -45,16 +45,21 @@ def _kind(name, shape, n, pixels):
     return "other"
 
 
+def _setup(n, width, height, cameras, device, regime):
+    """(parameters, viewmats, Ks, a fresh RenderContext) of a ``make_scene`` scene on ``device``."""
+    from arc_warp_torch import RenderContext
+
+    raw, viewmats, ks = make_scene(n, regime, width, height, cameras)
+    return _params(raw, device), viewmats.to(device), ks.to(device), RenderContext(device)
+
+
 def report(n, width, height, cameras, device, steps=3, regime="small"):
     """Runs ``steps`` render + backward steps and returns (rows, counts): rows of
     (owner, name, dtype, shape, bytes, kind), counts {"gaussian": N, "isect": total over
     cameras, "pixel": C*H*W}."""
-    from arc_warp_torch import RenderContext, rasterization
+    from arc_warp_torch import rasterization
 
-    raw, viewmats, ks = make_scene(n, regime, width, height, cameras)
-    viewmats, ks = viewmats.to(device), ks.to(device)
-    params = _params(raw, device)
-    context = RenderContext(device)
+    params, viewmats, ks, context = _setup(n, width, height, cameras, device, regime)
     img = None
     for _ in range(steps):
         img, _, meta = rasterization(*_activated(params), viewmats, ks, width, height, sh_degree=SH_DEGREE,
@@ -85,13 +90,10 @@ def peaks(n, width, height, device, steps=12, regime="small"):
     camera) in a fresh context: (torch's peak allocated over the last two steps, Warp's
     pool in use after them, Warp's pool high-water mark since the process started), MiB.
     CUDA only."""
-    from arc_warp_torch import RenderContext, rasterization
+    from arc_warp_torch import rasterization
 
-    raw, viewmats, ks = make_scene(n, regime, width, height, 1)
-    viewmats, ks = viewmats.to(device), ks.to(device)
-    params = _params(raw, device)
+    params, viewmats, ks, context = _setup(n, width, height, 1, device, regime)
     opt = torch.optim.Adam(list(params.values()), lr=1e-4)
-    context = RenderContext(device)
     wdev = wp.device_from_torch(device)
     for step in range(steps):
         if step == steps - 2:

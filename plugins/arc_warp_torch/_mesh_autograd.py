@@ -36,8 +36,8 @@ def to_warp(t: torch.Tensor | None):
 
 def _view(context, t: torch.Tensor | None, dtype=wp.float32):
     """Cached non-owning Warp view, of the same shape, of a contiguous float32 (or, with
-    ``dtype=wp.int32``, int32) tensor (``Workspace.view``), or None."""
-    return None if t is None else context.workspace.view(t.data_ptr(), dtype, tuple(t.shape))
+    ``dtype=wp.int32``, int32) tensor (``RenderContext.view``), or None."""
+    return None if t is None else context.view(t, dtype)
 
 
 def _padded(t: torch.Tensor) -> int:

@@ -79,7 +79,8 @@ def raster_backward(
     """
     grad_t = grad_vector(absgrad)
     n = proj.radii.shape[0]
-    room = n * (wp.types.type_size_in_bytes(grad_t) + 12) + SCRATCH_ALIGN
+    # the SH backward's (N,) vec3 share follows on the next SCRATCH_ALIGN boundary
+    room = n * (wp.types.type_size_in_bytes(grad_t) + wp.types.type_size_in_bytes(wp.vec3)) + SCRATCH_ALIGN
     raster_grads = frame.shared.scratch(n, grad_t, room=room, zero=True)
     if bins.n_isects == 0:
         return raster_grads

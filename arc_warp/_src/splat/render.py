@@ -402,8 +402,9 @@ def render_gaussians_backward(
     direction: each Gaussian's row shares summed with the same accumulator), and one
     per-Gaussian kernel through the projection (means, quats via the normalisation,
     scales, opacities). Plain RGB colours, and SH under ``"deterministic"``, take their
-    colour backward inside the per-Gaussian kernel. The 2D mean gradients are added into ``out.means2d_grad`` and, with
-    ``settings.absgrad``, their per-pixel absolute sums into ``out.means2d_absgrad``.
+    colour backward inside the per-Gaussian kernel. The 2D mean gradients are added into
+    ``out.means2d_grad`` and, with ``settings.absgrad``, their per-pixel absolute sums into
+    ``out.means2d_absgrad``.
 
     ``accumulate`` False writes the gradients into ``grads`` (every entry: culled
     Gaussians and SH coefficients past ``settings.sh_degree`` get 0) instead of adding
