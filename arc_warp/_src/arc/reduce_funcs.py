@@ -8,7 +8,8 @@ that adds ``value`` into ``dest[index]`` for every lane whose ``valid`` is true.
 Modes (compile-time specialisations of one body):
 
 ``atomic``
-    One atomic per lane per component: what Warp's generated adjoints do.
+    One atomic add per lane: per component, as Warp's generated adjoints do, except that
+    vectors go out as float4 / float2 atomics on sm_90 and later (:func:`lane_atomic_add`).
 ``warp``
     Always reduce in the warp (gsplat's approach). The valid lanes are reduced in
     rounds, one per distinct index, lowest lane's index first; a warp whose lanes
@@ -30,6 +31,8 @@ Modes (compile-time specialisations of one body):
     Benchmark-only: reduces nothing and adds nothing. It keeps ``value`` alive so
     a kernel built with it costs what the same kernel would cost with free
     gradient accumulation.
+
+Every raw (per-lane) add of every mode goes through :func:`lane_atomic_add`.
 
 Convergence: every function here is safe to call from any subset of a warp's
 lanes. :func:`warp_plan` (and so :func:`accumulator`) returns ``False`` unless the
@@ -60,6 +63,7 @@ from .intrinsics import (
     shfl_int,
     warp_converged,
 )
+from .vector_atomics import vector_atomic_add
 
 ACCUMULATOR_MODES = ("atomic", "warp", "serial", "arc", "floor")
 """Modes of :func:`accumulator`, :func:`warp_plan` and :func:`warp_reducer` (``floor``: benchmarks only)."""
@@ -123,11 +127,29 @@ def _component_ops(dtype):
     return to_vec, component_add, vec_k
 
 
+@functools.cache
+def lane_atomic_add(dtype):
+    """``add(dest, index, value)``: one lane's atomic ``dest[index] += value``.
+
+    ``wp.atomic_add`` for ``wp.float32``; for a vector of ``K >= 2`` floats,
+    :func:`~.vector_atomics.vector_atomic_add` (float4 / float2 atomics on sm_90 and
+    later, by the element's alignment; scalar atomics before). Every per-lane add of
+    this module goes through it.
+    """
+    if vector_length(dtype) >= 2:
+        return vector_atomic_add(dtype)
+
+    def add(dest: wp.array(dtype=dtype), index: int, value: dtype):
+        wp.atomic_add(dest, index, value)
+
+    return wp.func(add, name=f"arc_lane_atomic_add_{_type_tag(dtype)}", module="unique")
+
+
 def lane_adder(dtype, mode: str):
     """``add(dest, index, value, valid, threshold)``: the per-lane add of ``mode``.
 
     What a kernel calls where a warp's plan is ``False`` (see :func:`warp_plan`):
-    ``wp.atomic_add`` for every mode but ``floor``, which adds nothing.
+    :func:`lane_atomic_add` for every mode but ``floor``, which adds nothing.
     """
     return _lane_add(dtype, "floor" if check_mode(mode) == "floor" else "atomic")
 
@@ -135,11 +157,12 @@ def lane_adder(dtype, mode: str):
 @functools.cache
 def _lane_add(dtype, kind: str):
     to_vec, _, _ = _component_ops(dtype)
+    atomic_add = lane_atomic_add(dtype)
 
     def add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
         if wp.static(kind == "atomic"):
             if valid:
-                wp.atomic_add(dest, index, value)
+                atomic_add(dest, index, value)
         else:
             v = to_vec(value)
             if valid and v[0] == wp.static(_FLOOR_SENTINEL):
@@ -154,7 +177,9 @@ def warp_plan(mode: str = "arc"):
 
     ``True`` means the warp reduces: every lane, valid or not, then calls the
     reducer of :func:`warp_reducer`, with no branch between the two that could split
-    the warp. ``False`` means each valid lane adds its value with ``wp.atomic_add``.
+    the warp. ``False`` means each valid lane adds its value atomically
+    (:func:`lane_atomic_add`: ``wp.atomic_add``, or float4 / float2 atomics for vectors on
+    sm_90 and later).
     ``arc`` reduces when at least ``threshold`` lanes are valid, ``warp`` and
     ``serial`` when any lane is, ``atomic`` and ``floor`` never.
 
@@ -218,6 +243,7 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
         # Never planned, but callable, so one kernel body serves every mode.
         return lane_adder(dtype, mode)
     to_vec, component_add, vec_k = _component_ops(dtype)
+    atomic_add = lane_atomic_add(dtype)
     reduce_scatter_k, owned_component = reduce_scatter(k)
     arc = mode == "arc"
 
@@ -239,7 +265,7 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
             # (emulation plans no count, so it counts here).
             reducing = valid and popc(peers) >= threshold
             if valid and not reducing:
-                wp.atomic_add(dest, index, value)
+                atomic_add(dest, index, value)
             pending = ballot(mask, reducing)
         # One index per warp needs one round; otherwise at most one per lane.
         rounds = wp.static(1 if uniform_index else 32)
@@ -299,6 +325,7 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
     check_mode(mode)
     plan_fn = warp_plan(mode)
     reduce_fn = warp_reducer(dtype, mode, uniform_index)  # validates dtype
+    atomic_add = lane_atomic_add(dtype)
 
     def add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
         if wp.static(mode in _PER_LANE_MODES):
@@ -306,7 +333,7 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
         elif plan_fn(valid, threshold):  # False unless the warp is full and converged
             reduce_fn(dest, index, value, valid, threshold)
         elif valid:
-            wp.atomic_add(dest, index, value)
+            atomic_add(dest, index, value)
 
     tag = f"{mode}_{_type_tag(dtype)}{'_u' if uniform_index else ''}"
     return wp.func(add, name=f"arc_add_{tag}", module="unique")
