@@ -176,3 +176,61 @@ def test_mip_stack_bits(rng, shape, levels):
     out = wp.empty(mesh.mip_shape(shape, levels), dtype=wp.float32)
     mesh.build_mip(wa(tex), levels, out=out)
     np.testing.assert_array_equal(out.numpy(), want)
+
+
+@pytest.mark.parametrize("filter_mode", ["nearest", "linear-mipmap-linear"])
+def test_channel_chunks(rng, filter_mode):
+    # 20 channels move as two 10-vectors per texel (chunking): chunk c of texel t is vector
+    # t * 2 + c of the stack, of the cotangent and of the gradients
+    tex, uv, uv_da, bias = inputs(rng, tex_shape=(1, 8, 16, 20), batch=1)
+    use_mip = "mipmap" in filter_mode
+    da, b = (uv_da, bias) if use_mip else (None, None)
+    ok = away_from_steps(uv, tex.shape, margin=2e-3)
+    out = mesh.texture(wa(tex), wa(uv), wa(da) if use_mip else None, wa(b) if use_mip else None,
+                       filter_mode=filter_mode).numpy()
+    ref = ref_texture(t64(tex), t64(uv), t64(da) if use_mip else None, t64(b) if use_mip else None,
+                      filter_mode, "wrap").numpy()
+    assert np.mean(np.abs(out - ref).max(-1)[ok] < 1e-5) > 0.97  # as test_forward_matches_reference
+    g = (rng.standard_normal((1, H, W, 20)) * ok[..., None]).astype(np.float32)
+    got = mesh.texture_backward(wa(tex), wa(uv), wa(g), wa(da) if use_mip else None, wa(b) if use_mip else None,
+                                filter_mode=filter_mode)
+    want = reference_grads(tex, uv, da, b, filter_mode, "wrap", g)
+    # tolerances as test_backward_filters (20 channels: dot products of 20 terms)
+    np.testing.assert_allclose(got[0].numpy(), want[0], atol=2e-5 * np.abs(want[0]).max())
+    if use_mip:
+        np.testing.assert_allclose(got[1].numpy(), want[1], rtol=1e-4, atol=2e-4)
+        np.testing.assert_allclose(got[3].numpy(), want[3], rtol=1e-3, atol=1e-4)
+
+
+def test_backward_adds_into_given_gradients(rng):
+    # grad_* arrays are added into (the tape accumulates several uses of an input)
+    tex, uv, uv_da, bias = inputs(rng, tex_shape=(1, 8, 8, 4), batch=2)
+    g = rng.standard_normal((2, H, W, 4)).astype(np.float32)
+    args = (wa(tex), wa(uv), wa(g), wa(uv_da), wa(bias))
+    fresh = [a.numpy() for a in mesh.texture_backward(*args)]
+    base = [rng.standard_normal(a.shape).astype(np.float32) for a in fresh]
+    got = mesh.texture_backward(*args, grad_tex=wa(base[0]), grad_uv=wa(base[1]), grad_uv_da=wa(base[2]),
+                                grad_mip_level_bias=wa(base[3]))
+    for name, a, b, f in zip(("tex", "uv", "uv_da", "bias"), got, base, fresh):
+        np.testing.assert_allclose(a.numpy(), b + f, rtol=1e-6, atol=1e-6, err_msg=name)  # one float32 add
+
+
+def _nvrtc_archs() -> list:
+    wp.init()
+    return sorted(getattr(wp._src.context.runtime, "nvrtc_supported_archs", None) or [])
+
+
+@pytest.mark.skipif(90 not in _nvrtc_archs(), reason="needs NVRTC with sm_90 (Warp's CUDA compiler)")
+def test_sm90_code_moves_rgba_texels_as_vectors(tmp_path):
+    # NVRTC compiles without a GPU. An RGBA texel, a cotangent and uv_da are one 128-bit
+    # read-only load each, uv one 64-bit load; no vector indexed at run time spills to
+    # local memory.
+    from arc_warp._src.mesh.texture_kernels import MIP_LINEAR, make_mip_fold, make_tex_bwd, make_tex_fwd
+
+    for kernel in (make_tex_fwd(MIP_LINEAR, 4, 1), make_tex_bwd("arc", MIP_LINEAR, 4, 1), make_mip_fold(4, 1)):
+        (path,) = wp.compile_aot_module(kernel.module, arch=90, use_ptx=True, module_dir=tmp_path / kernel.key)
+        ptx = path.read_bytes().replace(b"\0", b"").decode()
+        assert "ld.global.nc.v4.f32" in ptx, kernel.key
+        assert ".local" not in ptx, kernel.key
+        if kernel.key.startswith("make_tex"):
+            assert "ld.global.nc.v2.f32" in ptx, kernel.key

@@ -10,14 +10,18 @@ the 2x2 (or 2x1) texels below it. The level of detail is
 blends floor(lod) and the next level by its fractional part.
 
 All mip levels of all texture images live in one (texels, C) array; texel t of level l
-in image z is row ``offsets[l] + (z * h_l + y) * w_l + x``.
+in image z is row ``offsets[l] + (z * h_l + y) * w_l + x``. The samplers and the fold
+see it, the outputs and the cotangents as flat arrays of k-vectors (C = k * chunks,
+``common.chunking``), specialised per (k, chunks): a texel's channels move in one
+vector load per chunk (``funcs.vector_io``: 128-bit on CUDA for RGBA), not one float
+at a time.
 """
 
 import functools
 
 import warp as wp
 
-from arc_warp._src.mesh.funcs import tile_pixel
+from arc_warp._src.mesh.funcs import tile_pixel, vector_io
 from arc_warp._src.arc.reduce_funcs import accumulator
 
 NEAREST, LINEAR, MIP_NEAREST, MIP_LINEAR = 0, 1, 2, 3
@@ -25,6 +29,8 @@ FILTER_MODES = {"nearest": NEAREST, "linear": LINEAR, "linear-mipmap-nearest": M
                 "linear-mipmap-linear": MIP_LINEAR}
 WRAP, CLAMP, ZERO = 0, 1, 2
 BOUNDARY_MODES = {"wrap": WRAP, "clamp": CLAMP, "zero": ZERO}
+load2, store2 = vector_io(2)
+load4, store4 = vector_io(4)
 
 
 @wp.func
@@ -103,29 +109,38 @@ def mip_build2(
             data[d, c] = 0.25 * (a + b + e + f)
 
 
-@wp.kernel(enable_backward=False, module="unique")
-def mip_fold(
-    gstack: wp.array2d(dtype=float),  # (texels, C) gradients of every level
-    sizes: wp.array(dtype=wp.vec2i),  # (levels,) (w, h)
-    offsets: wp.array(dtype=wp.int32),  # (levels,)
-    grad_tex: wp.array4d(dtype=float),  # (Bt, H, W, C) added into
-):
-    """Adds every level's gradient back into level 0 (the transpose of the box filters)."""
-    z, y, x = wp.tid()
-    w0 = sizes[0][0]
-    h0 = sizes[0][1]
-    for c in range(grad_tex.shape[3]):
-        acc = gstack[offsets[0] + (z * h0 + y) * w0 + x, c]
-        weight = float(1.0)
-        for level in range(1, sizes.shape[0]):
-            prev = sizes[level - 1]
-            if prev[0] > 1:
-                weight *= 0.5
-            if prev[1] > 1:
-                weight *= 0.5
-            s = sizes[level]
-            acc += weight * gstack[offsets[level] + (z * s[1] + (y >> level)) * s[0] + (x >> level), c]
-        grad_tex[z, y, x, c] = grad_tex[z, y, x, c] + acc
+@functools.cache
+def make_mip_fold(k: int, chunks: int):
+    """Adds every level's gradient back into level 0 (the transpose of the box filters),
+    C = ``k * chunks`` channels moved as k-vectors. One thread per level-0 texel."""
+    vec_k = wp.types.vector(k, wp.float32)
+    load, store = vector_io(k)
+
+    def mip_fold(
+        gstack: wp.array(dtype=vec_k),  # (texels * chunks,) gradients of every level
+        sizes: wp.array(dtype=wp.vec2i),  # (levels,) (w, h)
+        offsets: wp.array(dtype=wp.int32),  # (levels,)
+        grad_tex: wp.array(dtype=vec_k),  # (Bt*H*W * chunks,) added into
+    ):
+        z, y, x = wp.tid()
+        w0 = sizes[0][0]
+        h0 = sizes[0][1]
+        texel = (z * h0 + y) * w0 + x
+        for c in range(wp.static(chunks)):
+            acc = load(gstack, (offsets[0] + texel) * chunks + c)
+            weight = float(1.0)
+            for level in range(1, sizes.shape[0]):
+                prev = sizes[level - 1]
+                if prev[0] > 1:
+                    weight *= 0.5
+                if prev[1] > 1:
+                    weight *= 0.5
+                s = sizes[level]
+                row = offsets[level] + (z * s[1] + (y >> level)) * s[0] + (x >> level)
+                acc += weight * load(gstack, row * chunks + c)
+            store(grad_tex, texel * chunks + c, grad_tex[texel * chunks + c] + acc)
+
+    return wp.kernel(mip_fold, enable_backward=False, module="unique")
 
 
 @wp.func
@@ -201,10 +216,12 @@ def tap_weights(f: wp.vec2) -> wp.vec4:
 
 
 @wp.func
-def fetch(data: wp.array2d(dtype=float), t: int, c: int) -> float:
-    if t < 0:
-        return 0.0
-    return data[t, c]
+def level_taps(sizes: wp.array(dtype=wp.vec2i), offsets: wp.array(dtype=wp.int32), level: int, z: int, uv: wp.vec2,
+               boundary: int):
+    """:func:`linear_taps` of ``uv`` in image ``z`` of mip level ``level``, and the level's (w, h)."""
+    s = sizes[level]
+    taps, f = linear_taps(uv, s[0], s[1], boundary, offsets[level] + z * s[0] * s[1])
+    return taps, f, wp.vec2(float(s[0]), float(s[1]))
 
 
 @wp.func
@@ -237,7 +254,7 @@ def footprint(uv_da: wp.vec4, w0: int, h0: int):
 
 
 @wp.func
-def mip_levels(lod: float, max_level: int, filter_mode: int) -> wp.vec3:
+def mip_levels(lod: float, max_level: int, filter_mode: int):
     """(level0, level1, fraction) of a clamped level of detail."""
     flevel = wp.clamp(lod, 0.0, float(max_level))
     level0 = int(wp.floor(flevel))
@@ -246,7 +263,7 @@ def mip_levels(lod: float, max_level: int, filter_mode: int) -> wp.vec3:
     if filter_mode == MIP_LINEAR and flevel > 0.0:
         level1 = wp.min(level0 + 1, max_level)
         frac = flevel - float(level0)
-    return wp.vec3(float(level0), float(level1), frac)
+    return level0, level1, frac
 
 
 @wp.func
@@ -257,18 +274,45 @@ def pixel_lod(
     dlod = wp.vec4(0.0)
     if filter_mode >= MIP_NEAREST:
         if uv_da.shape[0] > 0:
-            lod, dlod = footprint(uv_da[i], w0, h0)
+            lod, dlod = footprint(load4(uv_da, i), w0, h0)
         if bias.shape[0] > 0:
             lod += bias[i]
     return lod, dlod
 
 
 @functools.cache
-def make_tex_fwd(filter_mode: int):
-    """Forward sampler for one filter mode (nearest / linear / mip-nearest / mip-linear)."""
+def texel_funcs(k: int):
+    """``(texel, bilinear)`` for ``k``-channel texel vectors of a (texels * chunks,) stack:
+    ``texel(data, t, chunks, c)`` is chunk ``c`` of row ``t`` (zero for ``t < 0``);
+    ``bilinear(data, taps, weights, chunks, c)`` sums four of them in tap order."""
+    vec_k = wp.types.vector(k, wp.float32)
+    load, _ = vector_io(k)
+
+    def texel(data: wp.array(dtype=vec_k), t: int, chunks: int, c: int) -> vec_k:
+        if t < 0:
+            return vec_k()
+        return load(data, t * chunks + c)
+
+    texel = wp.func(texel, name=f"tex_texel_v{k}", module="unique")
+
+    def bilinear(data: wp.array(dtype=vec_k), taps: wp.vec4i, w: wp.vec4, chunks: int, c: int) -> vec_k:
+        return (w[0] * texel(data, taps[0], chunks, c) + w[1] * texel(data, taps[1], chunks, c)
+                + w[2] * texel(data, taps[2], chunks, c) + w[3] * texel(data, taps[3], chunks, c))
+
+    return texel, wp.func(bilinear, name=f"tex_bilinear_v{k}", module="unique")
+
+
+@functools.cache
+def make_tex_fwd(filter_mode: int, k: int, chunks: int):
+    """Forward sampler for one filter mode (nearest / linear / mip-nearest / mip-linear)
+    and C = ``k * chunks`` channels, moved as ``chunks`` k-vectors (a loop unrolled at
+    compile time). One thread per pixel."""
+    vec_k = wp.types.vector(k, wp.float32)
+    _, store = vector_io(k)
+    texel, bilinear = texel_funcs(k)
 
     def tex_fwd(
-        data: wp.array2d(dtype=float),  # (texels, C) mip stack
+        data: wp.array(dtype=vec_k),  # (texels * chunks,) mip stack, k channels per vector
         sizes: wp.array(dtype=wp.vec2i),
         offsets: wp.array(dtype=wp.int32),
         uv: wp.array(dtype=wp.vec2),  # (B*H*W,)
@@ -277,65 +321,64 @@ def make_tex_fwd(filter_mode: int):
         pixels_per_image: int,
         tex_images: int,
         boundary: int,
-        out: wp.array2d(dtype=float),  # (B*H*W, C)
+        out: wp.array(dtype=vec_k),  # (B*H*W * chunks,)
     ):
         i = wp.tid()
         z = wp.min(i // pixels_per_image, tex_images - 1)
         size0 = sizes[0]
         if wp.static(filter_mode == NEAREST):
-            t = nearest_texel(uv[i], size0[0], size0[1], boundary)
+            t = nearest_texel(load2(uv, i), size0[0], size0[1], boundary)
             if t >= 0:
                 t += z * size0[0] * size0[1]
-            for c in range(out.shape[1]):
-                out[i, c] = fetch(data, t, c)
+            for c in range(wp.static(chunks)):
+                store(out, i * chunks + c, texel(data, t, chunks, c))
             return
         lod, dlod = pixel_lod(uv_da, bias, i, size0[0], size0[1], wp.static(filter_mode))
-        lv = mip_levels(lod, sizes.shape[0] - 1, wp.static(filter_mode))
-        l0 = int(lv[0])
-        l1 = int(lv[1])
-        s0 = sizes[l0]
-        s1 = sizes[l1]
-        taps0, f0 = linear_taps(uv[i], s0[0], s0[1], boundary, offsets[l0] + z * s0[0] * s0[1])
-        taps1, f1 = linear_taps(uv[i], s1[0], s1[1], boundary, offsets[l1] + z * s1[0] * s1[1])
+        l0, l1, frac = mip_levels(lod, sizes.shape[0] - 1, wp.static(filter_mode))
+        p = load2(uv, i)
+        taps0, f0, s0 = level_taps(sizes, offsets, l0, z, p, boundary)
         w0 = tap_weights(f0)
-        w1 = tap_weights(f1)
-        for c in range(out.shape[1]):
-            a = float(0.0)
-            b = float(0.0)
-            for k in range(4):
-                a += w0[k] * fetch(data, taps0[k], c)
-                b += w1[k] * fetch(data, taps1[k], c)
-            if lv[2] > 0.0:
-                a = a + lv[2] * (b - a)
-            out[i, c] = a
+        taps1 = taps0
+        w1 = w0
+        if frac > 0.0:  # the second level only between levels (never when magnified)
+            taps1, f1, s1 = level_taps(sizes, offsets, l1, z, p, boundary)
+            w1 = tap_weights(f1)
+        for c in range(wp.static(chunks)):
+            a = bilinear(data, taps0, w0, chunks, c)
+            if frac > 0.0:
+                a = a + frac * (bilinear(data, taps1, w1, chunks, c) - a)
+            store(out, i * chunks + c, a)
 
     return wp.kernel(tex_fwd, enable_backward=False, module="unique")
 
 
 @functools.cache
-def make_tex_bwd(mode: str, filter_mode: int, k: int):
-    """Backward sampler: texel gradients of every level (ARC, ``k``-channel chunks), and
-    per-pixel gradients of uv, uv_da and the bias. One thread per pixel (tiled launch);
-    every lane makes (taps x levels x chunks) accumulator calls."""
+def make_tex_bwd(mode: str, filter_mode: int, k: int, chunks: int):
+    """Backward sampler: texel gradients of every level (ARC, C = ``k * chunks`` channels
+    as k-vectors), and per-pixel gradients of uv, uv_da and the bias. One thread per
+    pixel (tiled launch); every lane makes (chunks x levels x taps) accumulator calls,
+    and loads its cotangent and each texel once per chunk."""
     vec_k = wp.types.vector(k, wp.float32)
     add = accumulator(vec_k, mode)
-    levels_used = 2 if filter_mode == MIP_LINEAR else 1
+    load, _ = vector_io(k)
+    texel, _ = texel_funcs(k)
+    mip_linear = filter_mode == MIP_LINEAR
     taps_used = 1 if filter_mode == NEAREST else 4
 
     def tex_bwd(
-        data: wp.array2d(dtype=float),
+        data: wp.array(dtype=vec_k),  # (texels * chunks,) mip stack
         sizes: wp.array(dtype=wp.vec2i),
         offsets: wp.array(dtype=wp.int32),
         uv: wp.array(dtype=wp.vec2),
         uv_da: wp.array(dtype=wp.vec4),
         bias: wp.array(dtype=float),
-        grad_out: wp.array2d(dtype=float),  # (B*H*W, C)
+        grad_out: wp.array(dtype=vec_k),  # (B*H*W * chunks,)
         width: int,
         height: int,
         tex_images: int,
         boundary: int,
         threshold: int,
-        gstack: wp.array(dtype=vec_k),  # (texels * C / k,) added into, or empty: not wanted
+        gstack: wp.array(dtype=vec_k),  # (texels * chunks,) added into, or empty: not wanted
         grad_uv: wp.array(dtype=wp.vec2),  # (B*H*W,) added into, or empty
         grad_uv_da: wp.array(dtype=wp.vec4),  # (B*H*W,) added into, or empty
         grad_bias: wp.array(dtype=float),  # (B*H*W,) added into, or empty
@@ -344,85 +387,76 @@ def make_tex_bwd(mode: str, filter_mode: int, k: int):
         ii = (tp[0] * height + tp[1]) * width + tp[2]
         valid = tp[3] != 0
         z = wp.min(tp[0], tex_images - 1)
-        num_c = grad_out.shape[1]
-        chunks = num_c // wp.static(k)
-        if gstack.shape[0] == 0:
-            chunks = 0  # the same for every lane, so the accumulator's warps stay converged
+        scatter = gstack.shape[0] > 0  # the same for every lane, so the accumulator's warps stay converged
         size0 = sizes[0]
+        # taps (-1: no gradient) and weights of both levels; level 1's weights are 0 unless blended
         t0 = wp.vec4i(-1, -1, -1, -1)
         t1 = wp.vec4i(-1, -1, -1, -1)
-        w0 = wp.vec4(0.0)
+        w0 = wp.vec4(1.0, 0.0, 0.0, 0.0)
         w1 = wp.vec4(0.0)
-        lv = wp.vec3(0.0)
-        dlod = wp.vec4(0.0)
         f0 = wp.vec2(0.0)
         f1 = wp.vec2(0.0)
+        s0 = wp.vec2(0.0)
+        s1 = wp.vec2(0.0)
+        frac = float(0.0)
+        dlod = wp.vec4(0.0)
         if wp.static(filter_mode == NEAREST):
-            tn = nearest_texel(uv[ii], size0[0], size0[1], boundary)
+            tn = nearest_texel(load2(uv, ii), size0[0], size0[1], boundary)
             if tn >= 0:
                 tn += z * size0[0] * size0[1]
-            t0 = wp.vec4i(tn, -1, -1, -1)
-            w0 = wp.vec4(1.0, 0.0, 0.0, 0.0)
+            t0[0] = tn
         else:
-            lod = float(0.0)
             lod, dlod = pixel_lod(uv_da, bias, ii, size0[0], size0[1], wp.static(filter_mode))
-            lv = mip_levels(lod, sizes.shape[0] - 1, wp.static(filter_mode))
-            s0 = sizes[int(lv[0])]
-            s1 = sizes[int(lv[1])]
-            t0, f0 = linear_taps(uv[ii], s0[0], s0[1], boundary, offsets[int(lv[0])] + z * s0[0] * s0[1])
-            t1, f1 = linear_taps(uv[ii], s1[0], s1[1], boundary, offsets[int(lv[1])] + z * s1[0] * s1[1])
-            w0 = tap_weights(f0) * (1.0 - lv[2])
-            w1 = tap_weights(f1) * lv[2]
-        # per-pixel gradients: uv through the bilinear weights, lod through the level blend
+            l0, l1, frac = mip_levels(lod, sizes.shape[0] - 1, wp.static(filter_mode))
+            p = load2(uv, ii)
+            t0, f0, s0 = level_taps(sizes, offsets, l0, z, p, boundary)
+            w0 = tap_weights(f0)
+            if frac > 0.0:  # the second level only between levels (never when magnified)
+                t1, f1, s1 = level_taps(sizes, offsets, l1, z, p, boundary)
+                w1 = tap_weights(f1)
+        # per-pixel gradients first (their values are dead before the scatter): uv's per
+        # level through the bilinear weights, then d out / d frac for the level of detail
         if valid and wp.static(filter_mode != NEAREST):
-            s0 = sizes[int(lv[0])]
-            s1 = sizes[int(lv[1])]
-            gu = float(0.0)
-            gv = float(0.0)
+            gu0 = wp.vec2(0.0)
+            gu1 = wp.vec2(0.0)
             df = float(0.0)
-            for c in range(num_c):
-                d = grad_out[ii, c]
-                a00 = fetch(data, t0[0], c)
-                a10 = fetch(data, t0[1], c)
-                a01 = fetch(data, t0[2], c)
-                a11 = fetch(data, t0[3], c)
+            for c in range(wp.static(chunks)):
+                d = load(grad_out, ii * chunks + c)
+                a00 = texel(data, t0[0], chunks, c)
+                a10 = texel(data, t0[1], chunks, c)
+                a01 = texel(data, t0[2], chunks, c)
+                a11 = texel(data, t0[3], chunks, c)
                 ad = a11 + a00 - a10 - a01
-                d0 = d * (1.0 - lv[2])
-                gu += d0 * ((a10 - a00) + f0[1] * ad) * float(s0[0])
-                gv += d0 * ((a01 - a00) + f0[0] * ad) * float(s0[1])
-                if lv[2] > 0.0:
-                    b00 = fetch(data, t1[0], c)
-                    b10 = fetch(data, t1[1], c)
-                    b01 = fetch(data, t1[2], c)
-                    b11 = fetch(data, t1[3], c)
+                gu0 += wp.vec2(wp.dot(d, (a10 - a00) + f0[1] * ad), wp.dot(d, (a01 - a00) + f0[0] * ad))
+                if frac > 0.0:
+                    b00 = texel(data, t1[0], chunks, c)
+                    b10 = texel(data, t1[1], chunks, c)
+                    b01 = texel(data, t1[2], chunks, c)
+                    b11 = texel(data, t1[3], chunks, c)
                     bd = b11 + b00 - b10 - b01
-                    d1 = d * lv[2]
-                    gu += d1 * ((b10 - b00) + f1[1] * bd) * float(s1[0])
-                    gv += d1 * ((b01 - b00) + f1[0] * bd) * float(s1[1])
-                    a = wp.dot(tap_weights(f0), wp.vec4(a00, a10, a01, a11))
-                    b = wp.dot(tap_weights(f1), wp.vec4(b00, b10, b01, b11))
-                    df += (b - a) * d
+                    gu1 += wp.vec2(wp.dot(d, (b10 - b00) + f1[1] * bd), wp.dot(d, (b01 - b00) + f1[0] * bd))
+                    a = w0[0] * a00 + w0[1] * a10 + w0[2] * a01 + w0[3] * a11
+                    b = w1[0] * b00 + w1[1] * b10 + w1[2] * b01 + w1[3] * b11
+                    df += wp.dot(b - a, d)
             if grad_uv.shape[0] > 0:
-                grad_uv[ii] = grad_uv[ii] + wp.vec2(gu, gv)
+                g = (1.0 - frac) * wp.cw_mul(gu0, s0) + frac * wp.cw_mul(gu1, s1)
+                store2(grad_uv, ii, grad_uv[ii] + g)
             if grad_uv_da.shape[0] > 0:
-                grad_uv_da[ii] = grad_uv_da[ii] + dlod * df
+                store4(grad_uv_da, ii, grad_uv_da[ii] + dlod * df)
             if grad_bias.shape[0] > 0:
                 grad_bias[ii] = grad_bias[ii] + df
-        # texel gradients
-        for level in range(wp.static(levels_used)):
-            taps = t0
-            wt = w0
-            if level == 1:
-                taps = t1
-                wt = w1
-            for q in range(wp.static(taps_used)):
-                ok = valid and taps[q] >= 0 and wt[q] != 0.0
-                row = wp.max(taps[q], 0)
-                for c in range(chunks):
-                    g = vec_k()
-                    if ok:
-                        for m in range(wp.static(k)):
-                            g[m] = wt[q] * grad_out[ii, c * wp.static(k) + m]
-                    add(gstack, row * chunks + c, g, ok, threshold)
+        # texel gradients; nothing is added outside the image, for a zero tap or a zero weight
+        if scatter:
+            sw0 = (1.0 - frac) * w0
+            sw1 = frac * w1
+            for c in range(wp.static(chunks)):
+                d = load(grad_out, ii * chunks + c)  # in bounds past the image too (tile_pixel clamps)
+                for q in range(wp.static(taps_used)):
+                    ok = valid and t0[q] >= 0 and sw0[q] != 0.0
+                    add(gstack, wp.max(t0[q], 0) * chunks + c, sw0[q] * d, ok, threshold)
+                if wp.static(mip_linear):
+                    for q in range(4):
+                        ok = valid and t1[q] >= 0 and sw1[q] != 0.0
+                        add(gstack, wp.max(t1[q], 0) * chunks + c, sw1[q] * d, ok, threshold)
 
     return wp.kernel(tex_bwd, enable_backward=False, module="unique")

@@ -32,11 +32,11 @@ from arc_warp._src.mesh.texture_kernels import (
     BOUNDARY_MODES,
     FILTER_MODES,
     NEAREST,
+    make_mip_fold,
     make_tex_bwd,
     make_tex_fwd,
     mip_build,
     mip_build2,
-    mip_fold,
 )
 from arc_warp._src.mesh.util_kernels import copy_into
 
@@ -266,11 +266,12 @@ def _plan_forward(plan: Plan, tex, uv, uv_da, mip_level_bias, mip, filter_mode, 
     b, h, w, _ = uv_c.shape
     out = output(out, "out", (b, h, w, tex_c.shape[3]), device)
     n = b * h * w
+    k, chunks = chunking(tex_c.shape[3])
     if n:
-        plan.launch(make_tex_fwd(fmode), n,
-                    [stack.data, stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
+        plan.launch(make_tex_fwd(fmode, k, chunks), n,
+                    [vector_view(ws, stack.data, k), stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
                      _flat(ws, da_c, wp.vec4, device), _flat(ws, bias_c, float, device), h * w, tex_c.shape[0], bmode,
-                     view(ws, out, wp.float32, (n, tex_c.shape[3]))], device)
+                     vector_view(ws, out, k)], device)
     plan.result = out, stack
 
 
@@ -335,17 +336,18 @@ def _plan_backward(plan: Plan, tex, uv, grad_out, uv_da, mip_level_bias, mip, fi
     if go is None or n == 0:
         return
     mode, t = reduce_settings(reduce, threshold, device, ws)
-    k, _ = chunking(c)
+    k, chunks = chunking(c)
     vec_k = wp.types.vector(k, wp.float32)
     gstack = None
     if tex_grad:
         gstack = scratch(ws, "mesh_tex_gstack", stack.data.shape, wp.float32, device)
         plan.step(gstack.zero_)  # texel gradients of every level are summed into it
-    plan.launch(make_tex_bwd(mode, fmode, k), tiled_dim(b, h, w),
-                [stack.data, stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
-                 _flat(ws, da_c, wp.vec4, device), _flat(ws, bias_c, float, device), view(ws, go, wp.float32, (n, c)),
+    plan.launch(make_tex_bwd(mode, fmode, k, chunks), tiled_dim(b, h, w),
+                [vector_view(ws, stack.data, k), stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
+                 _flat(ws, da_c, wp.vec4, device), _flat(ws, bias_c, float, device), vector_view(ws, go, k),
                  w, h, tex_c.shape[0], bmode, t, vector_view(ws, gstack, k) if tex_grad else absent(ws, vec_k, device),
                  _flat(ws, grad_uv if fmode != NEAREST else None, wp.vec2, device),
                  _flat(ws, grad_uv_da, wp.vec4, device), _flat(ws, grad_bias, float, device)], device, block_dim=BLOCK)
     if tex_grad:
-        plan.launch(mip_fold, tuple(tex_c.shape[:3]), [gstack, stack.sizes, stack.offsets, grad_tex], device)
+        plan.launch(make_mip_fold(k, chunks), tuple(tex_c.shape[:3]),
+                    [vector_view(ws, gstack, k), stack.sizes, stack.offsets, vector_view(ws, grad_tex, k)], device)
