@@ -3,7 +3,8 @@
 __version__ = "0.5.0"
 
 from .ply import GaussianPly, PlyFormatError, read_ply, write_ply
-from .arc import MODES, Calibration, accumulator, calibrate, resolve_threshold, scatter_add, warp_plan, warp_reducer
+from .arc import (MODES, Calibration, accumulator, calibrate, keyed_plan, planned_accumulator, resolve_threshold,
+                  scatter_add, warp_plan, warp_reducer)
 from ._src.png import write_png
 from .splat import Camera, DeviceCameras, GaussianGrads, RenderOutput, RenderSettings, Workspace, render_gaussians, render_gaussians_backward
 
@@ -19,6 +20,8 @@ __all__ = [
     "RenderSettings",
     "accumulator",
     "calibrate",
+    "keyed_plan",
+    "planned_accumulator",
     "read_ply",
     "render_gaussians",
     "render_gaussians_backward",

@@ -26,10 +26,20 @@ warps compute inside the branch that adds them (see :func:`warp_plan`)::
             reduce(grid, cell, value_of(i), valid, threshold)  # every lane of the warp
         elif valid:
             wp.atomic_add(grid, cell, value_of(i))
+
+A thread that makes several adds to different targets plans once for all of them with a
+representative target (:func:`keyed_plan`), and passes the plan to each add::
+
+    plan = arc_warp.keyed_plan("arc")
+    add = arc_warp.planned_accumulator(wp.vec4, "arc")
+    ...
+        planned = plan(v0, valid, threshold)  # e.g. the triangle's first vertex
+        add(grid, v0, g0, valid, threshold, planned)
+        add(grid, v1, g1, valid, threshold, planned)
 """
 
 from ._src.arc.calibrate import Calibration, calibrate, resolve_threshold
-from ._src.arc.reduce_funcs import MODES, accumulator, warp_plan, warp_reducer
+from ._src.arc.reduce_funcs import MODES, accumulator, keyed_plan, planned_accumulator, warp_plan, warp_reducer
 from ._src.arc.scatter_ops import scatter_add
 
 __all__ = [
@@ -37,6 +47,8 @@ __all__ = [
     "Calibration",
     "accumulator",
     "calibrate",
+    "keyed_plan",
+    "planned_accumulator",
     "resolve_threshold",
     "scatter_add",
     "warp_plan",

@@ -130,6 +130,89 @@ def test_plan_then_compute_pattern(mode):
                 np.testing.assert_allclose(dest.numpy(), ref, atol=ATOL, err_msg=f"blocks={blocks} T={t}")
 
 
+def _keyed_kernel(mode):
+    """Three adds per lane to different targets (a triangle's vertices), planned once by the first."""
+    plan = arc_warp.keyed_plan(mode)
+    add = arc_warp.planned_accumulator(wp.vec4, mode)
+
+    @wp.kernel(enable_backward=False, module="unique")
+    def keyed(tris: wp.array(dtype=wp.vec3i), x: wp.array(dtype=wp.vec4), dest: wp.array(dtype=wp.vec4),
+              planned_out: wp.array(dtype=int), threshold: int):
+        i = wp.tid()
+        f = tris[i]
+        valid = f[0] >= 0
+        if not valid:
+            f = wp.vec3i(0, 0, 0)
+        planned = plan(f[0], valid, threshold)
+        if planned:
+            planned_out[i] = 1
+        add(dest, f[0], x[i], valid, threshold, planned)
+        add(dest, f[1], 2.0 * x[i], valid, threshold, planned)
+        add(dest, f[2], 3.0 * x[i], valid, threshold, planned)
+
+    return keyed
+
+
+def _keyed_case(n=512, seed=4):
+    """Pixels' triangles: runs of one triangle (shared by many lanes) and scattered ones; -1 = no triangle."""
+    rng = np.random.default_rng(seed)
+    tri_of = np.where(np.arange(n) // 64 % 2 == 0, np.arange(n) // 24, rng.integers(0, 200, n))
+    tri_of[rng.random(n) < 0.2] = -1
+    verts = rng.integers(0, 60, (200 + n, 3))
+    tris = np.where(tri_of[:, None] >= 0, verts[np.maximum(tri_of, 0)], -1).astype(np.int32)
+    x = rng.standard_normal((n, 4)).astype(np.float32)
+    ref = np.zeros((60, 4))
+    for j, w in enumerate((1.0, 2.0, 3.0)):
+        keep = tris[:, 0] >= 0
+        np.add.at(ref, tris[keep, j], w * x[keep].astype(np.float64))
+    return tris, x, ref
+
+
+@pytest.mark.parametrize("mode", ["atomic", "warp", "serial", "arc", "floor"])
+def test_keyed_plan_and_planned_adds_sum_every_target(mode):
+    # Several adds per lane to different targets, one plan per warp: the sums are exact in
+    # every mode (floor: nothing), with and without emulated warps, at T = 1, 9 and 33.
+    tris, x, ref = _keyed_case()
+    kernel = _keyed_kernel(mode)
+    for blocks in (False, True):
+        with cpu_blocks(blocks):
+            for t in (1, 9, 33):
+                dest = wp.zeros(60, dtype=wp.vec4, device=DEVICE)
+                planned = wp.zeros(len(tris), dtype=int, device=DEVICE)
+                wp.launch(kernel, dim=len(tris), inputs=[wp.array(tris, dtype=wp.vec3i, device=DEVICE),
+                          wp.array(x, dtype=wp.vec4, device=DEVICE), dest, planned, t], device=DEVICE, block_dim=256)
+                expect = np.zeros_like(ref) if mode == "floor" else ref
+                np.testing.assert_allclose(dest.numpy(), expect, atol=ATOL, err_msg=f"blocks={blocks} T={t}")
+                if mode in ("atomic", "floor") or not blocks:
+                    assert not planned.numpy().any()  # per-lane modes and one-lane CPU warps never reduce
+
+
+@pytest.mark.gpu
+def test_keyed_plan_reduces_only_warps_with_a_shared_key():
+    # On the GPU, arc plans a warp only if some key has >= T valid lanes; warp always.
+    if not wp.is_cuda_available():
+        pytest.skip("needs a CUDA device")
+    tris, x, ref = _keyed_case()
+    valid = tris[:, 0] >= 0
+    for mode in ("arc", "warp"):
+        kernel = _keyed_kernel(mode)
+        for t in (2, 9, 33):
+            dest = wp.zeros(60, dtype=wp.vec4, device="cuda:0")
+            planned = wp.zeros(len(tris), dtype=int, device="cuda:0")
+            wp.launch(kernel, dim=len(tris), inputs=[wp.array(tris, dtype=wp.vec3i, device="cuda:0"),
+                      wp.array(x, dtype=wp.vec4, device="cuda:0"), dest, planned, t], device="cuda:0", block_dim=256)
+            np.testing.assert_allclose(dest.numpy(), ref, atol=ATOL)
+            got = planned.numpy().reshape(-1, 32).max(axis=1)
+            for w in range(len(got)):
+                keys = tris[w * 32:(w + 1) * 32, 0][valid[w * 32:(w + 1) * 32]]
+                counts = np.unique(keys, return_counts=True)[1] if len(keys) else np.zeros(1)
+                if mode == "warp":
+                    want = len(keys) > 0
+                else:
+                    want = len(keys) >= t and counts.max() >= t
+                assert got[w] == int(want), f"{mode} T={t} warp {w}: keys {keys}"
+
+
 def test_per_lane_modes_plan_no_reduction_and_their_reducer_adds_per_lane():
     # atomic and floor never plan a reduction; their reducers are the per-lane adds.
     @wp.kernel(enable_backward=False, module="unique")

@@ -302,6 +302,63 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
 
 
 @functools.cache
+def keyed_plan(mode: str = "arc"):
+    """Returns the ``@wp.func`` ``plan(key: int, valid: bool, threshold: int) -> bool``:
+    :func:`warp_plan` for kernels whose lanes aim at different targets, decided once for
+    several adds.
+
+    A thread that makes several adds per call (a pixel's texel taps, its triangle's three
+    vertices) plans once with ``key``, one target representative of its adds (the first
+    tap's texel, the triangle). Under ``arc`` the warp reduces only if some ``key`` is
+    shared by at least ``threshold`` valid lanes (one match-any); otherwise every add of
+    the warp goes out as a per-lane atomic, with no collective in between, which is as
+    cheap as ``atomic`` mode. Pass the (warp-uniform) result to the adds of
+    :func:`planned_accumulator`. Other modes plan as :func:`warp_plan`; the convergence
+    guard is the same.
+    """
+    check_mode(mode)
+    counted = warp_plan(mode)
+
+    def plan(key: int, valid: bool, threshold: int) -> bool:
+        if not counted(valid, threshold):
+            return False
+        if wp.static(mode != "arc"):
+            return True
+        if cpu_warp_emulation():  # emulated collectives sync the block: no per-warp decision
+            return True
+        mask = int(-1)  # counted() ran on a full, converged warp
+        peers = match_any(mask, key) & ballot(mask, valid)
+        return ballot(mask, valid and popc(peers) >= threshold) != 0
+
+    return wp.func(plan, name=f"arc_keyed_plan_{mode}", module="unique")
+
+
+@functools.cache
+def planned_accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
+    """Returns the ``@wp.func`` ``add(dest, index, value, valid, threshold, planned: bool)``:
+    :func:`accumulator` with the warp's plan passed in (``planned``, from
+    :func:`warp_plan` or :func:`keyed_plan`, the same in every lane of the warp). A
+    planned warp reduces (every lane must call, valid or not, as for
+    :func:`warp_reducer`); otherwise each valid lane adds with :func:`lane_atomic_add`.
+    Arguments otherwise as for :func:`accumulator`, whose adds are this one's with the
+    plan made per call."""
+    check_mode(mode)
+    reduce_fn = warp_reducer(dtype, mode, uniform_index)  # validates dtype
+    atomic_add = lane_atomic_add(dtype)
+
+    def add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int, planned: bool):
+        if wp.static(mode in _PER_LANE_MODES):
+            reduce_fn(dest, index, value, valid, threshold)
+        elif planned:
+            reduce_fn(dest, index, value, valid, threshold)
+        elif valid:
+            atomic_add(dest, index, value)
+
+    tag = f"{mode}_{_type_tag(dtype)}{'_u' if uniform_index else ''}"
+    return wp.func(add, name=f"arc_planned_add_{tag}", module="unique")
+
+
+@functools.cache
 def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
     """Returns the ``@wp.func`` ``add(dest, index, value, valid, threshold)`` for ``dtype``.
 
@@ -324,16 +381,11 @@ def accumulator(dtype, mode: str = "arc", uniform_index: bool = False):
     """
     check_mode(mode)
     plan_fn = warp_plan(mode)
-    reduce_fn = warp_reducer(dtype, mode, uniform_index)  # validates dtype
-    atomic_add = lane_atomic_add(dtype)
+    planned_add = planned_accumulator(dtype, mode, uniform_index)  # validates dtype
 
     def add(dest: wp.array(dtype=dtype), index: int, value: dtype, valid: bool, threshold: int):
-        if wp.static(mode in _PER_LANE_MODES):
-            reduce_fn(dest, index, value, valid, threshold)
-        elif plan_fn(valid, threshold):  # False unless the warp is full and converged
-            reduce_fn(dest, index, value, valid, threshold)
-        elif valid:
-            atomic_add(dest, index, value)
+        # the plan is False unless the warp is full and converged
+        planned_add(dest, index, value, valid, threshold, plan_fn(valid, threshold))
 
     tag = f"{mode}_{_type_tag(dtype)}{'_u' if uniform_index else ''}"
     return wp.func(add, name=f"arc_add_{tag}", module="unique")

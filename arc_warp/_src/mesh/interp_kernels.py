@@ -11,7 +11,7 @@ import warp as wp
 
 from arc_warp._src.mesh.funcs import float_to_id, tile_pixel
 from arc_warp._src.mesh.raster_kernels import tri_vertices
-from arc_warp._src.arc.reduce_funcs import accumulator
+from arc_warp._src.arc.reduce_funcs import keyed_plan, planned_accumulator
 
 
 @wp.func
@@ -60,9 +60,11 @@ def interp_fwd(
 def make_interp_bwd(mode: str, k: int):
     """Backward of :func:`interp_fwd` with ``k``-component attribute chunks, accumulated with ``mode``.
 
-    One thread per pixel (tiled launch, see ``tile_pixel``); every lane makes 3 accumulator calls per chunk."""
+    One thread per pixel (tiled launch, see ``tile_pixel``); every lane makes 3 accumulator
+    calls per chunk, planned once per warp by the triangle's first vertex (`keyed_plan`)."""
     vec_k = wp.types.vector(k, wp.float32)
-    add = accumulator(vec_k, mode)
+    plan = keyed_plan(mode)
+    add = planned_accumulator(vec_k, mode)
 
     def interp_bwd(
         attr: wp.array3d(dtype=float),  # (Ba, V, A)
@@ -118,6 +120,7 @@ def make_interp_bwd(mode: str, k: int):
         base = (ab * attr.shape[1]) * chunks
         if grad_attr.shape[0] == 0:
             chunks = 0  # the same for every lane, so the accumulator's warps stay converged
+        planned = plan(f[0], valid, threshold)
         for c in range(chunks):
             g0 = vec_k()
             g1 = vec_k()
@@ -137,8 +140,8 @@ def make_interp_bwd(mode: str, k: int):
                     g0[m] = r[0] * d + e0
                     g1[m] = r[1] * d + e1
                     g2[m] = w2 * d - e0 - e1
-            add(grad_attr, base + f[0] * chunks + c, g0, valid, threshold)
-            add(grad_attr, base + f[1] * chunks + c, g1, valid, threshold)
-            add(grad_attr, base + f[2] * chunks + c, g2, valid, threshold)
+            add(grad_attr, base + f[0] * chunks + c, g0, valid, threshold, planned)
+            add(grad_attr, base + f[1] * chunks + c, g1, valid, threshold, planned)
+            add(grad_attr, base + f[2] * chunks + c, g2, valid, threshold, planned)
 
     return wp.kernel(interp_bwd, enable_backward=False, module="unique")

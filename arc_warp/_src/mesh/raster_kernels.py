@@ -22,7 +22,7 @@ from arc_warp._src.mesh.funcs import (
     id_to_float,
     tile_pixel,
 )
-from arc_warp._src.arc.reduce_funcs import accumulator
+from arc_warp._src.arc.reduce_funcs import keyed_plan, planned_accumulator
 
 EMPTY_KEY = wp.constant(wp.int64(9223372036854775807))
 
@@ -331,8 +331,10 @@ def make_raster_bwd(mode: str):
     """Backward of the rasteriser into clip-space positions, accumulated with ``mode``.
 
     One thread per pixel (tiled launch, see ``tile_pixel``); every lane makes the three
-    accumulator calls, with ``valid=False`` where it has nothing to add."""
-    add = accumulator(wp.vec4, mode)
+    accumulator calls, with ``valid=False`` where it has nothing to add, planned once per
+    warp by the triangle's first vertex (`keyed_plan`)."""
+    plan = keyed_plan(mode)
+    add = planned_accumulator(wp.vec4, mode)
 
     def raster_bwd(
         rast: wp.array(dtype=wp.vec4),  # (B*H*W,)
@@ -392,8 +394,9 @@ def make_raster_bwd(mode: str):
         g1 = wp.cross(h2, gl[0]) + wp.cross(gl[2], h0)
         g2 = wp.cross(h0, gl[1]) + wp.cross(gl[0], h1)
         base = vb * num_v
-        add(grad_pos, base + f[0], xyw_grad(g0), valid, threshold)
-        add(grad_pos, base + f[1], xyw_grad(g1), valid, threshold)
-        add(grad_pos, base + f[2], xyw_grad(g2), valid, threshold)
+        planned = plan(base + f[0], valid, threshold)
+        add(grad_pos, base + f[0], xyw_grad(g0), valid, threshold, planned)
+        add(grad_pos, base + f[1], xyw_grad(g1), valid, threshold, planned)
+        add(grad_pos, base + f[2], xyw_grad(g2), valid, threshold, planned)
 
     return wp.kernel(raster_bwd, enable_backward=False, module="unique")

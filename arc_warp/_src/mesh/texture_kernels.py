@@ -22,7 +22,7 @@ import functools
 import warp as wp
 
 from arc_warp._src.mesh.funcs import tile_pixel, vector_io
-from arc_warp._src.arc.reduce_funcs import accumulator
+from arc_warp._src.arc.reduce_funcs import keyed_plan, planned_accumulator
 
 NEAREST, LINEAR, MIP_NEAREST, MIP_LINEAR = 0, 1, 2, 3
 FILTER_MODES = {"nearest": NEAREST, "linear": LINEAR, "linear-mipmap-nearest": MIP_NEAREST,
@@ -357,9 +357,11 @@ def make_tex_bwd(mode: str, filter_mode: int, k: int, chunks: int):
     """Backward sampler: texel gradients of every level (ARC, C = ``k * chunks`` channels
     as k-vectors), and per-pixel gradients of uv, uv_da and the bias. One thread per
     pixel (tiled launch); every lane makes (chunks x levels x taps) accumulator calls,
-    and loads its cotangent and each texel once per chunk."""
+    planned once per warp by the pixel's first texel (`keyed_plan`), and loads its
+    cotangent and each texel once per chunk."""
     vec_k = wp.types.vector(k, wp.float32)
-    add = accumulator(vec_k, mode)
+    plan = keyed_plan(mode)
+    add = planned_accumulator(vec_k, mode)
     load, _ = vector_io(k)
     texel, _ = texel_funcs(k)
     mip_linear = filter_mode == MIP_LINEAR
@@ -447,16 +449,17 @@ def make_tex_bwd(mode: str, filter_mode: int, k: int, chunks: int):
                 grad_bias[ii] = grad_bias[ii] + df
         # texel gradients; nothing is added outside the image, for a zero tap or a zero weight
         if scatter:
+            planned = plan(t0[0], valid and t0[0] >= 0, threshold)
             sw0 = (1.0 - frac) * w0
             sw1 = frac * w1
             for c in range(wp.static(chunks)):
                 d = load(grad_out, ii * chunks + c)  # in bounds past the image too (tile_pixel clamps)
                 for q in range(wp.static(taps_used)):
                     ok = valid and t0[q] >= 0 and sw0[q] != 0.0
-                    add(gstack, wp.max(t0[q], 0) * chunks + c, sw0[q] * d, ok, threshold)
+                    add(gstack, wp.max(t0[q], 0) * chunks + c, sw0[q] * d, ok, threshold, planned)
                 if wp.static(mip_linear):
                     for q in range(4):
                         ok = valid and t1[q] >= 0 and sw1[q] != 0.0
-                        add(gstack, wp.max(t1[q], 0) * chunks + c, sw1[q] * d, ok, threshold)
+                        add(gstack, wp.max(t1[q], 0) * chunks + c, sw1[q] * d, ok, threshold, planned)
 
     return wp.kernel(tex_bwd, enable_backward=False, module="unique")
