@@ -17,11 +17,16 @@ regime and camera count C it reports, as medians after warm-up:
   in Warp's event wait (its one wait per forward, ``wp.synchronize_event``), and "in
   arc_warp code": the time inside ``rasterization()`` and its autograd backward, less
   that wait (the user's activations, loss and torch's autograd engine excluded);
-- peak MiB: ``torch.cuda.max_memory_allocated`` plus Warp's stream-ordered pool
-  high-water mark (``wp.get_mempool_used_mem_high``, less Warp's memory in use before the
-  library's runs), read after the torch-Adam training steps: the same work for every
-  library (forward, backward and torch-Adam steps), before arc_warp's and Faster-GS's
-  own optimizers run.
+- peak MiB: the device memory a torch-Adam training step holds at once, the same work
+  for every library, read after its torch-Adam steps (before arc_warp's and Faster-GS's
+  own optimizers run), by phase: the larger of (forward + backward: torch's
+  ``max_memory_allocated`` over them plus Warp's stream-ordered pool high-water mark,
+  ``wp.get_mempool_used_mem_high``) and (``Adam.step``: torch's peak over it plus Warp's
+  memory in use then), Warp's counted for arc_warp only, less its memory in use before
+  the library's runs.
+  Each term bounds what is live in its phase. The JSON also keeps ``peak_sum_mib``, torch's
+  peak over all the runs plus Warp's high-water mark (0.5's figure: it adds two peaks that
+  never coincide).
 
 Libraries are imported if available and skipped otherwise: ``arc`` (arc_warp_torch;
 ``arc_nograph`` the same with ``RenderContext(graphs=False)``: no CUDA graph replay),
@@ -349,7 +354,8 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps, warp_before):
                 for _ in range(reps):
                     step()
             row["loop_ms"] = tl.device_ms() / reps
-            row["peak_mib"] = _peak_mib(device, warp_before)
+            row["peak_sum_mib"] = _peak_mib(device, warp_before)
+            row["peak_mib"] = _phase_peak_mib(lib, params, opt, viewmats, ks, target, device, warp_before)
     return row
 
 
@@ -388,13 +394,33 @@ def _peak_reset(device):
     torch.cuda.reset_peak_memory_stats(device)
 
 
+def _phase_peak_mib(lib, params, opt, viewmats, ks, target, device, warp_before):
+    """One torch-Adam step measured by phase (see the module notes), MiB."""
+    if device.type != "cuda":
+        return float("nan")
+    import warp as wp
+
+    _peak_reset(device)
+    loss = (lib.render(params, viewmats, ks) - target).abs().mean()
+    loss.backward()
+    forward_backward = _peak_mib(device, warp_before)
+    _peak_reset(device)
+    opt.step()
+    torch.cuda.synchronize(device)
+    in_use = 0 if warp_before is None else \
+        wp.get_mempool_used_mem_current(wp.device_from_torch(device)) - warp_before
+    optimizer = (torch.cuda.max_memory_allocated(device) + max(in_use, 0)) / 2**20
+    opt.zero_grad(set_to_none=True)
+    return max(forward_backward, optimizer)
+
+
 def _peak_mib(device, warp_before):
     if device.type != "cuda":
         return float("nan")
     import warp as wp
 
     torch_peak = torch.cuda.max_memory_allocated(device)
-    warp_peak = wp.get_mempool_used_mem_high(wp.device_from_torch(device)) - warp_before
+    warp_peak = 0 if warp_before is None else wp.get_mempool_used_mem_high(wp.device_from_torch(device)) - warp_before
     return (torch_peak + max(warp_peak, 0)) / 2**20
 
 
@@ -494,8 +520,9 @@ def main(argv=None) -> int:
                                     generator=torch.Generator(device).manual_seed(0))
                 for name, lib in libs.items():
                     _peak_reset(device)
+                    # only arc_warp allocates from Warp's pool (None: count none of it)
                     warp_before = wp.get_mempool_used_mem_current(wp.device_from_torch(device)) \
-                        if device.type == "cuda" else 0
+                        if device.type == "cuda" and name.startswith("arc") else None
                     try:
                         row = bench_library(lib, raw, viewmats, ks, target, device, args.reps, warp_before)
                     except Exception as e:  # noqa: BLE001 - report, go on with the others
