@@ -408,6 +408,20 @@ def test_non_finite_inputs_raise(rng, device, name, value, message):
         render_gaussians(*bad, cam)
 
 
+@pytest.mark.parametrize("gaussian,row,component", [(0, 15, 0), (-1, 15, 2), (7, 4, 1), (3, 0, 0)])
+def test_non_finite_sh_rows_raise_whatever_the_degree(rng, device, gaussian, row, component):
+    # The SH forward reads each Gaussian's 16 rows as one vector: a NaN in a row the
+    # degree does not evaluate (or the very last float of the array) still raises.
+    arrays, cam = random_scene(rng, 12, 16, 12, device, sh_degree=3)
+    colors = arrays[4].numpy()
+    clean = render_gaussians(*arrays, cam, RenderSettings(sh_degree=1))
+    assert np.isfinite(clean.color.numpy()).all()
+    colors[gaussian, row, component] = np.nan
+    bad = (*arrays[:4], wp.array(colors, dtype=wp.vec3, device=device))
+    with pytest.raises(ValueError, match="colors"):
+        render_gaussians(*bad, cam, RenderSettings(sh_degree=1))
+
+
 @pytest.mark.parametrize("sh_degree", [0, 1, 3])
 def test_sh_backward_over_cameras_matches_deterministic(rng, device, cpu_blocks, sh_degree):
     """The SH backward kernel (a thread per coefficient row, view-direction shares summed

@@ -13,7 +13,7 @@ All mip levels of all texture images live in one (texels, C) array; texel t of l
 in image z is row ``offsets[l] + (z * h_l + y) * w_l + x``. The samplers and the fold
 see it, the outputs and the cotangents as flat arrays of k-vectors (C = k * chunks,
 ``common.chunking``), specialised per (k, chunks): a texel's channels move in one
-vector load per chunk (``funcs.vector_io``: 128-bit on CUDA for RGBA), not one float
+vector load per chunk (``arc_warp._src.vector_io``: 128-bit on CUDA for RGBA), not one float
 at a time.
 """
 
@@ -21,7 +21,8 @@ import functools
 
 import warp as wp
 
-from arc_warp._src.mesh.funcs import tile_pixel, vector_io
+from arc_warp._src.mesh.funcs import tile_pixel
+from arc_warp._src.vector_io import vector_io
 from arc_warp._src.arc.reduce_funcs import keyed_plan, planned_accumulator
 
 NEAREST, LINEAR, MIP_NEAREST, MIP_LINEAR = 0, 1, 2, 3

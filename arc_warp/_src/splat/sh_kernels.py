@@ -14,6 +14,7 @@ import warp as wp
 
 from arc_warp._src.arc.reduce_funcs import accumulator
 from arc_warp._src.splat.geometry_funcs import G_RGB, CameraParams, grad_vector
+from arc_warp._src.vector_io import vector_io
 
 vec16 = wp.types.vector(16, wp.float32)
 
@@ -129,17 +130,24 @@ def finite3(v: wp.vec3) -> bool:
 
 
 @functools.cache
-def make_sh_fwd(n_coeffs: int):
-    """Colour from the first ``n_coeffs`` = (degree+1)^2 coefficients.
+def make_sh_fwd(n_coeffs: int, rows: int):
+    """Colour from the first ``n_coeffs`` = (degree+1)^2 of a Gaussian's ``rows``
+    coefficients.
 
-    Also sets ``bad[slot] = 1`` if any coefficient of the row (all ``K`` of them, culled
+    Reads each Gaussian's ``rows`` x 3 floats as one vector (``coeff_rows``: the (N, rows)
+    vec3 coefficients viewed as (N,) vectors of 3 * rows floats) through
+    ``vector_io``: 128-bit loads on CUDA when 3 * rows is a multiple of 4 (SH degree 3:
+    12 loads, not 48), so a thread's 192 bytes arrive in few requests. Also sets
+    ``bad[slot] = 1`` if any coefficient of the row (all ``rows`` of them, culled
     Gaussians included) is NaN or Inf, so the colours are read once for both.
     """
+    load, _ = vector_io(3 * rows)
+    row_t = wp.types.vector(3 * rows, wp.float32)
 
     @wp.kernel(enable_backward=False, module="unique")
     def sh_fwd(
         means: wp.array(dtype=wp.vec3),
-        coeffs: wp.array2d(dtype=wp.vec3),
+        coeff_rows: wp.array(dtype=row_t),
         radii: wp.array(dtype=wp.vec2i),
         cams: wp.array(dtype=CameraParams),
         slot: int,
@@ -147,15 +155,15 @@ def make_sh_fwd(n_coeffs: int):
         bad: wp.array(dtype=wp.int32),
     ):
         i = wp.tid()
+        row = load(coeff_rows, i)
         basis = sh_basis(wp.normalize(means[i] - cams[0].center))
         value = wp.vec3(0.5)
         finite = True
-        for k in range(wp.static(n_coeffs)):
-            c = coeffs[i, k]
+        for k in range(wp.static(rows)):
+            c = wp.vec3(row[3 * k], row[3 * k + 1], row[3 * k + 2])
             finite = finite and finite3(c)
-            value += basis[k] * c
-        for k in range(wp.static(n_coeffs), coeffs.shape[1]):
-            finite = finite and finite3(coeffs[i, k])
+            if k < wp.static(n_coeffs):
+                value += basis[k] * c
         if not finite:
             bad[slot] = 1
         if radii[i][0] <= 0:

@@ -29,12 +29,15 @@ def compute_colors(inputs: GaussianInputs, cam: wp.array, proj: ProjectResult, b
         flat_colors = inputs.colors.view(wp.float32).flatten()
         frame.launch(flag_nonfinite, flat_colors.shape[0], [flat_colors, bad, slot])
         return
+    rows = inputs.colors.shape[1]
+    # the same memory as (N,) vectors of 3 * rows floats, for vector loads (a cached view)
+    coeff_rows = frame._workspace.view(inputs.colors.ptr, wp.types.vector(3 * rows, wp.float32), (inputs.count,))
     frame.launch(
-        make_sh_fwd(inputs.sh_coeffs),
+        make_sh_fwd(inputs.sh_coeffs, rows),
         inputs.count,
         [
             inputs.means,
-            inputs.colors,
+            coeff_rows,
             proj.radii,
             cam,
             slot,
