@@ -13,7 +13,7 @@ wp = pytest.importorskip("warp")
 
 import arc_warp  # noqa: E402
 
-from conftest import random_scene  # noqa: E402
+from conftest import cpu_blocks_enabled, random_scene  # noqa: E402
 from reference_splat import (  # noqa: E402
     RefCamera, fragile_fields, margins, render_reference, sh_basis,
 )
@@ -269,6 +269,19 @@ def test_forward_matches_reference(rng, device, sh_degree, width, height, n, bac
     if opaque:
         assert bool(ref.terminated.any()), "opaque scene should exercise early termination"
     out = render_arc(scene, device, background)
+    assert_forward_close(arc_outputs(out), ref)
+
+
+@pytest.mark.parametrize("opaque", [False, True], ids=["sparse", "opaque"])
+def test_forward_matches_reference_in_cpu_blocks(rng, opaque):
+    # Emulated 32-lane warps ballot over the entries of their two-row strips; an image of
+    # two tiles across and down puts entries in every strip and some strips off the image.
+    scene = robust_scene(rng, **scene_kwargs(27, 21, 60, opaque, 1))
+    bg = (0.3, 0.6, 0.1)
+    with torch.no_grad():
+        ref = reference(scene, torch_params(scene), bg)
+    with cpu_blocks_enabled(True):
+        out = render_arc(scene, "cpu", bg)
     assert_forward_close(arc_outputs(out), ref)
 
 

@@ -225,6 +225,12 @@ def lowest_lane(bits: int) -> int:
     ...
 
 
+@wp.func_native("return (int)((unsigned int)bits & ((unsigned int)bits - 1u));")
+def drop_lowest(bits: int) -> int:
+    """``bits`` without its lowest set bit (in unsigned arithmetic: bit 31 is an ordinary lane)."""
+    ...
+
+
 def reduce_scatter_plan(k: int) -> tuple[list[tuple[int, int]], list[int], int]:
     """The static schedule of the ``k``-component reduce-scatter.
 

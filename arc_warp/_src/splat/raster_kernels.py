@@ -7,6 +7,12 @@ batch with broadcast shared loads. All threads reach every barrier, pixels outsi
 image included. In the backward all lanes of a warp read the same entry at a time, so
 they reach the accumulator together and with one index.
 
+A warp's 32 pixels are two rows of the tile, its strip. The forward stages with each
+entry the strips its footprint's box reaches (``strip_mask``), and each warp evaluates
+only those entries: a small splat reaches a few of a tile's 8 strips. The box holds
+every pixel where the splat's alpha passes 1/255 (the binning's own footprint), so the
+image is what evaluating every entry gives.
+
 The ``deterministic`` backward adds nothing atomically: per entry, each warp sums its
 pixels with the fixed reduce-scatter tree, the warps' sums meet in shared memory and
 are added in warp order, and the total is written to the entry's own slot of a
@@ -18,6 +24,7 @@ import functools
 
 import warp as wp
 
+from arc_warp._src.arc.intrinsics import ballot, drop_lowest, lane_id, lowest_lane, warp_width
 from arc_warp._src.splat.raster_batch_funcs import (
     CONIC,
     GEOM,
@@ -28,6 +35,7 @@ from arc_warp._src.splat.raster_batch_funcs import (
     batch_get,
     batch_rank,
     batch_stage,
+    batch_strips,
     block_count,
     block_sync,
     lockstep_any,
@@ -52,8 +60,12 @@ from arc_warp._src.splat.geometry_funcs import (
     T_MIN,
     Splat2D,
     float_bits,
+    footprint,
     grad_vector,
 )
+
+STRIP_ROWS = 32 // TILE_SIZE  # pixel rows of a warp (32 consecutive threads of a tile)
+ALL_STRIPS = (1 << (TILE_SIZE // STRIP_ROWS)) - 1
 
 
 @wp.struct
@@ -97,6 +109,30 @@ def splat_falloff(geom: wp.vec4, conic: wp.vec4, px: float, py: float) -> Fallof
 
 
 @wp.func
+def strip_mask(geom: wp.vec4, conic: wp.vec4, row0: int) -> int:
+    """Bit ``s`` set where the splat can reach a pixel centre of the strip ``s`` (rows
+    ``row0 + 2s``, ``row0 + 2s + 1``) of the tile starting at pixel row ``row0``: its
+    ``footprint``'s box, widened by float32 roundoff; every strip if the footprint is
+    degenerate."""
+    f = footprint(geom, conic)
+    if not f.exact:
+        return ALL_STRIPS
+    # covers the fast-math log / division / sqrt in half_h (relative error ~1e-6) and the
+    # raster's float32 offsets centre - pixel (error <= 2^-11 px in images < 8192 px)
+    pad = 1e-3 * (1.0 + f.half_h)
+    dy = f.cy - float(row0)  # small beside the tile, so the bounds round little
+    lo = dy - f.half_h - pad
+    hi = dy + f.half_h + pad
+    # strip s holds centres 2s + 0.5 and 2s + 1.5; clamped in float before the casts
+    strips = float(TILE_SIZE // STRIP_ROWS)
+    s0 = int(wp.clamp(wp.ceil((lo - 1.5) / float(STRIP_ROWS)), 0.0, strips))
+    s1 = int(wp.clamp(wp.floor((hi - 0.5) / float(STRIP_ROWS)), -1.0, strips - 1.0))
+    if s1 < s0:
+        return 0
+    return ((1 << (s1 + 1)) - 1) & ~((1 << s0) - 1)
+
+
+@wp.func
 def stage_entry(
     buf: wp.uint64,
     slot: int,
@@ -105,14 +141,22 @@ def stage_entry(
     colors: wp.array(dtype=wp.vec3),
     k: int,
     valid: bool,
+    row0: int,
 ):
-    """Stages sorted entry ``k`` in batch ``slot`` (nothing if not ``valid``)."""
+    """Stages sorted entry ``k`` in batch ``slot`` (nothing if not ``valid``), with its
+    ``strip_mask`` in the tile starting at pixel row ``row0``, or mask 0 if ``row0 < 0``."""
     if valid:
         g = gauss_ids[k]
-        batch_stage(buf, slot, splat_quad(splats, g, 0), splat_quad(splats, g, 1), colors[g], g)
+        geom = splat_quad(splats, g, 0)
+        conic = splat_quad(splats, g, 1)
+        strips = int(0)
+        if row0 >= 0:
+            strips = strip_mask(geom, conic, row0)
+        batch_stage(buf, slot, geom, conic, colors[g], g, strips)
 
 
-# 8 blocks per SM caps registers at 32: full occupancy (the one spill is outside the loops)
+# 8 blocks per SM caps registers at 32: full occupancy (the spills, 52 bytes at sm_90, are
+# in the staging and the epilogue, outside the entry loops)
 @wp.kernel(
     enable_backward=False,
     module_options={"fast_math": True},
@@ -145,6 +189,10 @@ def raster_fwd(
     buf = batch_buffer()
     rank = batch_rank()
     size = wp.block_dim()
+    lanes = warp_width()
+    lane = lane_id()
+    row0 = y - y % TILE_SIZE
+    strip = (y - row0) // STRIP_ROWS
     t = float(1.0)
     rgb = wp.vec3(0.0)
     depth = float(0.0)
@@ -155,10 +203,20 @@ def raster_fwd(
         # the barrier also tells the block that the previous batch is no longer read
         if block_count(done) == size:
             break
-        stage_entry(buf, rank, gauss_ids, splats, colors, start + rank, start + rank < r[1])
+        stage_entry(buf, rank, gauss_ids, splats, colors, start + rank, start + rank < r[1], row0)
         block_sync()
-        if not done:
-            for j in range(wp.min(size, r[1] - start)):
+        count = wp.min(size, r[1] - start)
+        # chunks of one warp's width: each lane tests one entry's strip bit, then the warp
+        # walks the entries that reach its strip front to back (every lane ballots)
+        chunk = int(0)
+        while chunk < count:
+            hit = False
+            if chunk + lane < count:
+                hit = ((batch_strips(buf, chunk + lane) >> strip) & 1) != 0
+            pending = ballot(-1, hit)
+            while pending != 0 and not done:
+                j = chunk + lowest_lane(pending)
+                pending = drop_lowest(pending)
                 geom = batch_get(buf, GEOM, j)
                 opacity = geom[2]
                 f = splat_falloff(geom, batch_get(buf, CONIC, j), px, py)
@@ -176,6 +234,7 @@ def raster_fwd(
                 depth += w * splat_depth
                 last = start + j
                 t = next_t
+            chunk += lanes
         start += size
     if inside:
         alpha_out = 1.0 - t
@@ -202,7 +261,7 @@ def make_raster_bwd(mode: str, absgrad: bool):
     ``out_grads`` is (N,) per Gaussian, except for ``deterministic``: (n_isects,) per
     sorted entry, zero-initialised, each written by its tile's block alone.
     """
-    from arc_warp._src.arc.intrinsics import lane_id, reduce_scatter, warp_width
+    from arc_warp._src.arc.intrinsics import reduce_scatter
     from arc_warp._src.arc.reduce_funcs import check_mode, lane_adder, warp_plan, warp_reducer
 
     det = check_mode(mode, accumulating=False) == "deterministic"
@@ -354,7 +413,7 @@ def make_raster_bwd(mode: str, absgrad: bool):
         while hi > r[0]:
             lo = wp.max(r[0], hi - size)
             block_sync()  # the previous batch is no longer read
-            stage_entry(buf, rank, gauss_ids, splats, colors, hi - 1 - rank, hi - 1 - rank >= lo)
+            stage_entry(buf, rank, gauss_ids, splats, colors, hi - 1 - rank, hi - 1 - rank >= lo, -1)
             block_sync()
             # chunks of slots [c0, c1): one per batch, except deterministic's flushes
             c0 = int(0)
