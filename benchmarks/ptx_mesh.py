@@ -23,7 +23,7 @@ import tempfile
 import warp as wp
 
 from arc_warp._src.mesh.common import chunking
-from arc_warp._src.mesh.interp_kernels import interp_fwd, make_interp_bwd
+from arc_warp._src.mesh.interp_kernels import make_interp_bwd, make_interp_fwd
 from arc_warp._src.mesh.texture_kernels import FILTER_MODES, MIP_LINEAR, make_mip_fold, make_tex_bwd, make_tex_fwd
 
 BWD_MODES = ("atomic", "arc", "floor")
@@ -39,10 +39,12 @@ def texture_kernels(channels: int) -> dict:
 
 
 def interp_kernels(attrs: int) -> dict:
-    """name -> kernel: forward, backward per reduce mode."""
-    k, _ = chunking(attrs)
-    out = {"interp fwd": interp_fwd}
-    out.update({f"interp bwd {mode}": make_interp_bwd(mode, k) for mode in BWD_MODES})
+    """name -> kernel: forward and backward per reduce mode without pixel derivatives, and
+    both with them (``diff_attrs``, any list: one kernel)."""
+    k, chunks = chunking(attrs)
+    out = {"interp fwd": make_interp_fwd(k, chunks, False), "interp fwd +da": make_interp_fwd(k, chunks, True)}
+    out.update({f"interp bwd {mode}": make_interp_bwd(mode, k, chunks, False) for mode in BWD_MODES})
+    out["interp bwd arc +da"] = make_interp_bwd("arc", k, chunks, True)
     return out
 
 
