@@ -1,6 +1,7 @@
 """Small random mesh scenes and helpers shared by the mesh tests."""
 
 import numpy as np
+import pytest
 import torch
 import warp as wp
 
@@ -34,3 +35,17 @@ def random_mesh(rng, batch=2, n_tri=12, n_vert=20, w_range=(0.6, 2.0), spread=1.
     pos = np.concatenate([xy, z[..., None], w[..., None]], -1).astype(np.float32)
     tri = np.stack([rng.choice(n_vert, 3, replace=False) for _ in range(n_tri)]).astype(np.int32)
     return pos, tri
+
+
+def _nvrtc_archs() -> list:
+    wp.init()
+    return sorted(getattr(wp._src.context.runtime, "nvrtc_supported_archs", None) or [])
+
+
+needs_sm90_nvrtc = pytest.mark.skipif(90 not in _nvrtc_archs(), reason="needs NVRTC with sm_90 (Warp's CUDA compiler)")
+
+
+def sm90_ptx(kernel, directory) -> str:
+    """The sm_90 PTX of ``kernel``'s module (NVRTC compiles without a GPU)."""
+    (path,) = wp.compile_aot_module(kernel.module, arch=90, use_ptx=True, module_dir=directory / kernel.key)
+    return path.read_bytes().replace(b"\0", b"").decode()

@@ -7,7 +7,7 @@ import torch
 import warp as wp
 
 import arc_warp.mesh as mesh
-from mesh_scenes import REDUCE_CASES, REDUCE_IDS, cpu_blocks, random_mesh, t64, wa
+from mesh_scenes import REDUCE_CASES, REDUCE_IDS, cpu_blocks, needs_sm90_nvrtc, random_mesh, sm90_ptx, t64, wa
 from reference_mesh import interpolate as ref_interpolate
 
 wp.config.log_level = wp.LOG_WARNING
@@ -62,6 +62,74 @@ def test_backward_matches_reference(rng, blocks, mode, threshold, attrs):
     np.testing.assert_allclose(gr.numpy()[..., :2][hit], r.grad.numpy()[..., :2][hit], atol=1e-4)
     assert not gr.numpy()[..., 2:].any() and not gr.numpy()[~hit].any()
     np.testing.assert_allclose(gdb.numpy(), d.grad.numpy(), atol=1e-4)
+
+
+def offset_view(x: np.ndarray) -> wp.array:
+    """A CPU float32 wp.array of ``x`` starting one float into its buffer: off 8/16-byte
+    alignment, so on CUDA the vector loads and stores take their float fallback."""
+    buf = wa(np.concatenate([[0.0], np.ravel(x)]))
+    return wp.array(ptr=buf.ptr + 4, dtype=wp.float32, shape=x.shape, device=buf.device, deleter=lambda *_: buf)
+
+
+# A -> (k, chunks): 1 -> (1, 1), 3 -> (3, 1), 8 -> (8, 1), 20 -> (10, 2); diff lists with a
+# repeated index (the link table's chains), negatives and every attribute
+WIDTHS = [(1, [0, 0]), (3, [2, 0, -1, 2]), (8, "all"), (20, [19, 3, 3, 12, 0])]
+
+
+@pytest.mark.parametrize("attrs,diff", WIDTHS, ids=[f"A{a}" for a, _ in WIDTHS])
+@pytest.mark.parametrize("aligned", [True, False], ids=["aligned", "offset_views"])
+def test_widths_and_views(rng, attrs, diff, aligned):
+    """Every chunking with derivatives (repeated indices included), forward and backward,
+    from arrays at their allocation's start or one float in (inputs, cotangents and given
+    outputs)."""
+    attr, rast, db, tri = scene(rng, attrs=attrs)
+    idx = list(range(attrs)) if diff == "all" else [j % attrs for j in diff]
+    g = rng.standard_normal((*rast.shape[:3], attrs)).astype(np.float32)
+    gda = rng.standard_normal((*rast.shape[:3], 2 * len(idx))).astype(np.float32)
+    arr = wa if aligned else offset_view
+    out = (arr(np.zeros((*rast.shape[:3], attrs), np.float32)), arr(np.zeros(gda.shape, np.float32)))
+    out, out_da = mesh.interpolate(arr(attr), arr(rast), wa(tri, wp.int32), arr(db), diff_attrs=diff, out=out)
+    ga, gr, gdb = mesh.interpolate_backward(arr(attr), arr(rast), wa(tri, wp.int32), arr(g), arr(db), arr(gda), diff)
+    a, r, d = (t64(x).requires_grad_(True) for x in (attr, rast, db))
+    ref, ref_da = ref_interpolate(a, r, torch.from_numpy(tri), d, idx)
+    ((ref * t64(g)).sum() + (ref_da * t64(gda)).sum()).backward()
+    # tolerances as in test_forward_matches_reference / test_backward_matches_reference
+    np.testing.assert_allclose(out.numpy(), ref.detach().numpy(), atol=1e-5)
+    np.testing.assert_allclose(out_da.numpy(), ref_da.detach().numpy(), atol=1e-5)
+    np.testing.assert_allclose(ga.numpy(), a.grad.numpy(), atol=1e-5 * np.abs(a.grad.numpy()).max() + 1e-5)
+    hit = rast[..., 3] > 0
+    np.testing.assert_allclose(gr.numpy()[..., :2][hit], r.grad.numpy()[..., :2][hit], atol=1e-4)
+    np.testing.assert_allclose(gdb.numpy(), d.grad.numpy(), atol=1e-4)
+
+
+def test_backward_without_derivative_cotangent(rng):
+    """diff_attrs and rast_db given but no cotangent of out_da: the kernel without the
+    derivative terms, the same gradients as a zero cotangent, rast_db's gradient zero."""
+    attr, rast, db, tri = scene(rng, attrs=4)
+    g = rng.standard_normal((*rast.shape[:3], 4)).astype(np.float32)
+    zero_da = np.zeros((*rast.shape[:3], 4), np.float32)
+    ga, gr, gdb = mesh.interpolate_backward(wa(attr), wa(rast), wa(tri, wp.int32), wa(g), wa(db), None, [1, 3])
+    za, zr, zdb = mesh.interpolate_backward(wa(attr), wa(rast), wa(tri, wp.int32), wa(g), wa(db), wa(zero_da), [1, 3])
+    np.testing.assert_allclose(ga.numpy(), za.numpy(), atol=1e-6)  # float32 sums of the same terms, reordered
+    np.testing.assert_array_equal(gr.numpy(), zr.numpy())
+    assert not gdb.numpy().any() and not zdb.numpy().any()
+
+
+@needs_sm90_nvrtc
+def test_sm90_code_moves_attributes_as_vectors(tmp_path):
+    # NVRTC compiles without a GPU. 8 attributes (k = 8) are two 128-bit read-only loads
+    # per vertex and cotangent, and the forward's output two 128-bit stores; 20 (k = 10)
+    # go in 64-bit pieces; the derivative links are walked without local memory.
+    from arc_warp._src.mesh.interp_kernels import make_interp_bwd, make_interp_fwd
+
+    for k, chunks, vector in ((8, 1, "v4"), (10, 2, "v2")):
+        for with_da in (False, True):
+            for kernel in (make_interp_fwd(k, chunks, with_da), make_interp_bwd("arc", k, chunks, with_da)):
+                ptx = sm90_ptx(kernel, tmp_path)
+                assert f"ld.global.nc.{vector}.f32" in ptx, kernel.key
+                assert ".local" not in ptx, kernel.key
+                if kernel.key.startswith("make_interp_fwd"):
+                    assert f"st.global.{vector}.f32" in ptx, kernel.key
 
 
 def test_tape_chains_into_rasterize(rng):

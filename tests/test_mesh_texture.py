@@ -7,7 +7,7 @@ import pytest
 import warp as wp
 
 import arc_warp.mesh as mesh
-from mesh_scenes import REDUCE_CASES, REDUCE_IDS, cpu_blocks, t64, wa
+from mesh_scenes import REDUCE_CASES, REDUCE_IDS, cpu_blocks, needs_sm90_nvrtc, sm90_ptx, t64, wa
 from reference_mesh import texture as ref_texture
 
 wp.config.log_level = wp.LOG_WARNING
@@ -215,12 +215,7 @@ def test_backward_adds_into_given_gradients(rng):
         np.testing.assert_allclose(a.numpy(), b + f, rtol=1e-6, atol=1e-6, err_msg=name)  # one float32 add
 
 
-def _nvrtc_archs() -> list:
-    wp.init()
-    return sorted(getattr(wp._src.context.runtime, "nvrtc_supported_archs", None) or [])
-
-
-@pytest.mark.skipif(90 not in _nvrtc_archs(), reason="needs NVRTC with sm_90 (Warp's CUDA compiler)")
+@needs_sm90_nvrtc
 def test_sm90_code_moves_rgba_texels_as_vectors(tmp_path):
     # NVRTC compiles without a GPU. An RGBA texel, a cotangent and uv_da are one 128-bit
     # read-only load each, uv one 64-bit load; no vector indexed at run time spills to
@@ -228,8 +223,7 @@ def test_sm90_code_moves_rgba_texels_as_vectors(tmp_path):
     from arc_warp._src.mesh.texture_kernels import MIP_LINEAR, make_mip_fold, make_tex_bwd, make_tex_fwd
 
     for kernel in (make_tex_fwd(MIP_LINEAR, 4, 1), make_tex_bwd("arc", MIP_LINEAR, 4, 1), make_mip_fold(4, 1)):
-        (path,) = wp.compile_aot_module(kernel.module, arch=90, use_ptx=True, module_dir=tmp_path / kernel.key)
-        ptx = path.read_bytes().replace(b"\0", b"").decode()
+        ptx = sm90_ptx(kernel, tmp_path)
         assert "ld.global.nc.v4.f32" in ptx, kernel.key
         assert ".local" not in ptx, kernel.key
         if kernel.key.startswith("make_tex"):

@@ -72,6 +72,16 @@ def vector_view(workspace, arr: wp.array, k: int) -> wp.array:
     return view(workspace, arr, wp.types.vector(k, wp.float32), (arr.size // k,))
 
 
+def flat_view(workspace, a: wp.array | None, dtype, device) -> wp.array:
+    """Contiguous float32 ``a`` as a flat array of ``dtype`` (float, vec2, vec4), or an
+    empty one for None (an optional kernel argument that was not given)."""
+    if a is None:
+        return absent(workspace, wp.float32 if dtype is float else dtype, device)
+    if dtype is float:
+        return view(workspace, a, wp.float32, (a.size,))
+    return view(workspace, a, dtype, (a.size // dtype._length_,))
+
+
 def float_array(value, name: str, ndims: tuple[int, ...], last: int | None = None, device=None) -> wp.array:
     """Checks a contiguous float32 wp.array with one of ``ndims`` dimensions (and last axis
     ``last`` if given) on ``device``; raises TypeError/ValueError naming what came."""

@@ -15,6 +15,7 @@ from arc_warp._src.mesh.common import (
     chunking,
     device_constant,
     cotangent,
+    flat_view,
     float_array,
     grad_of,
     grad_or_new,
@@ -28,7 +29,7 @@ from arc_warp._src.mesh.common import (
     zeros_once,
 )
 from arc_warp._src.mesh.geometry import check_tri
-from arc_warp._src.mesh.interp_kernels import interp_fwd, make_interp_bwd
+from arc_warp._src.mesh.interp_kernels import make_interp_bwd, make_interp_fwd
 from arc_warp._src.mesh.plan import Plan, pair, prepared
 
 
@@ -48,17 +49,33 @@ def _diff_indices(diff_attrs, num_attr: int) -> np.ndarray:
     return np.where(idx < 0, idx + num_attr, idx).astype(np.int32)
 
 
+def _diff_links(diff_attrs, num_attr: int) -> np.ndarray:
+    """The kernels' link table of ``diff_attrs`` (``interp_kernels``' docstring): A + D
+    int32 (first slot per attribute, then next slot per slot; -1 ends a chain), empty
+    without derivatives."""
+    idx = _diff_indices(diff_attrs, num_attr)
+    if idx.size == 0:
+        return idx
+    links = np.full(num_attr + idx.size, -1, np.int32)
+    for q in range(idx.size - 1, -1, -1):  # prepended, so each chain runs in slot order
+        links[num_attr + q] = links[idx[q]]
+        links[idx[q]] = q
+    return links
+
+
 @functools.lru_cache(maxsize=64)
 def _named_diff_table(diff_attrs: str | None, num_attr: int, device: str) -> wp.array:
-    return device_constant(_diff_indices(diff_attrs, num_attr), wp.int32, device)
+    return device_constant(_diff_links(diff_attrs, num_attr), wp.int32, device)
 
 
-def _diff_table(diff_attrs, num_attr: int, device) -> wp.array:
-    """(D,) int32 on ``device``: :func:`_diff_indices` as a device constant (None and 'all'
-    looked up without rebuilding it)."""
+def _diff_table(diff_attrs, num_attr: int, device) -> tuple[int, wp.array]:
+    """(D, links): the number of derivative outputs and :func:`_diff_links` as a device
+    constant (None and 'all' looked up without rebuilding it)."""
     if diff_attrs is None or isinstance(diff_attrs, str):
-        return _named_diff_table(diff_attrs, num_attr, device.alias)
-    return device_constant(_diff_indices(diff_attrs, num_attr), wp.int32, device)
+        links = _named_diff_table(diff_attrs, num_attr, device.alias)
+    else:
+        links = device_constant(_diff_links(diff_attrs, num_attr), wp.int32, device)
+    return (links.shape[0] - num_attr if links.shape[0] else 0), links
 
 
 def _inputs(attr, rast, tri, rast_db, diff_attrs, workspace):
@@ -69,12 +86,12 @@ def _inputs(attr, rast, tri, rast_db, diff_attrs, workspace):
     attr3 = view(ws, attr, wp.float32, (1, *attr.shape)) if attr.ndim == 2 else attr
     if attr3.shape[0] not in (1, rast.shape[0]):
         raise ValueError(f"attr: expected a minibatch of 1 or {rast.shape[0]} (that of rast), got {attr3.shape[0]}")
-    diff = _diff_table(diff_attrs, attr3.shape[2], device)
-    if diff.shape[0] and rast_db is None:
+    num_diff, links = _diff_table(diff_attrs, attr3.shape[2], device)
+    if num_diff and rast_db is None:
         raise ValueError("rast_db: diff_attrs asks for attribute derivatives, which need rast_db")
     if rast_db is not None:
         rast_db = check_shape(float_array(rast_db, "rast_db", (4,), 4, device), "rast_db", rast.shape)
-    return attr3, rast, check_tri(tri, device, ws), rast_db, diff, ws
+    return attr3, rast, check_tri(tri, device, ws), rast_db, num_diff, links, ws
 
 
 def interpolate(
@@ -121,15 +138,22 @@ def interpolate(
 
 def _plan_forward(plan: Plan, attr, rast, tri, rast_db, diff_attrs, reduce, threshold, out) -> None:
     """Checks an interpolate call and queues its work; ``plan.result`` = (out, out_da)."""
-    attr3, rast_c, tri_v, rast_db_c, diff, ws = _inputs(attr, rast, tri, rast_db, diff_attrs, plan.workspace)
+    attr3, rast_c, tri_v, rast_db_c, num_diff, links, ws = _inputs(attr, rast, tri, rast_db, diff_attrs,
+                                                                   plan.workspace)
     plan.mode, _ = reduce_settings(reduce, threshold, rast.device, ws)
     b, h, w, _ = rast_c.shape
     device = rast_c.device
-    out_a = output(out[0], "out[0] (out)", (b, h, w, attr3.shape[2]), device)
-    out_da = output(out[1], "out[1] (out_da)", (b, h, w, 2 * diff.shape[0]), device)
-    db = vec4_view(ws, rast_db_c) if rast_db_c is not None else absent(ws, wp.vec4, device, 3)
-    plan.launch(interp_fwd, (b, h, w), [attr3, vec4_view(ws, rast_c), db, tri_v, diff, out_a, out_da], device)
+    ba, num_v, num_a = attr3.shape
+    out_a = output(out[0], "out[0] (out)", (b, h, w, num_a), device)
+    out_da = output(out[1], "out[1] (out_da)", (b, h, w, 2 * num_diff), device)
     plan.result = out_a, out_da
+    if num_a == 0 or b * h * w == 0:
+        return
+    k, chunks = chunking(num_a)
+    plan.launch(make_interp_fwd(k, chunks, num_diff > 0), b * h * w,
+                [vector_view(ws, attr3, k), num_v, ba, h * w, vec4_view(ws, rast_c, True),
+                 flat_view(ws, rast_db_c if num_diff else None, wp.vec4, device), tri_v, links,
+                 vector_view(ws, out_a, k), flat_view(ws, out_da if num_diff else None, float, device)], device)
 
 
 def interpolate_backward(
@@ -168,30 +192,29 @@ def interpolate_backward(
 def _plan_backward(plan: Plan, attr, rast, tri, grad_out, rast_db, grad_out_da, diff_attrs, grad_attr, grad_rast,
                    grad_rast_db, reduce, threshold, attr_grad) -> None:
     """Checks an interpolate_backward call and queues its work; ``plan.result`` = the gradients."""
-    attr3, rast_c, tri_v, rast_db_c, diff, ws = _inputs(attr, rast, tri, rast_db, diff_attrs, plan.workspace)
+    attr3, rast_c, tri_v, rast_db_c, num_diff, links, ws = _inputs(attr, rast, tri, rast_db, diff_attrs,
+                                                                   plan.workspace)
     device = rast_c.device
     b, h, w, _ = rast_c.shape
-    n, num_a = b * h * w, attr3.shape[2]
+    ba, num_v, num_a = attr3.shape
     grad_attr = grad_or_new(grad_attr, "grad_attr", attr) if attr_grad else None
     grad_rast = grad_or_new(grad_rast, "grad_rast", rast)
     if rast_db is not None:
         grad_rast_db = grad_or_new(grad_rast_db, "grad_rast_db", rast_db)
     plan.result = grad_attr, grad_rast, grad_rast_db
     go = cotangent(grad_out, "grad_out", (b, h, w, num_a), device)
-    gda = cotangent(grad_out_da, "grad_out_da", (b, h, w, 2 * diff.shape[0]), device)
-    if (go is None and gda is None) or num_a == 0 or n == 0:
+    gda = cotangent(grad_out_da, "grad_out_da", (b, h, w, 2 * num_diff), device)
+    if (go is None and gda is None) or num_a == 0 or b * h * w == 0:
         return
     go = go if go is not None else zeros_once(ws, "mesh_zero_grad_out", (b, h, w, num_a), wp.float32, device)
-    if gda is None or diff.shape[0] == 0:
-        gda = zeros_once(ws, "mesh_zero_grad_out_da", (1, 1), wp.float32, device)
-        diff = absent(ws, wp.int32, device)
+    with_da = gda is not None and num_diff > 0  # else no term of the derivatives: a kernel without them
     mode, t = reduce_settings(reduce, threshold, device, ws)
-    k, _ = chunking(num_a)
-    gda2 = view(ws, gda, wp.float32, (n, gda.shape[3])) if gda.ndim == 4 else gda
-    db_flat = vec4_view(ws, rast_db_c, True) if rast_db_c is not None else absent(ws, wp.vec4, device)
-    g_db = vec4_view(ws, grad_rast_db, True) if rast_db is not None else absent(ws, wp.vec4, device)
-    plan.launch(make_interp_bwd(mode, k), tiled_dim(b, h, w),
-                [attr3, vec4_view(ws, rast_c, True), db_flat, tri_v, diff, view(ws, go, wp.float32, (n, num_a)), gda2,
-                 w, h, t, vector_view(ws, grad_attr, k) if attr_grad else absent(ws, wp.types.vector(k, wp.float32),
-                                                                                 device),
-                 vec4_view(ws, grad_rast, True), g_db], device, block_dim=BLOCK)
+    k, chunks = chunking(num_a)
+    plan.launch(make_interp_bwd(mode, k, chunks, with_da), tiled_dim(b, h, w),
+                [vector_view(ws, attr3, k), num_v, ba, vec4_view(ws, rast_c, True),
+                 flat_view(ws, rast_db_c if with_da else None, wp.vec4, device), tri_v,
+                 links if with_da else absent(ws, wp.int32, device), vector_view(ws, go, k),
+                 flat_view(ws, gda if with_da else None, float, device), w, h, t,
+                 vector_view(ws, grad_attr, k) if attr_grad else absent(ws, wp.types.vector(k, wp.float32), device),
+                 vec4_view(ws, grad_rast, True),
+                 flat_view(ws, grad_rast_db if with_da else None, wp.vec4, device)], device, block_dim=BLOCK)

@@ -16,6 +16,7 @@ from arc_warp._src.mesh.common import (
     chunking,
     device_constant,
     cotangent,
+    flat_view,
     float_array,
     grad_of,
     grad_or_new,
@@ -203,15 +204,6 @@ def _setup(plan: Plan, tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundar
     return tex, uv, uv_da, mip_level_bias, mip, FILTER_MODES[filter_mode], BOUNDARY_MODES[boundary_mode], ws
 
 
-def _flat(ws, a, dtype, device):
-    """Contiguous float32 ``a`` as a flat array of ``dtype`` (float, vec2, vec4), or an empty one for None."""
-    if a is None:
-        return absent(ws, wp.float32 if dtype is float else dtype, device)
-    if dtype is float:
-        return view(ws, a, wp.float32, (a.size,))
-    return view(ws, a, dtype, (a.size // dtype._length_,))
-
-
 def texture(
     tex: wp.array,  # [B or 1, Ht, Wt, C] float32
     uv: wp.array,  # [B, H, W, 2] float32 texture coordinates
@@ -269,9 +261,9 @@ def _plan_forward(plan: Plan, tex, uv, uv_da, mip_level_bias, mip, filter_mode, 
     k, chunks = chunking(tex_c.shape[3])
     if n:
         plan.launch(make_tex_fwd(fmode, k, chunks), n,
-                    [vector_view(ws, stack.data, k), stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
-                     _flat(ws, da_c, wp.vec4, device), _flat(ws, bias_c, float, device), h * w, tex_c.shape[0], bmode,
-                     vector_view(ws, out, k)], device)
+                    [vector_view(ws, stack.data, k), stack.sizes, stack.offsets, flat_view(ws, uv_c, wp.vec2, device),
+                     flat_view(ws, da_c, wp.vec4, device), flat_view(ws, bias_c, float, device), h * w,
+                     tex_c.shape[0], bmode, vector_view(ws, out, k)], device)
     plan.result = out, stack
 
 
@@ -343,11 +335,12 @@ def _plan_backward(plan: Plan, tex, uv, grad_out, uv_da, mip_level_bias, mip, fi
         gstack = scratch(ws, "mesh_tex_gstack", stack.data.shape, wp.float32, device)
         plan.step(gstack.zero_)  # texel gradients of every level are summed into it
     plan.launch(make_tex_bwd(mode, fmode, k, chunks), tiled_dim(b, h, w),
-                [vector_view(ws, stack.data, k), stack.sizes, stack.offsets, _flat(ws, uv_c, wp.vec2, device),
-                 _flat(ws, da_c, wp.vec4, device), _flat(ws, bias_c, float, device), vector_view(ws, go, k),
+                [vector_view(ws, stack.data, k), stack.sizes, stack.offsets, flat_view(ws, uv_c, wp.vec2, device),
+                 flat_view(ws, da_c, wp.vec4, device), flat_view(ws, bias_c, float, device), vector_view(ws, go, k),
                  w, h, tex_c.shape[0], bmode, t, vector_view(ws, gstack, k) if tex_grad else absent(ws, vec_k, device),
-                 _flat(ws, grad_uv if fmode != NEAREST else None, wp.vec2, device),
-                 _flat(ws, grad_uv_da, wp.vec4, device), _flat(ws, grad_bias, float, device)], device, block_dim=BLOCK)
+                 flat_view(ws, grad_uv if fmode != NEAREST else None, wp.vec2, device),
+                 flat_view(ws, grad_uv_da, wp.vec4, device), flat_view(ws, grad_bias, float, device)], device,
+                block_dim=BLOCK)
     if tex_grad:
         plan.launch(make_mip_fold(k, chunks), tuple(tex_c.shape[:3]),
                     [vector_view(ws, gstack, k), stack.sizes, stack.offsets, vector_view(ws, grad_tex, k)], device)

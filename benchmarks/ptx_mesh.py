@@ -1,4 +1,4 @@
-"""Static cost of the texture kernels on sm_90, without a GPU.
+"""Static cost of the mesh texture and interpolate kernels on sm_90, without a GPU.
 
 Builds each kernel's CUDA source with Warp's NVRTC (``wp.compile_aot_module``), then
 counts in its PTX: instructions, global loads (scalar and vector), local-memory
@@ -8,7 +8,7 @@ works while the code uses no newer instruction).
 
 Usage::
 
-    python benchmarks/ptx_texture.py [--channels 4] [--keep DIR]
+    python benchmarks/ptx_mesh.py [--only texture interp] [--channels 4] [--attrs 8] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -23,15 +23,28 @@ import tempfile
 import warp as wp
 
 from arc_warp._src.mesh.common import chunking
+from arc_warp._src.mesh.interp_kernels import make_interp_bwd, make_interp_fwd
 from arc_warp._src.mesh.texture_kernels import FILTER_MODES, MIP_LINEAR, make_mip_fold, make_tex_bwd, make_tex_fwd
 
+BWD_MODES = ("atomic", "arc", "floor")
 
-def kernels(channels: int) -> dict:
+
+def texture_kernels(channels: int) -> dict:
     """name -> kernel: forward per filter mode, backward (linear-mipmap-linear) per reduce mode, fold."""
     k, chunks = chunking(channels)
-    out = {f"fwd {name}": make_tex_fwd(mode, k, chunks) for name, mode in FILTER_MODES.items()}
-    out.update({f"bwd mip-linear {mode}": make_tex_bwd(mode, MIP_LINEAR, k, chunks) for mode in ("atomic", "arc", "floor")})
-    out["mip_fold"] = make_mip_fold(k, chunks)
+    out = {f"tex fwd {name}": make_tex_fwd(mode, k, chunks) for name, mode in FILTER_MODES.items()}
+    out.update({f"tex bwd mip-linear {mode}": make_tex_bwd(mode, MIP_LINEAR, k, chunks) for mode in BWD_MODES})
+    out["tex mip_fold"] = make_mip_fold(k, chunks)
+    return out
+
+
+def interp_kernels(attrs: int) -> dict:
+    """name -> kernel: forward and backward per reduce mode without pixel derivatives, and
+    both with them (``diff_attrs``, any list: one kernel)."""
+    k, chunks = chunking(attrs)
+    out = {"interp fwd": make_interp_fwd(k, chunks, False), "interp fwd +da": make_interp_fwd(k, chunks, True)}
+    out.update({f"interp bwd {mode}": make_interp_bwd(mode, k, chunks, False) for mode in BWD_MODES})
+    out["interp bwd arc +da"] = make_interp_bwd("arc", k, chunks, True)
     return out
 
 
@@ -74,16 +87,20 @@ def ptxas_info(path: pathlib.Path) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--channels", type=int, default=4)
+    ap.add_argument("--only", nargs="*", default=["texture", "interp"], choices=["texture", "interp"])
+    ap.add_argument("--channels", type=int, default=4, help="texture channels")
+    ap.add_argument("--attrs", type=int, default=8, help="interpolated attributes")
     ap.add_argument("--keep", default=None, help="directory that keeps the generated .cu and .ptx files")
     args = ap.parse_args(argv)
     wp.config.log_level = wp.LOG_WARNING
     wp.init()
     root = pathlib.Path(args.keep or tempfile.mkdtemp())
     cols = ("instr", "ld.global", "ld.v", "local", "mul64", "atom", "regs", "stack", "spill_st", "spill_ld")
-    print(f"C = {args.channels}, sm_90 (NVRTC of Warp {wp.__version__})")
+    print(f"texture C = {args.channels}, interpolate A = {args.attrs}, sm_90 (NVRTC of Warp {wp.__version__})")
     print(f"{'kernel':30s} " + " ".join(f"{c:>9s}" for c in cols))
-    for name, kernel in kernels(args.channels).items():
+    todo = {**(texture_kernels(args.channels) if "texture" in args.only else {}),
+            **(interp_kernels(args.attrs) if "interp" in args.only else {})}
+    for name, kernel in todo.items():
         (path,) = wp.compile_aot_module(kernel.module, arch=90, use_ptx=True,
                                         module_dir=root / name.replace(" ", "_"))
         row = {**ptx_counts(path.read_bytes().replace(b"\0", b"").decode()), **ptxas_info(path)}
