@@ -18,7 +18,8 @@ import functools
 
 import warp as wp
 
-from arc_warp._src.mesh.funcs import float_to_id, tile_pixel, vector_io
+from arc_warp._src.mesh.funcs import float_to_id, tile_pixel
+from arc_warp._src.vector_io import vector_io
 from arc_warp._src.mesh.raster_kernels import tri_vertices
 from arc_warp._src.arc.reduce_funcs import keyed_plan, planned_accumulator
 
