@@ -313,16 +313,14 @@ def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = No
     contiguity copy are autograd-tracked and happen only when needed.
     """
     # the common case, tested first: it costs a training step's host time on every call
-    if (isinstance(t, torch.Tensor) and t.dtype is torch.float32 and t.dim() == len(shape)
-            and ((t.is_cuda or t.is_cpu) if device is None else t.device == device) and t.is_contiguous()
-            and all(s is None or isinstance(s, str) or s == d for s, d in zip(shape, t.shape))):
+    if (isinstance(t, torch.Tensor) and t.dtype is torch.float32 and _shape_fits(shape, t.shape)
+            and ((t.is_cuda or t.is_cpu) if device is None else t.device == device) and t.is_contiguous()):
         return t
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got dtype {t.dtype}")
-    if t.dim() != len(shape) or any(s is not None and not isinstance(s, str) and s != d
-                                    for s, d in zip(shape, t.shape)):
+    if not _shape_fits(shape, t.shape):
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
     if t.device.type not in ("cpu", "cuda"):
@@ -332,6 +330,16 @@ def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = No
     if t.dtype != torch.float32:
         t = t.to(torch.float32)
     return t.contiguous()
+
+
+def _shape_fits(spec: tuple, shape: torch.Size) -> bool:
+    """Whether `shape` fits a `check_tensor` shape spec (ints exact, None or str any size)."""
+    if len(spec) != len(shape):
+        return False
+    for s, d in zip(spec, shape):
+        if s != d and s is not None and s.__class__ is not str:
+            return False
+    return True
 
 
 @dataclass
