@@ -18,7 +18,7 @@ import torch
 import warp as wp
 
 from arc_warp import Camera, DeviceCameras, GaussianGrads, RenderSettings, Workspace
-from arc_warp._src.splat.render import backward_checked, render_checked
+from arc_warp._src.splat.render import backwards_checked, render_checked
 from arc_warp._src.splat.validate import check_inputs
 
 
@@ -407,8 +407,8 @@ class _RaiseOnDoubleBackward(torch.autograd.Function):
 class _RenderGaussians(torch.autograd.Function):
     """(means, quats, scales, opacities, colors) -> (color, alpha, depth, expected_depth,
     radii) for C cameras of one size, written into tensors allocated once per call; the
-    projected means go into `means2d_out`. Backward runs the core backward
-    (`backward_checked`) per camera into one gradient buffer: the first camera writes every
+    projected means go into `means2d_out`. Backward runs the core backward of the C
+    cameras (`backwards_checked`) into one gradient buffer: the first camera writes every
     entry, the others add."""
 
     @staticmethod
@@ -474,7 +474,7 @@ def _guarded(g: torch.Tensor) -> torch.Tensor:
 
 
 def _warp_backward(context, outs, inputs, sink, output_grads):
-    """Run the core backward (`backward_checked`) on torch cotangents ([C, ...]); return
+    """Run the core backward (`backwards_checked`) on torch cotangents ([C, ...]); return
     torch grads shaped like `inputs` and the sink's means2d gradient (None without a sink)."""
     c, n = len(outs), inputs[0].shape[0]
     # a [C, N, 2] (or, for one camera, [N, 2]) sink's gradient is written in place, into
@@ -493,13 +493,14 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
         sinks = [{}] * c if batched is None else context.per_camera((batched,), (wp.vec2,), ("means2d",))
         cotangents = context.per_camera(output_grads, IMAGE_DTYPES, IMAGE_NAMES) if any(
             g is not None for g in output_grads) else [{}] * c
-        for i, out in enumerate(outs):
-            m2d_grad = sinks[i].get("means2d")
-            if m2d_grad is None and i > 0:
+        m2d_grads = [s.get("means2d") for s in sinks]
+        for out, m2d_grad in zip(outs[1:], m2d_grads[1:]):  # each camera's own buffers
+            if m2d_grad is None:
                 out.means2d_grad.zero_()
-            if out.means2d_absgrad is not None and i > 0:
+            if out.means2d_absgrad is not None:
                 out.means2d_absgrad.zero_()
-            backward_checked(out, *(cotangents[i].get(name) for name in IMAGE_NAMES), into, i > 0, m2d_grad)
+        backwards_checked(outs, [tuple(cot.get(name) for name in IMAGE_NAMES) for cot in cotangents], into, False,
+                          m2d_grads)
     if sink is None:
         return torch_grads, None
     target = sink.tensor
