@@ -83,18 +83,21 @@ def test_graph_replay_overflow_rerenders_exactly(rng):
     np.testing.assert_array_equal(out.color.numpy(), ref.color.numpy())
 
 
-def test_torch_training_loop_replays_graphs(rng):
+@pytest.mark.parametrize("cameras", [1, 3])
+def test_torch_training_loop_replays_graphs(rng, cameras):
     """A torch loop (L1 loss, in-place gradient steps on the leaf tensors it renders) with
     graphs gives the parameters that kernel-by-kernel launches give, and replays its
-    renders and backwards as graphs once they repeat."""
+    renders and backwards as graphs once they repeat: one graph forward and one backward
+    per step whatever the number of cameras."""
     torch = pytest.importorskip("torch")
     from arc_warp_torch import RenderContext, rasterization
 
     scene = random_scene(rng, n=500, width=64, height=48, sh_degree=1)
-    target = torch.rand(1, 48, 64, 3, device="cuda")
-    viewmats = torch.tensor(scene.world_to_camera[None], dtype=torch.float32, device="cuda")
-    ks = torch.tensor([[[scene.fx, 0.0, scene.cx], [0.0, scene.fy, scene.cy], [0.0, 0.0, 1.0]]],
-                      dtype=torch.float32, device="cuda")
+    target = torch.rand(cameras, 48, 64, 3, device="cuda")
+    viewmats = torch.tensor(scene.world_to_camera[None], dtype=torch.float32, device="cuda").repeat(cameras, 1, 1)
+    # views of one scene that all see its Gaussians (principal points apart)
+    ks = torch.tensor([[[scene.fx, 0.0, scene.cx + 3.0 * i], [0.0, scene.fy, scene.cy - 2.0 * i], [0.0, 0.0, 1.0]]
+                       for i in range(cameras)], dtype=torch.float32, device="cuda")
 
     def train(ctx):
         p = [torch.tensor(getattr(scene, k), device="cuda", requires_grad=True)
@@ -125,5 +128,7 @@ def test_torch_training_loop_replays_graphs(rng):
     want = train(RenderContext("cuda", graphs=False))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
-    # 2 graphs a step (the forward, the backward): the last two steps replay all four
+    # 2 graphs a step (the forward, the backward, each of all cameras): the last two steps
+    # replay all four
     assert launches[-4:] == [True] * 4, launches
+    assert len(launches) <= 2 * 12, launches  # not one per camera

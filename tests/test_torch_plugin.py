@@ -337,6 +337,37 @@ def test_grad_options(rng):
     assert torch.all(floor["colors"].grad == 0) and full["colors"].grad.abs().max() > 0
 
 
+def test_reused_context_follows_shapes_and_leaves(rng):
+    """One RenderContext across renders whose sizes and leaf patterns change: its kept
+    gradient layouts never hand a render another's shapes, gradients equal those of a
+    fresh context, and computed inputs' gradients lie in their own buffer, apart from the
+    leaves' .grad (so the activations' backward frees them)."""
+    from arc_warp_torch import RenderContext
+
+    shared = RenderContext("cpu")
+    for n, computed in ((12, False), (12, True), (17, True), (12, False)):
+        a, b = random_scene(rng, n=n, width=16, height=12), random_scene(rng, n=n, width=16, height=12)
+        viewmats, ks = cameras_of(a, b)
+        grads = []
+        for context in (shared, RenderContext("cpu")):
+            p = params_of(a)
+            inputs = dict(p)
+            seen = {}
+            if computed:  # non-leaf quats, scales and opacities, as after activations
+                for k in ("quats", "scales", "opacities"):
+                    inputs[k] = p[k] * 1.0
+                    inputs[k].register_hook(lambda g, k=k: seen.__setitem__(k, g))
+            colors, alphas, meta = render(inputs, a, viewmats, ks, context=context)
+            (colors.square().sum() + alphas.sum()).backward()
+            assert meta["means2d"].grad.shape == (2, n, 2)
+            for k, g in seen.items():
+                assert g.shape == p[k].shape
+                assert g.untyped_storage().data_ptr() != p["means"].grad.untyped_storage().data_ptr(), k
+            grads.append([p[k].grad for k in PARAMS] + [meta["means2d"].grad])
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_double_backward_raises(rng):
     scene = random_scene(rng, n=8, width=16, height=12)
     p = params_of(scene)

@@ -9,6 +9,7 @@ and convert their inputs first; this module assumes float32, contiguous, same-de
 import contextlib
 import dataclasses
 import functools
+import math
 import weakref
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
@@ -17,7 +18,7 @@ import torch
 import warp as wp
 
 from arc_warp import Camera, DeviceCameras, GaussianGrads, RenderSettings, Workspace
-from arc_warp._src.splat.render import backward_checked, render_checked
+from arc_warp._src.splat.render import backwards_checked, render_checked
 from arc_warp._src.splat.validate import check_inputs
 
 
@@ -134,6 +135,41 @@ class RenderContext:
         memory and shape."""
         key = ("grads", *((t.data_ptr(), t.shape) for t in tensors))
         return self._memoized(key, lambda: GaussianGrads(*(self.view(t, dt) for t, dt in zip(tensors, INPUT_DTYPES))))
+
+    def gradients(self, inputs: Sequence[torch.Tensor], means2d_shape: Optional[torch.Size]):
+        """Fresh float32 tensors for a backward to write: one shaped like each of `inputs`,
+        and one of `means2d_shape` (None: no such tensor, None returned for it).
+
+        torch owns the memory (its allocator, its stream); Warp writes into it. One new
+        buffer holds the gradients of leaf inputs and the means2d one: torch keeps them
+        as .grad (views of the buffer) until the optimizer step. Another holds those of
+        computed inputs (activated quats, scales, opacities), which their backward
+        consumes, so it is freed then instead of being held with the first. Where each
+        tensor lies is worked out once per shapes and leaf pattern; a call then costs one
+        allocation per buffer and one view per tensor."""
+        leaves = (*(t.is_leaf for t in inputs), True)  # the means2d gradient joins the leaves'
+        shapes = (*(t.shape for t in inputs), means2d_shape)
+
+        def make():
+            layout = []  # per buffer: (entries, [(index, shape, strides, offset)])
+            for group in (True, False):
+                parts, size = [], 0
+                for i, (shape, leaf) in enumerate(zip(shapes, leaves)):
+                    if shape is not None and leaf == group:
+                        strides = tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+                        parts.append((i, tuple(shape), strides, size))
+                        size += math.prod(shape)
+                if parts:
+                    layout.append((size, parts))
+            return layout
+
+        tensors = [None] * len(shapes)
+        device = inputs[0].device
+        for size, parts in self._memoized(("gradients", leaves, *shapes), make):
+            buffer = torch.empty(size, dtype=torch.float32, device=device)
+            for i, shape, strides, offset in parts:
+                tensors[i] = buffer.as_strided(shape, strides, offset)
+        return tuple(tensors[:-1]), tensors[-1]
 
     def device_cameras(self, viewmats: torch.Tensor, Ks: torch.Tensor, width: int, height: int,
                        near: float, far: float) -> DeviceCameras:
@@ -277,16 +313,14 @@ def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = No
     contiguity copy are autograd-tracked and happen only when needed.
     """
     # the common case, tested first: it costs a training step's host time on every call
-    if (isinstance(t, torch.Tensor) and t.dtype is torch.float32 and t.dim() == len(shape)
-            and ((t.is_cuda or t.is_cpu) if device is None else t.device == device) and t.is_contiguous()
-            and all(s is None or isinstance(s, str) or s == d for s, d in zip(shape, t.shape))):
+    if (isinstance(t, torch.Tensor) and t.dtype is torch.float32 and _shape_fits(shape, t.shape)
+            and ((t.is_cuda or t.is_cpu) if device is None else t.device == device) and t.is_contiguous()):
         return t
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got dtype {t.dtype}")
-    if t.dim() != len(shape) or any(s is not None and not isinstance(s, str) and s != d
-                                    for s, d in zip(shape, t.shape)):
+    if not _shape_fits(shape, t.shape):
         want = "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
         raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
     if t.device.type not in ("cpu", "cuda"):
@@ -296,6 +330,16 @@ def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = No
     if t.dtype != torch.float32:
         t = t.to(torch.float32)
     return t.contiguous()
+
+
+def _shape_fits(spec: tuple, shape: torch.Size) -> bool:
+    """Whether `shape` fits a `check_tensor` shape spec (ints exact, None or str any size)."""
+    if len(spec) != len(shape):
+        return False
+    for s, d in zip(spec, shape):
+        if s != d and s is not None and s.__class__ is not str:
+            return False
+    return True
 
 
 @dataclass
@@ -363,8 +407,8 @@ class _RaiseOnDoubleBackward(torch.autograd.Function):
 class _RenderGaussians(torch.autograd.Function):
     """(means, quats, scales, opacities, colors) -> (color, alpha, depth, expected_depth,
     radii) for C cameras of one size, written into tensors allocated once per call; the
-    projected means go into `means2d_out`. Backward runs the core backward
-    (`backward_checked`) per camera into one gradient buffer: the first camera writes every
+    projected means go into `means2d_out`. Backward runs the core backward of the C
+    cameras (`backwards_checked`) into one gradient buffer: the first camera writes every
     entry, the others add."""
 
     @staticmethod
@@ -404,75 +448,69 @@ class _RenderGaussians(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_color, g_alpha, g_depth, g_expected_depth, _g_radii):
         saved = ctx.saved_tensors
-        # Under create_graph=True, hand back grads whose own backward raises (as
-        # torch's once_differentiable does, with a message naming this renderer).
-        guard = torch.is_grad_enabled() and any(g is not None and g.requires_grad for g in
-                                                (g_color, g_alpha, g_depth, g_expected_depth))
-
-        def wrap(g):
-            return _RaiseOnDoubleBackward.apply(g.detach().requires_grad_(True)) if guard else g
-
-        with torch.no_grad():
-            grads, means2d_grad = _warp_backward(ctx.context, ctx.outs, saved[:5], ctx.sink,
-                                                 (g_color, g_alpha, g_depth, g_expected_depth))
+        cotangents = (g_color, g_alpha, g_depth, g_expected_depth)
+        # torch runs a backward with grad mode on only under create_graph=True; then hand
+        # back grads whose own backward raises (as torch's once_differentiable does, with a
+        # message naming this renderer)
+        grad_mode = torch.is_grad_enabled()
+        guard = grad_mode and any(g is not None and g.requires_grad for g in cotangents)
+        with torch.no_grad() if grad_mode else _NO_SCOPE:
+            grads, means2d_grad = _warp_backward(ctx.context, ctx.outs, saved[:5], ctx.sink, cotangents)
+        needed = ctx.needs_input_grad
         result = [None] * 6  # context, cameras, settings, means2d_out, sink, sink_tensor
-        if ctx.sink is not None and ctx.needs_input_grad[5]:
-            result[5] = wrap(means2d_grad)
+        if ctx.sink is not None and needed[5]:
+            result[5] = _guarded(means2d_grad) if guard else means2d_grad
         for i, g in enumerate(grads):
-            result.append(wrap(g) if ctx.needs_input_grad[6 + i] else None)
+            result.append(None if not needed[6 + i] else _guarded(g) if guard else g)
         return tuple(result)
 
 
+_NO_SCOPE = contextlib.nullcontext()  # reusable: entering it does nothing
+
+
+def _guarded(g: torch.Tensor) -> torch.Tensor:
+    """``g`` behind `_RaiseOnDoubleBackward`, for a backward under create_graph=True."""
+    return _RaiseOnDoubleBackward.apply(g.detach().requires_grad_(True))
+
+
 def _warp_backward(context, outs, inputs, sink, output_grads):
-    """Run the core backward (`backward_checked`) on torch cotangents ([C, ...]); return
+    """Run the core backward (`backwards_checked`) on torch cotangents ([C, ...]); return
     torch grads shaped like `inputs` and the sink's means2d gradient (None without a sink)."""
-    # torch owns the gradient memory (its allocator, its stream); Warp writes into it. One
-    # buffer holds the gradients of leaf inputs and, for a [C, N, 2] sink, its gradient:
-    # torch keeps them as .grad (views of the buffer) until the optimizer step. Another holds
-    # those of computed inputs (activated quats, scales, opacities), which their backward
-    # consumes, so it is freed then instead of being held with the first. The first
-    # camera writes every entry (accumulate=False), so nothing is zeroed for C = 1; later
-    # cameras add, into their own zeroed means2d slices.
     c, n = len(outs), inputs[0].shape[0]
+    # a [C, N, 2] (or, for one camera, [N, 2]) sink's gradient is written in place, into
+    # the buffer of the leaf gradients (see `RenderContext.gradients`)
     direct = sink is not None and sink.tensor.shape[-1] == 2
-    torch_grads, m2d = [None] * len(inputs), None
-    for leaves in (True, False):
-        group = [i for i, t in enumerate(inputs) if t.is_leaf == leaves]
-        sizes = [inputs[i].numel() for i in group] + ([2 * c * n] if leaves and direct else [])
-        if not sizes:
-            continue
-        parts = torch.empty(sum(sizes), dtype=torch.float32, device=inputs[0].device).split(sizes)
-        for i, part in zip(group, parts):
-            torch_grads[i] = part.view_as(inputs[i])
-        if leaves and direct:
-            m2d = parts[-1].view(sink.tensor.shape)
-    torch_grads = tuple(torch_grads)
+    torch_grads, batched = context.gradients(inputs, (c, n, 2) if direct else None)
     with context.stream():
-        output_grads = [None if g is None else g.to(torch.float32).contiguous() for g in output_grads]
+        output_grads = [g if g is None or (g.dtype is torch.float32 and g.is_contiguous())
+                        else g.to(torch.float32).contiguous() for g in output_grads]
         into = context.grads(torch_grads)
-        batched = None if m2d is None else m2d.view(c, n, 2)
+        # the first camera writes every entry (accumulate=False), so nothing is zeroed for
+        # C = 1; later cameras add, into their own zeroed means2d slices
         if batched is not None and c > 1:
             batched[1:].zero_()
-        # a [C, N, 2] sink's gradient is written in place; otherwise into the workspace's
-        # (also on a second backward with retain_graph)
+        # without a direct sink, into the workspace's (also on a second backward with retain_graph)
         sinks = [{}] * c if batched is None else context.per_camera((batched,), (wp.vec2,), ("means2d",))
         cotangents = context.per_camera(output_grads, IMAGE_DTYPES, IMAGE_NAMES) if any(
             g is not None for g in output_grads) else [{}] * c
-        for i, out in enumerate(outs):
-            m2d_grad = sinks[i].get("means2d")
-            if m2d_grad is None and i > 0:
+        m2d_grads = [s.get("means2d") for s in sinks]
+        for out, m2d_grad in zip(outs[1:], m2d_grads[1:]):  # each camera's own buffers
+            if m2d_grad is None:
                 out.means2d_grad.zero_()
-            if out.means2d_absgrad is not None and i > 0:
+            if out.means2d_absgrad is not None:
                 out.means2d_absgrad.zero_()
-            backward_checked(out, *(cotangents[i].get(name) for name in IMAGE_NAMES), into, i > 0, m2d_grad)
+        backwards_checked(outs, [tuple(cot.get(name) for name in IMAGE_NAMES) for cot in cotangents], into, False,
+                          m2d_grads)
     if sink is None:
         return torch_grads, None
     target = sink.tensor
-    if m2d is None:
+    if batched is None:
         m2d = target.new_zeros(target.shape)
         batched = m2d.view(c, n, target.shape[-1])
         for i, out in enumerate(outs):
             batched[i, :, :2] = context.torch_view(out.means2d_grad)
+    else:
+        m2d = batched if target.dim() == 3 else batched.view(target.shape)
     _scale(batched, sink.scale)
     if sink.absgrad_owner is not None:
         owner = sink.absgrad_owner

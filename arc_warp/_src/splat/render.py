@@ -155,18 +155,49 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
     torch bridge's entry, which checks its tensors itself): ``cameras`` as
     (Camera, None) or (DeviceCameras, index) pairs, ``per_camera`` one dict of valid
     output arrays by name per camera. All cameras are queued before the one wait that
-    checks them (:func:`_settle`)."""
-    queued = []
+    checks them (:func:`_settle`); with graphs, consecutive cameras with graph keys go
+    through one ``Frame.replay`` (:func:`_replay_together`)."""
+    queued, batch = [], []
     input_key = None
     if workspace.graphs:
         input_key = (tuple(signature(a) for a in inputs.arrays), inputs.sh_coeffs, settings)
+
+    def flush():
+        results = _replay_together("forward", [(frame, key, queue) for frame, _, key, queue, _ in batch])
+        for (frame, targets, _, _, finish), result in zip(batch, results):
+            out, pending = finish(result)
+            workspace.release_with(out, frame)
+            queued.append((out, pending, targets))
+        batch.clear()
+
     for (cam, index), targets in zip(cameras, per_camera):
         frame = workspace.acquire()
-        out, pending = _forward(inputs, cam, index, settings, frame, targets, input_key)
+        key, queue, finish = _prepare_forward(inputs, cam, index, settings, frame, targets, input_key)
+        if key is not None:
+            batch.append((frame, targets, key, queue, finish))
+            continue
+        flush()  # queued in camera order, so the last pending render is the last queued
+        out, pending = finish(None)
         workspace.release_with(out, frame)
         queued.append((out, pending, targets))
+    flush()
     _settle(queued, workspace)
     return [out for out, _, _ in queued]
+
+
+def _replay_together(kind: str, prepared: list) -> list:
+    """Queues the (frame, key, queue) of C renders (or backwards), each queue() through
+    its frame, in order, and returns their results: one ``Frame.replay`` of them all on
+    the first frame when there are several, keyed by all their keys and frames (each
+    frame's buffers are baked into the graph; frames live as long as their workspace, so
+    their ids are never reused), instead of C graph launches and C lookups."""
+    if len(prepared) == 1:
+        frame, key, queue = prepared[0]
+        return [frame.replay((kind, key), queue)]
+    if not prepared:
+        return []
+    key = (kind, tuple(key for _, key, _ in prepared), tuple(id(frame) for frame, _, _ in prepared))
+    return prepared[0][0].replay(key, lambda: [queue() for _, _, queue in prepared])
 
 
 def _camera_args(workspace: Workspace, camera: Camera) -> wp.array:
@@ -214,16 +245,27 @@ def _read_total(flags: np.ndarray, workspace: Workspace, grid: tuple[int, int]) 
 
 def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int | None, settings: RenderSettings,
              frame: Frame, outputs: dict, input_key, exact: bool = False) -> tuple[RenderOutput, _Pending | None]:
-    """Queues one camera's render (camera ``index`` of ``DeviceCameras``, or a Camera).
+    """Queues one camera's render (see :func:`_prepare_forward`) and returns its output
+    and what :func:`_settle` checks (None if the total was read back first)."""
+    key, queue, finish = _prepare_forward(inputs, camera, index, settings, frame, outputs, input_key, exact)
+    return finish(None if key is None else frame.replay(("forward", key), queue))
+
+
+def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int | None,
+                     settings: RenderSettings, frame: Frame, outputs: dict, input_key, exact: bool = False):
+    """One camera's render (camera ``index`` of ``DeviceCameras``, or a Camera), prepared
+    but not queued: ``(key, queue, finish)``.
 
     The intersection sort is sized by the workspace's kept capacity without waiting for
     the device, or (``exact``, or no capacity yet) by reading the total back first.
-    With a kept capacity and graphs, both stages (projection through the flags copy, then
-    sort through the rasteriser) go through one ``Frame.replay`` (a CUDA graph once the
-    same arguments repeat), with the event the host waits on recorded between them.
-    ``input_key`` is the part of the graph keys common to all cameras (None: no graphs).
-    Returns the output and, for the first way, what :func:`_settle` checks once all
-    cameras are queued."""
+    With a kept capacity and graphs, ``key`` is not None: ``queue()`` queues both stages
+    (projection through the flags copy, then sort through the rasteriser), with the event
+    the host waits on recorded between them, for a ``Frame.replay`` by ``key`` (a CUDA
+    graph once the same arguments repeat), and ``finish(its result)`` makes the output.
+    Otherwise ``finish(None)`` queues the render kernel by kernel. ``input_key`` is the
+    part of the graph keys common to all cameras (None: no graphs). ``finish`` returns
+    the output and, for a render queued with a kept size, what :func:`_settle` checks
+    once all cameras are queued. Nothing is queued before ``queue`` or ``finish`` runs."""
     grid = tile_grid(camera.width, camera.height)
     workspace = frame._workspace
     n = inputs.count
@@ -279,57 +321,62 @@ def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int 
         return bins, dataclasses.replace(images, **dict.fromkeys(IMAGE_OUTPUTS)), means2d_grad, means2d_absgrad
 
     event = frame.event() if n > 0 else None
-    pending = None
-    if key is not None:
-        # both stages in one graph, the event the host waits on recorded between them
-        def queue_forward():
-            params, proj, depth, host_flags = queue_count()
-            frame.device.stream.record_event(event, external=True)
-            return params, proj, host_flags, queue_raster(bound(proj), depth, sort_size)
 
-        params, proj, host_flags, rastered = frame.replay(("forward", key), queue_forward)
-        proj = bound(proj)
-        pending = _Pending(frame.host_numpy(host_flags), event, sort_size)
-    else:
+    def queue_forward():
         params, proj, depth, host_flags = queue_count()
-        proj = bound(proj)
-        if n > 0:
-            if event is not None:
-                frame.device.stream.record_event(event)  # the device's stream, whatever device is current
-            if sort_size is None:
+        if event is not None:  # always on CUDA, where graphs run
+            frame.device.stream.record_event(event, external=True)
+        return params, proj, host_flags, queue_raster(bound(proj), depth, sort_size)
+
+    def finish(replayed):
+        pending = None
+        if replayed is not None:
+            params, proj, host_flags, rastered = replayed
+            proj = bound(proj)
+            pending = _Pending(frame.host_numpy(host_flags), event, sort_size)
+        else:
+            size = sort_size
+            params, proj, depth, host_flags = queue_count()
+            proj = bound(proj)
+            if n > 0:
                 if event is not None:
-                    wp.synchronize_event(event)  # the one host sync of this render
-                sort_size = _read_total(frame.host_numpy(host_flags), workspace, grid)
-            else:
-                pending = _Pending(frame.host_numpy(host_flags), event, sort_size)
-        rastered = queue_raster(proj, depth, sort_size)
-    bins, images, means2d_grad, means2d_absgrad = rastered
-    bins = dataclasses.replace(bins)  # its n_isects is this render's
-    images = dataclasses.replace(images, **images_out)
-    if any(a.requires_grad for a in inputs.arrays):
-        for img in images_out.values():
-            img.requires_grad = True
-    out = RenderOutput(
-        color=images.color,
-        alpha=images.alpha,
-        depth=images.depth,
-        expected_depth=images.expected_depth,
-        means2d=means2d,
-        radii=radii,
-        camera=camera,
-        settings=settings,
-        means2d_grad=means2d_grad,
-        means2d_absgrad=means2d_absgrad,
-        camera_index=index,
-        _inputs=inputs,
-        _cam=params,
-        _project=proj,
-        _bins=bins,
-        _images=images,
-        _frame=frame,
-        _key=key,
-    )
-    return out, pending
+                    frame.device.stream.record_event(event)  # the device's stream, whatever device is current
+                if size is None:
+                    if event is not None:
+                        wp.synchronize_event(event)  # the one host sync of this render
+                    size = _read_total(frame.host_numpy(host_flags), workspace, grid)
+                else:
+                    pending = _Pending(frame.host_numpy(host_flags), event, size)
+            rastered = queue_raster(proj, depth, size)
+        bins, images, means2d_grad, means2d_absgrad = rastered
+        bins = dataclasses.replace(bins)  # its n_isects is this render's
+        images = dataclasses.replace(images, **images_out)
+        if any(a.requires_grad for a in inputs.arrays):
+            for img in images_out.values():
+                img.requires_grad = True
+        out = RenderOutput(
+            color=images.color,
+            alpha=images.alpha,
+            depth=images.depth,
+            expected_depth=images.expected_depth,
+            means2d=means2d,
+            radii=radii,
+            camera=camera,
+            settings=settings,
+            means2d_grad=means2d_grad,
+            means2d_absgrad=means2d_absgrad,
+            camera_index=index,
+            _inputs=inputs,
+            _cam=params,
+            _project=proj,
+            _bins=bins,
+            _images=images,
+            _frame=frame,
+            _key=key,
+        )
+        return out, pending
+
+    return key, queue_forward if key is not None else None, finish
 
 
 def _unbound(proj: ProjectResult, inputs: GaussianInputs) -> ProjectResult:
@@ -445,14 +492,43 @@ def render_gaussians_backward(
 def backward_checked(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.array | None,
                      v_depth: wp.array | None, v_expected: wp.array | None, grads: GaussianGrads,
                      accumulate: bool, means2d_grad: wp.array | None) -> None:
-    """:func:`render_gaussians_backward` from arguments it has checked (also the torch
-    bridge's entry, which checks its tensors itself): cotangents shaped like ``out``'s
-    images or None (zero), ``grads`` matching the inputs, ``means2d_grad`` (N,) wp.vec2
-    or None (``out.means2d_grad``)."""
+    """:func:`render_gaussians_backward` from arguments it has checked: cotangents shaped
+    like ``out``'s images or None (zero), ``grads`` matching the inputs, ``means2d_grad``
+    (N,) wp.vec2 or None (``out.means2d_grad``)."""
+    backwards_checked([out], [(v_color, v_alpha, v_depth, v_expected)], grads, accumulate, [means2d_grad])
+
+
+def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: GaussianGrads, accumulate: bool,
+                      means2d_grads: list) -> None:
+    """:func:`backward_checked` of the C renders of one call (also the torch bridge's
+    entry), in order, into one ``grads``: the first adds with ``accumulate`` (or writes),
+    the others add. ``cotangents`` holds per render (color, alpha, depth,
+    expected_depth), each an array or None; ``means2d_grads`` per render an array or
+    None. With graphs, consecutive backwards with graph keys go through one
+    ``Frame.replay`` (:func:`_replay_together`)."""
+    batch = []
+    for i, (out, cot, means2d_grad) in enumerate(zip(outs, cotangents, means2d_grads)):
+        frame, key, queue = _prepare_backward(out, *cot, grads, accumulate or i > 0, means2d_grad)
+        if key is not None:
+            batch.append((frame, key, queue))
+            continue
+        _replay_together("backward", batch)
+        batch.clear()
+        queue()
+    _replay_together("backward", batch)
+
+
+def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.array | None,
+                      v_depth: wp.array | None, v_expected: wp.array | None, grads: GaussianGrads,
+                      accumulate: bool, means2d_grad: wp.array | None) -> tuple:
+    """One render's backward (arguments as :func:`backward_checked`), prepared but not
+    queued: ``(frame, key, queue)``; ``queue()`` queues it, for a ``Frame.replay`` by
+    ``key`` unless ``key`` is None (no graphs, or ``"deterministic"``, which reads the
+    exact total)."""
     inputs = out._inputs
-    if inputs.count == 0:
-        return
     frame = out._frame
+    if inputs.count == 0:
+        return frame, None, lambda: None
     shape = out.alpha.shape
     # one read-only zero image per dtype serves every missing cotangent
     v_color = v_color if v_color is not None else frame.shared.zeros_once("zero_vec3f", shape, wp.vec3)
@@ -465,21 +541,25 @@ def backward_checked(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.ar
     threshold = settings.threshold if settings.threshold is not None else frame._workspace.threshold
     key = None
     if out._key is not None and settings.reduce != "deterministic":  # deterministic reads the exact total
-        key = ("backward", out._key, threshold, accumulate,
+        key = (out._key, threshold, accumulate,
                *(signature(v) for v in (v_color, v_alpha, v_depth, v_expected)),
                *(signature(g) for g in (grads.means, grads.quats, grads.scales, grads.opacities, grads.colors)),
                signature(means2d_grad), signature(out.means2d_absgrad))
 
+    # what the queued work uses of ``out``, not ``out`` itself: a kept queue must not keep
+    # the output (and so its frame) alive
+    cam, proj, bins, images, absgrad = out._cam, out._project, out._bins, out._images, out.means2d_absgrad
+
     def queue_backward():
         raster_grads = raster_backward(
-            out._project, out._bins, out._images, settings.background, v_color, v_alpha, v_depth, v_expected,
+            proj, bins, images, settings.background, v_color, v_alpha, v_depth, v_expected,
             settings.reduce, settings.absgrad, threshold, frame,
         )
-        sh_v_means = color_backward(inputs, out._cam, out._project, raster_grads, settings.absgrad, grads.colors,
+        sh_v_means = color_backward(inputs, cam, proj, raster_grads, settings.absgrad, grads.colors,
                                     settings.reduce, threshold, frame, accumulate)
         project_backward(
-            inputs, out._cam, out._project, raster_grads, settings.absgrad, grads, means2d_grad,
-            out.means2d_absgrad, frame, settings.eps2d, settings.antialiased, accumulate, sh_v_means
+            inputs, cam, proj, raster_grads, settings.absgrad, grads, means2d_grad,
+            absgrad, frame, settings.eps2d, settings.antialiased, accumulate, sh_v_means
         )
 
-    frame.replay(key, queue_backward)
+    return frame, key, queue_backward
