@@ -35,6 +35,20 @@ def pixel_triangle(r: wp.vec4, tri: wp.array(dtype=wp.vec3i), num_vertices: int)
     return tri_vertices(tri, t, num_vertices)
 
 
+@wp.func
+def da_cotangent(links: wp.array(dtype=wp.int32), grad_da: wp.array(dtype=float), row: int, num_a: int,
+                 j: int) -> wp.vec2:
+    """Sum of the (d/dX, d/dY) cotangents of attribute ``j``'s derivative outputs: the
+    pixel's cotangents start at ``grad_da[row]``; ``links[j]`` is ``j``'s first output slot
+    and ``links[num_a + q]`` the next slot of the same attribute (-1: none)."""
+    g = wp.vec2(0.0)
+    q = links[j]
+    while q >= 0:
+        g += wp.vec2(grad_da[row + 2 * q], grad_da[row + 2 * q + 1])
+        q = links[num_a + q]
+    return g
+
+
 @functools.cache
 def make_interp_fwd(k: int, chunks: int, with_da: bool):
     """Forward for A = ``k * chunks`` attributes moved as ``chunks`` k-vectors (a loop
@@ -151,12 +165,8 @@ def make_interp_bwd(mode: str, k: int, chunks: int, with_da: bool):
                 gv += wp.dot(d, d1)
                 if wp.static(with_da):
                     for m in range(wp.static(k)):
-                        q = links[c * wp.static(k) + m]
-                        while q >= 0:
-                            gx = grad_da[row + 2 * q]
-                            gy = grad_da[row + 2 * q + 1]
-                            gdb += wp.vec4(gx * d0[m], gy * d0[m], gx * d1[m], gy * d1[m])
-                            q = links[wp.static(num_a) + q]
+                        g = da_cotangent(links, grad_da, row, wp.static(num_a), c * wp.static(k) + m)
+                        gdb += wp.vec4(g[0] * d0[m], g[1] * d0[m], g[0] * d1[m], g[1] * d1[m])
             store4(grad_rast, ii, grad_rast[ii] + wp.vec4(gu, gv, 0.0, 0.0))
             if wp.static(with_da):
                 if grad_rast_db.shape[0] > 0:
@@ -176,16 +186,12 @@ def make_interp_bwd(mode: str, k: int, chunks: int, with_da: bool):
                     g2 = w2 * d
                     if wp.static(with_da):
                         for m in range(wp.static(k)):
-                            q = links[c * wp.static(k) + m]
-                            while q >= 0:
-                                gx = grad_da[row + 2 * q]
-                                gy = grad_da[row + 2 * q + 1]
-                                e0 = gx * db[0] + gy * db[1]
-                                e1 = gx * db[2] + gy * db[3]
-                                g0[m] += e0
-                                g1[m] += e1
-                                g2[m] -= e0 + e1
-                                q = links[wp.static(num_a) + q]
+                            g = da_cotangent(links, grad_da, row, wp.static(num_a), c * wp.static(k) + m)
+                            e0 = g[0] * db[0] + g[1] * db[1]
+                            e1 = g[0] * db[2] + g[1] * db[3]
+                            g0[m] += e0
+                            g1[m] += e1
+                            g2[m] -= e0 + e1
                 add(grad_attr, (base + f[0]) * chunks + c, g0, valid, threshold, planned)
                 add(grad_attr, (base + f[1]) * chunks + c, g1, valid, threshold, planned)
                 add(grad_attr, (base + f[2]) * chunks + c, g2, valid, threshold, planned)
