@@ -355,7 +355,7 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps, warp_before):
                     step()
             row["loop_ms"] = tl.device_ms() / reps
             row["peak_sum_mib"] = _peak_mib(device, warp_before)
-            row["peak_mib"] = _phase_peak_mib(lib, params, opt, viewmats, ks, target, device, warp_before)
+            row.update(_phase_peak_mib(lib, params, opt, viewmats, ks, target, device, warp_before))
     return row
 
 
@@ -395,9 +395,10 @@ def _peak_reset(device):
 
 
 def _phase_peak_mib(lib, params, opt, viewmats, ks, target, device, warp_before):
-    """One torch-Adam step measured by phase (see the module notes), MiB."""
+    """One torch-Adam step measured by phase (see the module notes), MiB: ``peak_mib``, the
+    larger of ``peak_forward_backward_mib`` and ``peak_adam_mib``."""
     if device.type != "cuda":
-        return float("nan")
+        return {"peak_mib": float("nan")}
     import warp as wp
 
     _peak_reset(device)
@@ -411,7 +412,8 @@ def _phase_peak_mib(lib, params, opt, viewmats, ks, target, device, warp_before)
         wp.get_mempool_used_mem_current(wp.device_from_torch(device)) - warp_before
     optimizer = (torch.cuda.max_memory_allocated(device) + max(in_use, 0)) / 2**20
     opt.zero_grad(set_to_none=True)
-    return max(forward_backward, optimizer)
+    return {"peak_mib": max(forward_backward, optimizer), "peak_forward_backward_mib": forward_backward,
+            "peak_adam_mib": optimizer}
 
 
 def _peak_mib(device, warp_before):

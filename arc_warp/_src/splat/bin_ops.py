@@ -38,20 +38,21 @@ def forward_scratch_bytes(n: int) -> int:
     return (4 + 8 + 8 + 8) * n + 4 * SCRATCH_ALIGN
 
 
-def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame) -> DepthOrder:
+def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame, arena: Frame | None = None) -> DepthOrder:
     """Depth order of the Gaussians and the int64 scan of their tile counts in that order.
 
     ``flags[0]`` receives the intersection total (saturated at 2^31 - 1), so one readback
     of ``flags`` returns the sort size together with the input-check flags. Scratch comes
-    from the forward's stage of ``frame.shared``'s arena, after the tile counts: it is
-    valid until the render's backward (or the next render) takes the arena.
+    from the forward's stage of ``arena``'s scratch arena (None: ``frame.shared``), after
+    the tile counts (``project`` with the same ``arena``): it is valid until the next
+    stage takes the arena (the render's backward, or the next render for the shared one).
     """
     n = proj.radii.shape[0]
-    shared = frame.shared
+    arena = frame.shared if arena is None else arena
     # radix_sort_pairs works in place and needs room for 2 * count
-    keys = shared.scratch(2 * n, wp.int32, after=proj.tiles_per_gauss)
-    order = shared.scratch(2 * n, wp.int32, after=keys)
-    cum_tiles = shared.scratch(n, wp.int64, after=order)
+    keys = arena.scratch(2 * n, wp.int32, after=proj.tiles_per_gauss)
+    order = arena.scratch(2 * n, wp.int32, after=keys)
+    cum_tiles = arena.scratch(n, wp.int64, after=order)
     frame.launch(depth_keys, n, [proj.splats, proj.tiles_per_gauss, keys, order])
     # stable: equal depths keep index order; the positive keys need 31 bits
     wp.utils.radix_sort_pairs(keys, order, n, 0, 31)

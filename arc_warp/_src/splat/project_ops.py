@@ -54,19 +54,23 @@ def project(
     means2d: wp.array,  # (N,) vec2, output
     radii: wp.array,  # (N,) vec2i, output
     antialiased: bool = False,
+    arena: Frame | None = None,
 ) -> ProjectResult:
     """Screen-space splats, radii and tile counts; flags non-finite inputs in ``bad``.
 
     The backward's state comes from ``frame``; the tile counts, read only by the binning
-    of this render, start the forward's stage of the shared scratch arena.
+    of this render, start the forward's stage of the scratch arena of ``arena`` (None:
+    ``frame.shared``, whose arena the renders of a call take in turn; a render whose
+    binning waits for other renders' counts passes its own ``frame``).
     ``means2d`` and ``radii`` are the caller's outputs.
     ``antialiased``: splat opacities carry the 2D filter's compensation."""
+    arena = frame.shared if arena is None else arena
     n = inputs.count
     result = ProjectResult(
         means2d=means2d,
         splats=frame.array("splats", n, Splat2D),  # culled entries are never read
         radii=radii,
-        tiles_per_gauss=frame.shared.scratch(n, wp.int32, room=forward_scratch_bytes(n)),
+        tiles_per_gauss=arena.scratch(n, wp.int32, room=forward_scratch_bytes(n)),
         rgb=inputs.colors if inputs.sh_coeffs == 0 else frame.array("rgb", n, wp.vec3),
     )
     frame.launch(

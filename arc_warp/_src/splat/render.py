@@ -161,9 +161,11 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
     input_key = None
     if workspace.graphs:
         input_key = (tuple(signature(a) for a in inputs.arrays), inputs.sh_coeffs, settings)
+    # batched cameras are binned after all of them are counted, so each keeps its counts
+    own_arena = input_key is not None and len(cameras) > 1
 
     def flush():
-        results = _replay_together("forward", [(frame, key, queue) for frame, _, key, queue, _ in batch])
+        results = _replay_together("forward", [(frame, key, stages) for frame, _, key, stages, _ in batch])
         for (frame, targets, _, _, finish), result in zip(batch, results):
             out, pending = finish(result)
             workspace.release_with(out, frame)
@@ -172,9 +174,9 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
 
     for (cam, index), targets in zip(cameras, per_camera):
         frame = workspace.acquire()
-        key, queue, finish = _prepare_forward(inputs, cam, index, settings, frame, targets, input_key)
+        key, stages, finish = _prepare_forward(inputs, cam, index, settings, frame, targets, input_key, own_arena)
         if key is not None:
-            batch.append((frame, targets, key, queue, finish))
+            batch.append((frame, targets, key, stages, finish))
             continue
         flush()  # queued in camera order, so the last pending render is the last queued
         out, pending = finish(None)
@@ -186,18 +188,29 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
 
 
 def _replay_together(kind: str, prepared: list) -> list:
-    """Queues the (frame, key, queue) of C renders (or backwards), each queue() through
-    its frame, in order, and returns their results: one ``Frame.replay`` of them all on
-    the first frame when there are several, keyed by all their keys and frames (each
-    frame's buffers are baked into the graph; frames live as long as their workspace, so
-    their ids are never reused), instead of C graph launches and C lookups."""
-    if len(prepared) == 1:
-        frame, key, queue = prepared[0]
-        return [frame.replay((kind, key), queue)]
+    """Queues the (frame, key, stages) of C renders (or backwards) and returns their
+    results. ``stages`` are callables run through the render's frame, each given the
+    previous one's result (the first None); every render has as many. Stage by stage:
+    all renders' first stages, then all second ones, so the forward's one wait (recorded
+    at the end of each count stage) ends once every camera is counted, not after the
+    sorts and rasterisers of the cameras before the last. One ``Frame.replay`` of them
+    all on the first frame, keyed by all their keys and frames (each frame's buffers
+    are baked into the graph; frames live as long as their workspace, so their ids are
+    never reused), instead of C graph launches and C lookups."""
     if not prepared:
         return []
+
+    def queue():
+        results = [None] * len(prepared)
+        for depth in range(len(prepared[0][2])):
+            results = [stages[depth](result) for (_, _, stages), result in zip(prepared, results)]
+        return results
+
+    if len(prepared) == 1:
+        frame, key, _ = prepared[0]
+        return [frame.replay((kind, key), lambda: queue()[0])]
     key = (kind, tuple(key for _, key, _ in prepared), tuple(id(frame) for frame, _, _ in prepared))
-    return prepared[0][0].replay(key, lambda: [queue() for _, _, queue in prepared])
+    return prepared[0][0].replay(key, queue)
 
 
 def _camera_args(workspace: Workspace, camera: Camera) -> wp.array:
@@ -247,21 +260,25 @@ def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int 
              frame: Frame, outputs: dict, input_key, exact: bool = False) -> tuple[RenderOutput, _Pending | None]:
     """Queues one camera's render (see :func:`_prepare_forward`) and returns its output
     and what :func:`_settle` checks (None if the total was read back first)."""
-    key, queue, finish = _prepare_forward(inputs, camera, index, settings, frame, outputs, input_key, exact)
-    return finish(None if key is None else frame.replay(("forward", key), queue))
+    key, stages, finish = _prepare_forward(inputs, camera, index, settings, frame, outputs, input_key, exact=exact)
+    return finish(None if key is None else _replay_together("forward", [(frame, key, stages)])[0])
 
 
 def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int | None,
-                     settings: RenderSettings, frame: Frame, outputs: dict, input_key, exact: bool = False):
+                     settings: RenderSettings, frame: Frame, outputs: dict, input_key, own_arena: bool = False,
+                     exact: bool = False):
     """One camera's render (camera ``index`` of ``DeviceCameras``, or a Camera), prepared
-    but not queued: ``(key, queue, finish)``.
+    but not queued: ``(key, stages, finish)``.
 
     The intersection sort is sized by the workspace's kept capacity without waiting for
     the device, or (``exact``, or no capacity yet) by reading the total back first.
-    With a kept capacity and graphs, ``key`` is not None: ``queue()`` queues both stages
-    (projection through the flags copy, then sort through the rasteriser), with the event
-    the host waits on recorded between them, for a ``Frame.replay`` by ``key`` (a CUDA
-    graph once the same arguments repeat), and ``finish(its result)`` makes the output.
+    With a kept capacity and graphs, ``key`` is not None: ``stages`` are two callables
+    for :func:`_replay_together` (a CUDA graph once the same arguments repeat): the
+    first queues the projection through the flags copy and records the event the host
+    waits on, the second (given the first's result) the sort through the rasteriser;
+    ``finish(the second's result)`` makes the output. ``own_arena``: the counts and
+    depth order go to ``frame``'s own scratch arena, not the shared one, so the first
+    stages of several renders can run before their second ones.
     Otherwise ``finish(None)`` queues the render kernel by kernel. ``input_key`` is the
     part of the graph keys common to all cameras (None: no graphs). ``finish`` returns
     the output and, for a render queued with a kept size, what :func:`_settle` checks
@@ -288,16 +305,18 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
             camera_key = (signature(camera.viewmats), signature(camera.intrinsics), index, camera.width,
                           camera.height, camera.near, camera.far)
         key = (input_key, camera_key, sort_size,
-               tuple(signature(a) for a in images_out.values()), signature(means2d), signature(radii))
+               tuple(signature(a) for a in images_out.values()), signature(means2d), signature(radii), own_arena)
 
     def queue_count():
         flags = frame.array("flags", 1 + len(BAD_SLOTS), wp.int32, zero=True)
         params = cam if index is None else device_camera_params(camera, index, flags, frame)
-        proj = project(inputs, params, settings.eps2d, *grid, flags, frame, means2d, radii, settings.antialiased)
+        arena = frame if own_arena else None
+        proj = project(inputs, params, settings.eps2d, *grid, flags, frame, means2d, radii, settings.antialiased,
+                       arena)
         if n == 0:
             return params, _unbound(proj, inputs), None, None
         compute_colors(inputs, params, proj, flags, frame)  # flags bad colours before the readback
-        depth = count_intersections(proj, flags, frame)
+        depth = count_intersections(proj, flags, frame, arena)
         host_flags = frame.host_array("host_flags", flags.shape[0], wp.int32)
         wp.copy(host_flags, flags)
         return params, _unbound(proj, inputs), depth, host_flags
@@ -322,10 +341,14 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
 
     event = frame.event() if n > 0 else None
 
-    def queue_forward():
-        params, proj, depth, host_flags = queue_count()
+    def queue_counted(_):
+        counted = queue_count()
         if event is not None:  # always on CUDA, where graphs run
             frame.device.stream.record_event(event, external=True)
+        return counted
+
+    def queue_rastered(counted):
+        params, proj, depth, host_flags = counted
         return params, proj, host_flags, queue_raster(bound(proj), depth, sort_size)
 
     def finish(replayed):
@@ -376,7 +399,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
         )
         return out, pending
 
-    return key, queue_forward if key is not None else None, finish
+    return key, (queue_counted, queue_rastered) if key is not None else None, finish
 
 
 def _unbound(proj: ProjectResult, inputs: GaussianInputs) -> ProjectResult:
@@ -510,11 +533,11 @@ def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: 
     for i, (out, cot, means2d_grad) in enumerate(zip(outs, cotangents, means2d_grads)):
         frame, key, queue = _prepare_backward(out, *cot, grads, accumulate or i > 0, means2d_grad)
         if key is not None:
-            batch.append((frame, key, queue))
+            batch.append((frame, key, (queue,)))
             continue
         _replay_together("backward", batch)
         batch.clear()
-        queue()
+        queue(None)
     _replay_together("backward", batch)
 
 
@@ -522,13 +545,13 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
                       v_depth: wp.array | None, v_expected: wp.array | None, grads: GaussianGrads,
                       accumulate: bool, means2d_grad: wp.array | None) -> tuple:
     """One render's backward (arguments as :func:`backward_checked`), prepared but not
-    queued: ``(frame, key, queue)``; ``queue()`` queues it, for a ``Frame.replay`` by
+    queued: ``(frame, key, queue)``; ``queue(None)`` queues it, for a ``Frame.replay`` by
     ``key`` unless ``key`` is None (no graphs, or ``"deterministic"``, which reads the
     exact total)."""
     inputs = out._inputs
     frame = out._frame
     if inputs.count == 0:
-        return frame, None, lambda: None
+        return frame, None, lambda _: None
     shape = out.alpha.shape
     # one read-only zero image per dtype serves every missing cotangent
     v_color = v_color if v_color is not None else frame.shared.zeros_once("zero_vec3f", shape, wp.vec3)
@@ -550,7 +573,7 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
     # the output (and so its frame) alive
     cam, proj, bins, images, absgrad = out._cam, out._project, out._bins, out._images, out.means2d_absgrad
 
-    def queue_backward():
+    def queue_backward(_):
         raster_grads = raster_backward(
             proj, bins, images, settings.background, v_color, v_alpha, v_depth, v_expected,
             settings.reduce, settings.absgrad, threshold, frame,
