@@ -76,9 +76,19 @@ HOST_PARTS = (
     ("arc_warp_torch._autograd", "RenderContext.per_camera"),
     ("arc_warp_torch._autograd", "RenderContext.grads"),
     ("arc_warp_torch._autograd", "RenderContext.device_cameras"),
+    ("arc_warp_torch._autograd", "RenderContext.gradients"),
+    ("arc_warp_torch._autograd", "RenderContext.outputs"),
+    ("arc_warp_torch._autograd", "RenderContext.release_finished"),
+    ("arc_warp_torch._autograd", "RenderContext.settings"),
+    ("arc_warp_torch._autograd", "_warp_backward"),
+    ("arc_warp_torch.rasterization", "_sh_degree_and_colors"),
     ("arc_warp._src.splat.render", "_prepare_forward"),
     ("arc_warp._src.splat.render", "_replay_together"),
     ("arc_warp._src.splat.render", "_settle"),
+    ("arc_warp._src.splat.render", "_read_total"),
+    ("arc_warp._src.splat.render", "_prepare_backward"),
+    ("arc_warp._src.splat.workspace", "Workspace.acquire"),
+    ("arc_warp._src.splat.workspace", "Workspace.release_with"),
     ("arc_warp._src.splat.workspace", "Frame.replay"),
     ("warp", "capture_launch"),
     ("warp", "synchronize_event"),
@@ -138,10 +148,13 @@ def main():
     raw, viewmats, ks = bts.make_scene(args.n, args.regime, args.width, args.height, args.cameras)
     params = libs["arc"].params(raw, device)
     viewmats, ks = viewmats.to(device), ks.to(device)
+    # bench_train_step's L1 loss (its cotangent is contiguous, as a training loss's is)
+    target = torch.rand(args.cameras, args.height, args.width, 3, device=device,
+                        generator=torch.Generator(device).manual_seed(0))
 
     def step():
         img = libs["arc"].render(params, viewmats, ks)
-        img.sum().backward()
+        (img - target).abs().mean().backward()
         for p in params.values():
             p.grad = None
 

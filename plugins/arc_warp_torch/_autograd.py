@@ -21,6 +21,8 @@ from arc_warp import Camera, DeviceCameras, GaussianGrads, RenderSettings, Works
 from arc_warp._src.splat.render import backwards_checked, render_checked
 from arc_warp._src.splat.validate import check_inputs
 
+_NO_SCOPE = contextlib.nullcontext()  # reusable: entering it does nothing
+
 
 class RenderContext:
     """What the bridge keeps across calls on one torch device (explicit state, no globals).
@@ -68,6 +70,7 @@ class RenderContext:
         self._device_cameras = {}  # (pointers, C, size, planes) -> DeviceCameras (see `device_cameras`)
         self._settings = {}  # option values -> RenderSettings (see `settings`)
         self._nodes = []  # weak references to the autograd nodes of renders still holding frames
+        self._pooling = False  # inside `outputs()`
         self.cameras = {}  # host camera values and image size -> arc_warp.Camera (bounded)
         self._intrinsics = {}  # (fx, fy, cx, cy) -> [1, 3, 3] device K (bounded)
 
@@ -225,15 +228,16 @@ class RenderContext:
         their workspace frames serve the next render. A training loop keeps the previous
         step's image (and so its node) alive while it renders the next one; without this
         it would hold two frames' buffers. torch frees a node's saved tensors after such
-        a backward, and a second backward through it raises torch's own error anyway."""
+        a backward (a second backward through it raises torch's own error anyway): the
+        node's ``saved_marker``, a weak reference to a tensor only its saved tensors hold,
+        is then dead (asking for ``saved_tensors`` would raise, at the cost of a C++
+        exception per node and step)."""
         alive = []
         for ref in self._nodes:
             node = ref()
             if node is None or node.outs is None:
                 continue
-            try:
-                node.saved_tensors
-            except RuntimeError:  # freed: the backward ran and the graph was not retained
+            if node.saved_marker() is None:  # freed: the backward ran and the graph was not retained
                 node.outs = node.keep_alive = None
                 continue
             alive.append(ref)
@@ -241,10 +245,12 @@ class RenderContext:
 
     def outputs(self):
         """Context in which the tensors a render returns are allocated: the private memory
-        pool on CUDA with graphs (see the class notes), torch's default pool otherwise."""
-        if self._pool is None:
-            return contextlib.nullcontext()
-        return torch.cuda.use_mem_pool(self._pool, self.device)
+        pool on CUDA with graphs (see the class notes), torch's default pool otherwise.
+        Nested uses (a caller allocating its own outputs around the render's) enter it
+        once."""
+        if self._pool is None or self._pooling:
+            return _NO_SCOPE
+        return _PoolScope(self)
 
     def torch_view(self, a: wp.array) -> torch.Tensor:
         """Torch view of a workspace array (cached: workspace arrays live as long as it)."""
@@ -257,12 +263,37 @@ class RenderContext:
     def stream(self):
         """Context in which Warp launches on torch's current stream (no-op on the CPU)."""
         if self.device.type != "cuda":
-            return contextlib.nullcontext()
-        handle = torch.cuda.current_stream(self.device.index).cuda_stream
+            return _NO_SCOPE
+        handle = _current_stream_handle(self.device.index)
         stream = self._streams.get(handle)
         if stream is None:
             stream = self._streams[handle] = wp.stream_from_torch(self.device)
         return _StreamScope(self._wdevice, stream)
+
+
+def _current_stream_handle(index: int) -> int:
+    """The cudaStream_t of torch's current stream on device ``index``: torch's raw getter
+    where it has one (a C call; ``torch.cuda.current_stream`` builds a Stream object)."""
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return getter(index) if getter is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+class _PoolScope:
+    """Allocates a context's outputs in its private pool for a block (`RenderContext.outputs`)."""
+
+    __slots__ = ("context", "scope")
+
+    def __init__(self, context):
+        self.context = context
+
+    def __enter__(self):
+        self.scope = torch.cuda.use_mem_pool(self.context._pool, self.context.device)
+        self.scope.__enter__()
+        self.context._pooling = True
+
+    def __exit__(self, *exc):
+        self.context._pooling = False
+        return self.scope.__exit__(*exc)
 
 
 class _StreamScope:
@@ -406,7 +437,8 @@ class _RaiseOnDoubleBackward(torch.autograd.Function):
 
 class _RenderGaussians(torch.autograd.Function):
     """(means, quats, scales, opacities, colors) -> (color, alpha, depth, expected_depth,
-    radii) for C cameras of one size, written into tensors allocated once per call; the
+    radii) for C cameras of one size, written into tensors allocated once per call (the
+    four images are views of one block, which lives while any of them does); the
     projected means go into `means2d_out`. Backward runs the core backward of the C
     cameras (`backwards_checked`) into one gradient buffer: the first camera writes every
     entry, the others add."""
@@ -419,9 +451,12 @@ class _RenderGaussians(torch.autograd.Function):
         c, n = len(cameras), means.shape[0]
         size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
         h, w = size.height, size.width
-        new = means.new_empty
         with context.outputs():
-            images = (new((c, h, w, 3)), new((c, h, w)), new((c, h, w)), new((c, h, w)))
+            # the four images are views of one allocation: one allocator call, not four
+            plane = c * h * w
+            block = means.new_empty(6 * plane)
+            images = (block.as_strided((c, h, w, 3), (3 * h * w, 3 * w, 3, 1)),
+                      *(block.as_strided((c, h, w), (h * w, w, 1), k * plane) for k in (3, 4, 5)))
             radii = torch.empty((c, n, 2), dtype=torch.int32, device=means.device)
         inputs = (means, quats, scales, opacities, colors)
         checked = context.inputs(inputs, settings)
@@ -435,8 +470,11 @@ class _RenderGaussians(torch.autograd.Function):
             # all C cameras queued before the one wait that checks them
             outs = render_checked(checked, pairs, settings, context.workspace, targets)
         ctx.mark_non_differentiable(radii)
-        # Saved only so torch raises if anything the Warp backward reads was modified in place.
-        ctx.save_for_backward(*inputs, *images)
+        # Saved only so torch raises if anything the Warp backward reads was modified in place;
+        # the marker dies when torch frees them (see `RenderContext.release_finished`).
+        marker = torch.empty(0)
+        ctx.save_for_backward(*inputs, *images, marker)
+        ctx.saved_marker = weakref.ref(marker)
         ctx.outs, ctx.sink, ctx.context = outs, sink, context
         if any(t.requires_grad for t in inputs):
             context.track(ctx)
@@ -464,8 +502,6 @@ class _RenderGaussians(torch.autograd.Function):
             result.append(None if not needed[6 + i] else _guarded(g) if guard else g)
         return tuple(result)
 
-
-_NO_SCOPE = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
 def _guarded(g: torch.Tensor) -> torch.Tensor:

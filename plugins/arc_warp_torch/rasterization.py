@@ -194,13 +194,14 @@ def rasterization(
         raise ValueError(f"rasterize_mode: expected 'classic' or 'antialiased', got {rasterize_mode!r}")
     settings = context.settings(sh_degree=sh_degree, reduce=reduce, threshold=threshold,
                                 absgrad=absgrad and need_grad, antialiased=rasterize_mode == "antialiased")
-    # The projected means are written straight into the leaf that receives their gradient.
+    # The projected means are written straight into the leaf that receives their gradient;
+    # it and the render's outputs come from one scope of the context's output pool.
     with context.outputs():
         means2d = means.new_empty((c, n, 2)).requires_grad_(need_grad)
-    sink = None
-    if need_grad:
-        sink = Means2dSink(means2d, absgrad_owner=means2d if absgrad else None)
-    r = render_batch(*inputs, cameras, settings, sink, means2d, context)
+        sink = None
+        if need_grad:
+            sink = Means2dSink(means2d, absgrad_owner=means2d if absgrad else None)
+        r = render_batch(*inputs, cameras, settings, sink, means2d, context)
 
     alphas = r.alpha[..., None]
     channels = []

@@ -18,7 +18,7 @@ from arc_warp._src.splat.records import (BinResult, GaussianGrads, GaussianInput
 from arc_warp._src.splat.sh_ops import color_backward, compute_colors
 from arc_warp._src.splat.validate import check_array, check_grads, check_inputs, raise_on_flags
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
-from arc_warp._src.splat.workspace import Frame, Workspace, signature
+from arc_warp._src.splat.workspace import Frame, GraphKey, Workspace, signature
 from arc_warp._src.tape import active_tape
 
 # Names and dtypes of the (H, W) images a caller may supply through ``outputs``.
@@ -209,7 +209,7 @@ def _replay_together(kind: str, prepared: list) -> list:
     if len(prepared) == 1:
         frame, key, _ = prepared[0]
         return [frame.replay((kind, key), lambda: queue()[0])]
-    key = (kind, tuple(key for _, key, _ in prepared), tuple(id(frame) for frame, _, _ in prepared))
+    key = GraphKey((kind, tuple(key for _, key, _ in prepared), tuple(id(frame) for frame, _, _ in prepared)))
     return prepared[0][0].replay(key, queue)
 
 
@@ -304,8 +304,8 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
         else:
             camera_key = (signature(camera.viewmats), signature(camera.intrinsics), index, camera.width,
                           camera.height, camera.near, camera.far)
-        key = (input_key, camera_key, sort_size,
-               tuple(signature(a) for a in images_out.values()), signature(means2d), signature(radii), own_arena)
+        key = GraphKey((input_key, camera_key, sort_size, tuple(signature(a) for a in images_out.values()),
+                        signature(means2d), signature(radii), own_arena))
 
     def queue_count():
         flags = frame.array("flags", 1 + len(BAD_SLOTS), wp.int32, zero=True)
@@ -564,10 +564,10 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
     threshold = settings.threshold if settings.threshold is not None else frame._workspace.threshold
     key = None
     if out._key is not None and settings.reduce != "deterministic":  # deterministic reads the exact total
-        key = (out._key, threshold, accumulate,
-               *(signature(v) for v in (v_color, v_alpha, v_depth, v_expected)),
-               *(signature(g) for g in (grads.means, grads.quats, grads.scales, grads.opacities, grads.colors)),
-               signature(means2d_grad), signature(out.means2d_absgrad))
+        key = GraphKey((out._key, threshold, accumulate,
+                        *(signature(v) for v in (v_color, v_alpha, v_depth, v_expected)),
+                        *(signature(g) for g in (grads.means, grads.quats, grads.scales, grads.opacities, grads.colors)),
+                        signature(means2d_grad), signature(out.means2d_absgrad)))
 
     # what the queued work uses of ``out``, not ``out`` itself: a kept queue must not keep
     # the output (and so its frame) alive

@@ -28,6 +28,20 @@ def signature(arg):
     return _REPACK
 
 
+class GraphKey(tuple):
+    """A graph key: a tuple whose hash is computed once, when it is made. Replays look
+    their keys up on every call, and keys nest (a backward's holds its render's), so a
+    plain tuple would be hashed again, all the way down, at each lookup."""
+
+    def __new__(cls, items):
+        key = super().__new__(cls, items)
+        key._hash = tuple.__hash__(key)
+        return key
+
+    def __hash__(self):
+        return self._hash
+
+
 class BufferInfo(NamedTuple):
     """One device buffer of a :class:`Workspace` (see ``Workspace.memory_report``)."""
 
@@ -133,7 +147,7 @@ class Frame:
         workspace = self._workspace
         if key is None or not workspace.graphs:
             return queue()
-        key = (key, workspace.allocations)
+        key = GraphKey((key, workspace.allocations))
         entry = self._graphs.get(key)
         if entry is not None:
             self._graphs.move_to_end(key)
