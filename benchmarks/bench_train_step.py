@@ -2,8 +2,9 @@
 
 Every library renders the same random scene (Gaussians filling the frustum, SH degree 3)
 through its public torch function, with parameters stored as in 3DGS training (raw
-quaternions, log-scales, logit-opacities) and activations in torch. Per library, N, size
-regime and camera count C it reports, as medians after warm-up:
+quaternions, log-scales, logit-opacities) and activations in torch (except ``arc_fused``
+and Faster-GS, whose kernels apply them). Per library, N, size regime and camera count C
+it reports, as medians after warm-up:
 
 - forward / backward / step: GPU time (CUDA events) of the render, of ``loss.backward()``
   and of render + L1 + backward + ``torch.optim.Adam`` (arc_warp also with its fused
@@ -29,7 +30,10 @@ regime and camera count C it reports, as medians after warm-up:
   never coincide).
 
 Libraries are imported if available and skipped otherwise: ``arc`` (arc_warp_torch;
-``arc_nograph`` the same with ``RenderContext(graphs=False)``: no CUDA graph replay),
+``arc_nograph`` the same with ``RenderContext(graphs=False)``: no CUDA graph replay;
+``arc_fused`` the same as ``arc`` on the raw parameters: raw quaternions, log-scales and
+logit-opacities passed with ``scales_activation="exp"``, ``opacities_activation="sigmoid"``,
+so the projection kernel applies exp / sigmoid / normalisation and torch runs none of them),
 ``gsplat`` and ``gsplat_packed`` (gsplat's ``rasterization``; rows are labelled with its
 version, e.g. ``gsplat-1.6.0``; 1.5.3 and 1.6.0 share the module name, so each runs in
 its own process with its own PYTHONPATH) and ``fastergs`` (Faster-GS's
@@ -43,7 +47,8 @@ time includes waiting for the device. An optimizer table times one fused
 
 ``--check-peers`` renders a small scene with every library and prints, against arc, the
 max |image difference| and the cosine of each parameter's gradient (on the raw
-parameters, under a random cotangent): run it first after building a peer.
+parameters, under a random cotangent): run it first after building a peer (``--libs arc
+arc_fused`` checks the fused activations against torch's).
 
 Regimes: ``small`` splats of 0.3-1.5 pixels (few pixels each) and ``large`` ones of 4-16
 pixels at their depth.
@@ -53,6 +58,7 @@ Usage (GPU)::
     python benchmarks/bench_train_step.py --n 100000 300000 --regimes small large --cameras 1 4
     python benchmarks/bench_train_step.py --n 1000000 --libs arc gsplat --reps 10 --json out.json
     python benchmarks/bench_train_step.py --check-peers --libs arc gsplat fastergs
+    python benchmarks/bench_train_step.py --n 100000 300000 --regimes small --cameras 1 --libs arc arc_fused fastergs
 
 Smoke test on the CPU (tiny scene, arc only, host-time table)::
 
@@ -122,20 +128,23 @@ class Library(NamedTuple):
 def _renderers(libs, width, height):
     """({label: Library}, notes); labels carry peer versions, e.g. ``gsplat-1.6.0``."""
     out, notes = {}, []
-    for label, graphs in (("arc", True), ("arc_nograph", False)):
+    for label, graphs, fused in (("arc", True, False), ("arc_nograph", False, False), ("arc_fused", True, True)):
         if label not in libs:
             continue
         from arc_warp_torch import RenderContext, rasterization
 
-        def arc(p, viewmats, ks, graphs=graphs, contexts={}):  # noqa: B006 - one context per device
+        def arc(p, viewmats, ks, graphs=graphs, fused=fused, contexts={}):  # noqa: B006 - one context per device
             dev = p["means"].device
             if dev not in contexts:  # made once, outside the timed steps (calibrates here)
                 contexts[dev] = RenderContext(dev, graphs=graphs)
-            activated = _activated(p)
+            if fused:  # raw parameters: exp / sigmoid / normalisation in the projection kernel
+                args, options = (p["means"], p["quats"], p["log_scales"], p["logit_opacities"], p["sh"]), FUSED
+            else:
+                args, options = _activated(p), {}
             t0 = time.perf_counter()
             try:
-                return rasterization(*activated, viewmats, ks, width, height, sh_degree=SH_DEGREE,
-                                     context=contexts[dev])[0]
+                return rasterization(*args, viewmats, ks, width, height, sh_degree=SH_DEGREE,
+                                     context=contexts[dev], **options)[0]
             finally:
                 _ARC_HOST[0] += (time.perf_counter() - t0) * 1e3
 
@@ -220,6 +229,9 @@ def _raw_layout(tensors):
         out["sh"] = torch.cat([out["sh"], out.pop("sh_rest")], 1)
     out["logit_opacities"] = out["logit_opacities"].reshape(-1)
     return out
+
+
+FUSED = {"scales_activation": "exp", "opacities_activation": "sigmoid"}  # arc_fused's options
 
 
 def _activated(p):
@@ -471,7 +483,7 @@ def main(argv=None) -> int:
     ap.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=["small", "large"])
     ap.add_argument("--cameras", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--libs", nargs="+", default=["arc", "gsplat", "gsplat_packed", "fastergs"],
-                    choices=["arc", "arc_nograph", "gsplat", "gsplat_packed", "fastergs"])
+                    choices=["arc", "arc_nograph", "arc_fused", "gsplat", "gsplat_packed", "fastergs"])
     ap.add_argument("--width", type=int, default=1920)
     ap.add_argument("--height", type=int, default=1080)
     ap.add_argument("--reps", type=int, default=10)

@@ -82,10 +82,9 @@ def fit_image(target: np.ndarray, num_gaussians: int = 1500, steps: int = 500, l
     opt = torch.optim.Adam(params.values(), lr=lr)
 
     def render():
-        out, _, _ = rasterization(params["means"], params["quats"], torch.exp(params["scales"]),
-                                  torch.sigmoid(params["opacities"]),
+        out, _, _ = rasterization(params["means"], params["quats"], params["scales"], params["opacities"],
                                   torch.sigmoid(params["colors"]), viewmat[None], K[None], w, h,
-                                  reduce=reduce)
+                                  reduce=reduce, scales_activation="exp", opacities_activation="sigmoid")
         return out[0]
 
     history = []

@@ -97,11 +97,11 @@ def render_views(params: dict, viewmats: torch.Tensor, Ks: torch.Tensor, width: 
     sh = torch.cat([params["sh0"], params["shN"]], dim=1)[:, :k, :]
     c = viewmats.shape[0]
     bg = torch.as_tensor(background, dtype=torch.float32, device=params["means"].device)
+    # raw log-scales and logits: exp and sigmoid run inside the projection (no torch ops)
     return rasterization(
-        params["means"], params["quats"], torch.exp(params["scales"]),
-        torch.sigmoid(params["opacities"]), sh, viewmats, Ks, width, height,
-        sh_degree=sh_degree, backgrounds=bg.expand(c, 3).contiguous(), reduce=reduce,
-        absgrad=absgrad)
+        params["means"], params["quats"], params["scales"], params["opacities"], sh, viewmats, Ks,
+        width, height, sh_degree=sh_degree, backgrounds=bg.expand(c, 3).contiguous(), reduce=reduce,
+        absgrad=absgrad, scales_activation="exp", opacities_activation="sigmoid")
 
 
 def to_ply(params: dict) -> GaussianPly:

@@ -112,10 +112,10 @@ class RenderContext:
 
     def inputs(self, tensors: Sequence[torch.Tensor], settings: RenderSettings):
         """Checked Warp views (`arc_warp`'s GaussianInputs) of float32 contiguous
-        (means, quats, scales, opacities, colors) tensors, made once per memory, shape and
-        SH degree."""
+        (means, quats, scales, opacities, colors) tensors, made once per memory, shape,
+        SH degree and activations."""
         key = ("inputs", *(t.data_ptr() for t in tensors), tensors[0].shape[0], tensors[4].shape,
-               settings.sh_degree)
+               settings.sh_degree, settings.scale_activation, settings.opacity_activation)
         return self._memoized(key, lambda: check_inputs(
             *(self.view(t, dt) for t, dt in zip(tensors, INPUT_DTYPES)), settings))
 

@@ -8,6 +8,9 @@ import torch
 from ._autograd import Means2dSink, RenderContext, check_tensor, default_context, render_batch
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
+# scales_activation / opacities_activation -> RenderSettings.scale_activation / opacity_activation
+SCALES_ACTIVATIONS = {None: "none", "exp": "exp"}
+OPACITIES_ACTIVATIONS = {None: "none", "sigmoid": "sigmoid"}
 
 
 def _sh_degree_and_colors(colors, n: int, sh_degree: Optional[int], device):
@@ -34,6 +37,13 @@ def _sh_degree_and_colors(colors, n: int, sh_degree: Optional[int], device):
     if k > needed:
         colors = colors[:, :needed].contiguous()
     return sh_degree, colors
+
+
+def _option(name: str, value, allowed: dict) -> str:
+    """``allowed[value]``, or a ValueError naming the keyword and its allowed values."""
+    if isinstance(value, (str, type(None))) and value in allowed:
+        return allowed[value]
+    raise ValueError(f"{name}: expected one of {tuple(allowed)}, got {value!r}")
 
 
 def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane: float,
@@ -72,9 +82,9 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
 
 def rasterization(
     means: torch.Tensor,  # [N, 3]
-    quats: torch.Tensor,  # [N, 4] wxyz
-    scales: torch.Tensor,  # [N, 3] linear
-    opacities: torch.Tensor,  # [N] in [0, 1]
+    quats: torch.Tensor,  # [N, 4] wxyz, any norm > 0
+    scales: torch.Tensor,  # [N, 3] linear (log-scales with scales_activation="exp")
+    opacities: torch.Tensor,  # [N] in [0, 1] (logits with opacities_activation="sigmoid")
     colors: torch.Tensor,  # [N, 3] RGB or [N, K, 3] SH
     viewmats: torch.Tensor,  # [C, 4, 4] world-to-camera
     Ks: torch.Tensor,  # [C, 3, 3]
@@ -90,6 +100,9 @@ def rasterization(
     render_mode: str = "RGB",
     rasterize_mode: str = "classic",
     context: Optional[RenderContext] = None,
+    *,
+    scales_activation: Optional[str] = None,
+    opacities_activation: Optional[str] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor, dict]:
     """Differentiable 3D Gaussian splatting of N Gaussians into C cameras (gsplat-like).
 
@@ -98,11 +111,14 @@ def rasterization(
 
     Args:
         means: [N, 3] Gaussian centres, world units.
-        quats: [N, 4] rotations as wxyz quaternions; need not be normalised (the gradient
-            goes through the normalisation).
-        scales: [N, 3] per-axis standard deviations, world units, linear (apply exp to
-            log-scales first).
-        opacities: [N] opacities in [0, 1], already activated (apply sigmoid first).
+        quats: [N, 4] rotations as wxyz quaternions of any norm > 0: they are normalised
+            inside the projection kernel and the gradient goes through that normalisation,
+            so pass the raw training parameters (an F.normalize before the call only adds
+            torch ops).
+        scales: [N, 3] per-axis standard deviations, world units, linear; with
+            scales_activation="exp", log-scales (the renderer uses exp(scales)).
+        opacities: [N] opacities in [0, 1]; with opacities_activation="sigmoid", logits
+            (the renderer uses sigmoid(opacities)).
         colors: [N, 3] RGB, or [N, K, 3] SH coefficients (evaluated per camera with the view
             direction; 0.5 is added and the result clamped at 0, as in gsplat/INRIA).
         viewmats: [C, 4, 4] world-to-camera matrices, not differentiable (ValueError if
@@ -133,6 +149,16 @@ def rasterization(
             opacity times sqrt(det S / det(S + 0.3 I)), S the 2D covariance), as gsplat.
         context: the `RenderContext` whose workspace, streams and threshold to use; None
             uses `default_context` of the device (one per device, made on first use).
+        scales_activation: None (default: `scales` are linear) or "exp": `scales` are
+            [N, 3] log-scales, as 3DGS training stores them, and the projection kernel
+            applies exp as it reads them (no torch op, no autograd node); a log-scale
+            above ~88.7 (exp overflows float32) raises like a non-finite scale.
+        opacities_activation: None (default: `opacities` in [0, 1]) or "sigmoid":
+            `opacities` are [N] logits and the projection kernel applies sigmoid.
+            With either option the gradient lands on the raw tensor passed (dL/dlog_s =
+            dL/ds * exp(log_s), dL/dlogit = dL/do * o (1 - o)), as torch.exp /
+            torch.sigmoid before the call would give; the renders are the same
+            (arc_warp.RenderSettings.scale_activation / opacity_activation).
 
     Inputs may be float16/32/64 on "cpu" or "cuda" (all Gaussian tensors on one device);
     they are cast to float32 only when needed, and gradients come back in their dtype.
@@ -154,14 +180,17 @@ def rasterization(
     Raises:
         TypeError / ValueError: wrong types, dtypes, shapes, devices or options.
 
-    Gradients flow to means, quats, scales, opacities, colors and backgrounds. Double
-    backward (differentiating these gradients again) raises RuntimeError.
+    Gradients flow to means, quats, scales, opacities, colors and backgrounds (to the raw
+    tensors passed, whatever the activations). Double backward (differentiating these
+    gradients again) raises RuntimeError.
 
-    Example (one training step with gsplat-style densification statistics)::
+    Example (one training step on the raw 3DGS parameters, with gsplat-style
+    densification statistics)::
 
-        colors, alphas, meta = rasterization(means, quats, log_scales.exp(),
-                                             torch.sigmoid(logit_opacities), sh, viewmats,
-                                             Ks, W, H, sh_degree=active_degree)
+        colors, alphas, meta = rasterization(means, quats, log_scales, logit_opacities, sh,
+                                             viewmats, Ks, W, H, sh_degree=active_degree,
+                                             scales_activation="exp",
+                                             opacities_activation="sigmoid")
         loss = (colors - target).abs().mean()
         loss.backward()
         grad2d = meta["means2d"].grad          # [C, N, 2], pixels
@@ -169,6 +198,8 @@ def rasterization(
     """
     if render_mode not in RENDER_MODES:
         raise ValueError(f"render_mode: expected one of {RENDER_MODES}, got {render_mode!r}")
+    scale_activation = _option("scales_activation", scales_activation, SCALES_ACTIVATIONS)
+    opacity_activation = _option("opacities_activation", opacities_activation, OPACITIES_ACTIVATIONS)
     for name, v in (("width", width), ("height", height)):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise ValueError(f"{name}: expected a positive int, got {v!r}")
@@ -193,7 +224,8 @@ def rasterization(
     if rasterize_mode not in ("classic", "antialiased"):
         raise ValueError(f"rasterize_mode: expected 'classic' or 'antialiased', got {rasterize_mode!r}")
     settings = context.settings(sh_degree=sh_degree, reduce=reduce, threshold=threshold,
-                                absgrad=absgrad and need_grad, antialiased=rasterize_mode == "antialiased")
+                                absgrad=absgrad and need_grad, antialiased=rasterize_mode == "antialiased",
+                                scale_activation=scale_activation, opacity_activation=opacity_activation)
     # The projected means are written straight into the leaf that receives their gradient;
     # it and the render's outputs come from one scope of the context's output pool.
     with context.outputs():

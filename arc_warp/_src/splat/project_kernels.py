@@ -52,9 +52,35 @@ def aa_compensation(cov2d: wp.mat22, eps2d: float) -> float:
     return wp.sqrt(wp.max(0.0, det_orig / det))
 
 
+@wp.func
+def exp3(v: wp.vec3) -> wp.vec3:
+    """Componentwise exp: linear scales from log-scales (``scale_activation="exp"``)."""
+    return wp.vec3(wp.exp(v[0]), wp.exp(v[1]), wp.exp(v[2]))
+
+
+@wp.func
+def sigmoid(x: float) -> float:
+    """1 / (1 + exp(-x)) from exp(-|x|), which cannot overflow (``opacity_activation="sigmoid"``)."""
+    t = wp.exp(-wp.abs(x))
+    if x >= 0.0:
+        return 1.0 / (1.0 + t)
+    return t / (1.0 + t)
+
+
+@wp.func
+def sigmoid_slope(x: float) -> float:
+    """d sigmoid / dx = o (1 - o), as t / (1 + t)^2 with t = exp(-|x|): no cancellation in
+    1 - o for large logits (o rounds to 1 in float32 from x ~ 17 on, the slope does not)."""
+    t = wp.exp(-wp.abs(x))
+    d = 1.0 + t
+    return t / (d * d)
+
+
 @functools.cache
-def make_project_fwd(antialiased: bool):
-    """Projection forward; ``antialiased`` scales each opacity by ``aa_compensation``."""
+def make_project_fwd(antialiased: bool, scale_activation: str = "none", opacity_activation: str = "none"):
+    """Projection forward; ``antialiased`` scales each opacity by ``aa_compensation``;
+    ``scale_activation`` "exp" / ``opacity_activation`` "sigmoid": the kernel reads
+    log-scales / logits and activates them (compile-time constants, as ``antialiased``)."""
 
     @wp.kernel(enable_backward=False, module="unique")
     def project_fwd(
@@ -74,7 +100,8 @@ def make_project_fwd(antialiased: bool):
     ):
         # the camera is read from device memory, so cameras on the device need no host copy
         project_one(wp.tid(), means, quats, scales, opacities, cams[0], eps2d, tiles_x, tiles_y, means2d,
-                    splats, radii, tiles_per_gauss, bad, wp.static(antialiased))
+                    splats, radii, tiles_per_gauss, bad, wp.static(antialiased),
+                    wp.static(scale_activation == "exp"), wp.static(opacity_activation == "sigmoid"))
 
     return project_fwd
 
@@ -96,8 +123,14 @@ def project_one(
     tiles_per_gauss: wp.array(dtype=wp.int32),
     bad: wp.array(dtype=wp.int32),
     antialiased: bool,  # a compile-time constant (wp.static) in each kernel variant
+    exp_scales: bool,  # scales are log-scales (compile-time, as antialiased)
+    sigmoid_opacities: bool,  # opacities are logits (compile-time, as antialiased)
 ):
     """Culls (each test written so that NaN culls) and projects Gaussian ``i``.
+
+    With ``exp_scales`` / ``sigmoid_opacities`` every use below (culling, compensation,
+    extent, splat) sees the activated values; a log-scale whose exp overflows is flagged
+    as a non-finite scale.
 
     Huge but finite covariances are inverted after scaling, and radii are clamped at
     ``RADIUS_MAX`` before the int cast, so such a Gaussian covers the whole image; a
@@ -118,6 +151,12 @@ def project_one(
         bad[3] = 1
     if not wp.isfinite(opacity):
         bad[4] = 1
+    if exp_scales:
+        scale = exp3(scale)
+        if nonfinite3(scale):  # exp overflowed float32 (raw +-Inf/NaN are flagged above)
+            bad[3] = 1
+    if sigmoid_opacities:
+        opacity = sigmoid(opacity)
 
     radii[i] = wp.vec2i(0, 0)
     means2d[i] = wp.vec2(0.0, 0.0)  # culled entries read 0 (here, not in a separate memset launch)
@@ -181,7 +220,7 @@ def project_one(
 
 @functools.cache
 def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, overwrite: bool = False,
-                     sh_apart: bool = False):
+                     sh_apart: bool = False, scale_activation: str = "none", opacity_activation: str = "none"):
     """Per-Gaussian backward of the projection stage, and of the colour stage unless
     ``sh_apart``.
 
@@ -194,7 +233,13 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
     ``overwrite``: every gradient entry is written rather than added to (culled Gaussians
     get 0), so the gradient arrays need not be zeroed (nor read) first; the values are
     those of adding into zeros.
+    ``scale_activation`` "exp" / ``opacity_activation`` "sigmoid": ``scales`` / ``opacities``
+    are log-scales / logits (activated as in the forward) and their gradients are w.r.t.
+    those raw values: dL/ds * s and dL/do * o (1 - o), applied to this call's share before
+    it is added (or written).
     """
+    exp_scales = scale_activation == "exp"
+    sigmoid_opacities = opacity_activation == "sigmoid"
     grad_t = grad_vector(absgrad)
     color_t = wp.array(dtype=wp.vec3) if n_coeffs == 0 else wp.array2d(dtype=wp.vec3)
     color_vjp = make_color_vjp(n_coeffs, overwrite)
@@ -243,6 +288,8 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
         # "x + g" below is "g" when overwriting: adding into 0 gives the same bits
         if wp.static(not antialiased):
             v_o = g[G_OPACITY]
+            if wp.static(sigmoid_opacities):
+                v_o = v_o * sigmoid_slope(opacities[i])
             if wp.static(not overwrite):
                 v_o = v_opacities[i] + v_o
             v_opacities[i] = v_o
@@ -264,6 +311,8 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
 
         quat = quats[i]
         scale = scales[i]
+        if wp.static(exp_scales):
+            scale = exp3(scale)
         rot = quat_to_rotmat(quat)
         m = scale_columns(rot, scale)
         cov_c = cam.rot * (m * wp.transpose(m)) * wp.transpose(cam.rot)
@@ -276,13 +325,20 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
             cov2d = jac * cov_c * wp.transpose(jac)
             comp = aa_compensation(cov2d, eps2d)
             v_o = g[G_OPACITY] * comp
+            if wp.static(sigmoid_opacities):
+                logit = opacities[i]
+                v_o = v_o * sigmoid_slope(logit)
             if wp.static(not overwrite):
                 v_o = v_opacities[i] + v_o
             v_opacities[i] = v_o
             if comp > 0.0:
                 det_orig = cov2d[0, 0] * cov2d[1, 1] - cov2d[0, 1] * cov2d[1, 0]
                 det = (cov2d[0, 0] + eps2d) * (cov2d[1, 1] + eps2d) - cov2d[0, 1] * cov2d[1, 0]
-                v_r = g[G_OPACITY] * opacities[i] * 0.5 / (comp * det * det)
+                if wp.static(sigmoid_opacities):
+                    opacity = sigmoid(logit)
+                else:
+                    opacity = opacities[i]
+                v_r = g[G_OPACITY] * opacity * 0.5 / (comp * det * det)
                 off = -v_r * cov2d[0, 1] * (det - det_orig)
                 v_cov2d += wp.mat22(
                     v_r * (cov2d[1, 1] * det - det_orig * (cov2d[1, 1] + eps2d)), off,
@@ -306,6 +362,8 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
             rot[0, 2] * v_m[0, 2] + rot[1, 2] * v_m[1, 2] + rot[2, 2] * v_m[2, 2],
         )
         v_quat = quat_to_rotmat_vjp(quat, scale_columns(v_m, scale))
+        if wp.static(exp_scales):
+            v_scale = wp.cw_mul(v_scale, scale)  # d exp(l) / dl = exp(l)
         if wp.static(not overwrite):
             v_scale = v_scales[i] + v_scale
             v_quat = v_quats[i] + v_quat

@@ -63,7 +63,9 @@ def project(
     ``frame.shared``, whose arena the renders of a call take in turn; a render whose
     binning waits for other renders' counts passes its own ``frame``).
     ``means2d`` and ``radii`` are the caller's outputs.
-    ``antialiased``: splat opacities carry the 2D filter's compensation."""
+    ``antialiased``: splat opacities carry the 2D filter's compensation.
+    ``inputs.scale_activation`` / ``opacity_activation`` pick the kernel that activates
+    raw log-scales / logits as it reads them."""
     arena = frame.shared if arena is None else arena
     n = inputs.count
     result = ProjectResult(
@@ -74,7 +76,7 @@ def project(
         rgb=inputs.colors if inputs.sh_coeffs == 0 else frame.array("rgb", n, wp.vec3),
     )
     frame.launch(
-        make_project_fwd(antialiased),
+        make_project_fwd(antialiased, inputs.scale_activation, inputs.opacity_activation),
         n,
         [
             inputs.means,
@@ -116,9 +118,12 @@ def project_backward(
 
     ``sh_v_means``: (N,) vec3 from ``sh_ops.color_backward``, which has written the colour
     gradients; this adds its view-direction share of dL/dmeans. None: the colour
-    backward runs here, per Gaussian."""
+    backward runs here, per Gaussian. With ``inputs.scale_activation`` /
+    ``opacity_activation`` set, the scale / opacity gradients are w.r.t. the raw log-scales
+    / logits."""
     frame.launch(
-        make_project_bwd(inputs.sh_coeffs, absgrad, antialiased, not accumulate, sh_v_means is not None),
+        make_project_bwd(inputs.sh_coeffs, absgrad, antialiased, not accumulate, sh_v_means is not None,
+                         inputs.scale_activation, inputs.opacity_activation),
         inputs.count,
         [
             inputs.means,

@@ -11,6 +11,9 @@ from arc_warp._src.arc.calibrate import MAX_THRESHOLD, MIN_THRESHOLD
 from arc_warp._src.camera import Camera, DeviceCameras
 from arc_warp._src.arc.reduce_funcs import MODES
 
+# RenderSettings.scale_activation / opacity_activation values
+SCALE_ACTIVATIONS = ("none", "exp")
+OPACITY_ACTIVATIONS = ("none", "sigmoid")
 
 
 @dataclass(frozen=True)
@@ -40,6 +43,17 @@ class RenderSettings:
         absgrad: also accumulate ``|dL/dmean2d|`` per pixel and Gaussian (gsplat's
             absgrad densification) into ``RenderOutput.means2d_absgrad``; costs two
             more accumulated values per Gaussian in the rasteriser backward.
+        scale_activation: ``"none"`` (``scales`` are linear std-devs) or ``"exp"``:
+            ``scales`` are raw log-scales, as 3DGS training stores them, and the
+            projection uses ``exp(scales)`` (a log-scale whose exp overflows float32, above
+            about 88.7, counts as a non-finite scale).
+        opacity_activation: ``"none"`` (``opacities`` in [0, 1]) or ``"sigmoid"``:
+            ``opacities`` are raw logits and the projection uses ``sigmoid(opacities)``
+            (for the opacity cull, the antialiased compensation and the splats).
+            With either activation the gradients are w.r.t. the raw inputs
+            (dL/dlog_s = dL/ds * s, dL/dlogit = dL/do * o (1 - o)), so no exp / sigmoid
+            needs to run (or be differentiated) before the render. Quaternions are
+            always normalised inside the projection (the gradient goes through it).
     """
 
     sh_degree: int | None = None
@@ -49,6 +63,8 @@ class RenderSettings:
     eps2d: float = 0.3
     absgrad: bool = False
     antialiased: bool = False
+    scale_activation: str = "none"
+    opacity_activation: str = "none"
 
     def __post_init__(self):
         if self.sh_degree is not None and (
@@ -72,6 +88,12 @@ class RenderSettings:
             )
         if not (math.isfinite(self.eps2d) and self.eps2d >= 0.0):
             raise ValueError(f"RenderSettings.eps2d must be a finite float >= 0, got {self.eps2d!r}")
+        if not isinstance(self.scale_activation, str) or self.scale_activation not in SCALE_ACTIVATIONS:
+            raise ValueError(f"RenderSettings.scale_activation must be one of {SCALE_ACTIVATIONS}, "
+                             f"got {self.scale_activation!r}")
+        if not isinstance(self.opacity_activation, str) or self.opacity_activation not in OPACITY_ACTIVATIONS:
+            raise ValueError(f"RenderSettings.opacity_activation must be one of {OPACITY_ACTIVATIONS}, "
+                             f"got {self.opacity_activation!r}")
 
 
 @dataclass
@@ -95,6 +117,9 @@ class GaussianInputs:
     opacities: wp.array
     colors: wp.array
     sh_coeffs: int  # coefficients evaluated, (degree+1)^2; 0 for plain RGB
+    # how the projection reads scales / opacities (RenderSettings.scale_activation, ...)
+    scale_activation: str = "none"
+    opacity_activation: str = "none"
 
     @property
     def count(self) -> int:
