@@ -103,3 +103,212 @@ def test_inria_module_exports_sparse_adam():
     from arc_warp_torch import inria
 
     assert inria.SparseGaussianAdam is SparseGaussianAdam
+
+
+# One launch updates every parameter: segments of different lengths and row widths (an empty
+# one too), in groups with their own lr / betas / eps, some gradients None, a parameter grown
+# between steps (densification). A mix-up of segments, pointers, per-parameter scalars or
+# row widths moves some tensor by a step's size (1e-3 .. 5e-2), far beyond the tolerances.
+MIXED = [(37, 3), (37, 4), (37,), (37, 1, 3), (37, 15, 3), (37, 1), (37, 2)]
+MIXED_GROUPS = [({"lr": 1e-2}, [0, 1]), ({"lr": 5e-2, "betas": (0.8, 0.99)}, [2]),
+                ({"lr": 2.5e-3, "eps": 1e-8}, [3, 4, 5, 6])]
+
+
+@pytest.fixture(params=[
+    pytest.param(("cpu", 1), id="cpu_span1"),  # the CUDA layout: one float per thread
+    pytest.param(("cpu", 3), id="cpu_span3"),  # blocks that end mid-row
+    pytest.param(("cpu", None), id="cpu"),
+    pytest.param(("cuda", None), id="cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
+        not torch.cuda.is_available(), reason="needs a CUDA device")]),
+])
+def layout(request, monkeypatch):
+    """The device of a test and, on the CPU, the floats per kernel thread (CPU_SPAN)."""
+    from arc_warp_torch import optim
+
+    device, span = request.param
+    if span is not None:
+        monkeypatch.setattr(optim, "CPU_SPAN", span)
+    return device
+
+
+def _tensor(values, device):
+    return torch.tensor(values, dtype=torch.float32, device=device)
+
+
+def _mixed(rng, shapes, device, **kwargs):
+    """(params, optimizer): SparseGaussianAdam over parameters of ``shapes`` in MIXED_GROUPS."""
+    params = [_tensor(rng.normal(size=s), device).requires_grad_(True) for s in shapes]
+    groups = [dict(options, params=[params[k] for k in ks]) for options, ks in MIXED_GROUPS]
+    return params, SparseGaussianAdam(groups, lr=0.0, eps=1e-15, **kwargs)
+
+
+def _grad_pattern(k, it):
+    """Whether parameter k has a gradient at step it (each misses some steps; 6 misses the
+    first two, so its state starts later)."""
+    return not ((k + it) % 4 == 3 or (k == 6 and it < 2))
+
+
+def _grow(opt, params, k, extra):
+    """Replace parameter k by itself with its first ``extra`` rows appended, its moments
+    zero-padded (INRIA's cat_tensors_to_optimizer)."""
+    old = params[k]
+    new = torch.cat([old.detach(), old.detach()[:extra]]).requires_grad_(True)
+    for group in opt.param_groups:
+        group["params"] = [new if p is old else p for p in group["params"]]
+    state = opt.state.pop(old, None)
+    if state:
+        for key in ("exp_avg", "exp_avg_sq"):
+            state[key] = torch.cat([state[key], torch.zeros_like(state[key][:extra])])
+        opt.state[new] = state
+    params[k] = new
+
+
+def test_one_launch_dense_equals_torch_adam_on_mixed_parameters(rng, layout, monkeypatch):
+    """Dense steps with bias correction over mixed parameters (and an empty one, and one of
+    other row count) are torch.optim.Adam steps, in one launch per step."""
+    import warp as wp
+
+    shapes = MIXED[:6] + [(0, 3)]  # an empty segment among the others
+    ours, opt = _mixed(rng, shapes, layout, bias_correction=True)
+    ours.append(_tensor(rng.normal(size=(11, 2)), layout).requires_grad_(True))
+    opt.param_groups[0]["params"].append(ours[-1])  # 11 rows where the others have 37
+    ref = [p.detach().clone().requires_grad_(True) for p in ours]
+    ref_opt = torch.optim.Adam([dict(g, params=[ref[next(i for i, q in enumerate(ours) if q is p)]
+                                                for p in g["params"]]) for g in opt.param_groups])
+    launches = []
+    launch = wp.Launch.launch
+    monkeypatch.setattr(wp.Launch, "launch", lambda self, *a, **k: (launches.append(self), launch(self, *a, **k)))
+    for it in range(7):
+        if it == 4:
+            _grow(opt, ours, 4, 5)
+            _grow(ref_opt, ref, 4, 5)
+        for o, r in zip(opt.param_groups, ref_opt.param_groups):
+            o["lr"] = r["lr"] = o["lr"] * 0.9  # a schedule changes it every step
+        for k, (p, q) in enumerate(zip(ours, ref)):
+            g = _tensor(rng.normal(size=p.shape), layout) if _grad_pattern(k, it) else None
+            p.grad, q.grad = g, None if g is None else g.clone()
+        launches.clear()
+        opt.step()
+        ref_opt.step()
+        assert len(launches) == 1  # every parameter of every group
+    for k, (p, q) in enumerate(zip(ours, ref)):
+        torch.testing.assert_close(p, q, rtol=2e-6, atol=1e-6, msg=f"parameter {k} {list(p.shape)}")
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(opt.state[p][key], ref_opt.state[q][key], rtol=2e-6, atol=1e-7,
+                                       msg=f"{key} of parameter {k}")
+        assert float(opt.state[p]["step"]) == float(ref_opt.state[q]["step"]) > 0
+
+
+def _sparse_reference(state, group, g, vis, bias_correction):
+    """One sparse Adam step in float64 numpy on the visible rows of state = (p, m, v, t)."""
+    beta1, beta2 = group["betas"]
+    p64, m, v, t = state
+    t += 1
+    m[vis] = beta1 * m[vis] + (1 - beta1) * g[vis]
+    v[vis] = beta2 * v[vis] + (1 - beta2) * g[vis] ** 2
+    step_size, bias2_sqrt = group["lr"], 1.0
+    if bias_correction:
+        step_size, bias2_sqrt = group["lr"] / (1 - beta1 ** t), np.sqrt(1 - beta2 ** t)
+    p64[vis] -= step_size * m[vis] / (np.sqrt(v[vis]) / bias2_sqrt + group["eps"])
+    return p64, m, v, t
+
+
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_one_launch_sparse_follows_float64_reference_on_mixed_parameters(rng, layout, bias_correction):
+    """Sparse steps over mixed row widths (1, 2, 3, 4, 45) follow the sparse rule per row;
+    invisible rows keep their parameter and moments bit for bit; N grows mid-run."""
+    params, opt = _mixed(rng, MIXED, layout, bias_correction=bias_correction)
+    ref = {}  # parameter index -> (p, m, v, t) in float64
+    n = MIXED[0][0]
+    for it in range(7):
+        if it == 4:  # densify every parameter: N 37 -> 42
+            for k in range(len(params)):
+                _grow(opt, params, k, 5)
+                if k in ref:
+                    p64, m, v, t = ref[k]
+                    ref[k] = (np.concatenate([p64, p64[:5]]), np.concatenate([m, 0 * m[:5]]),
+                              np.concatenate([v, 0 * v[:5]]), t)
+            n += 5
+        for group in opt.param_groups:
+            group["lr"] *= 0.9
+        grads = {}
+        for k, p in enumerate(params):
+            g = rng.normal(size=p.shape) * 10 ** rng.uniform(-3, 1)
+            p.grad = _tensor(g, layout) if _grad_pattern(k, it) else None
+            if p.grad is not None:
+                grads[k] = p.grad.double().cpu().numpy()
+        vis = rng.uniform(size=n) < 0.6
+        visible = torch.tensor(vis, device=layout)
+        before = [(p.detach().clone(), {s: t.clone() for s, t in opt.state[p].items() if s != "step"})
+                  for p in params]
+        opt.step(visible, n)
+        for k, p in enumerate(params):
+            group = next(g for g in opt.param_groups if any(q is p for q in g["params"]))
+            if k in grads:
+                state = ref.get(k) or (before[k][0].double().cpu().numpy(), np.zeros(p.shape), np.zeros(p.shape), 0)
+                ref[k] = _sparse_reference(state, group, grads[k], vis, bias_correction)
+            hidden = ~visible
+            assert torch.equal(p.detach()[hidden], before[k][0][hidden]), f"parameter {k}: invisible rows moved"
+            for key, old in before[k][1].items():
+                assert torch.equal(opt.state[p][key][hidden], old[hidden]), f"{key} of parameter {k}"
+    for k, p in enumerate(params):
+        p64, m, v, t = ref[k]
+        state = opt.state[p]
+        # float64 reference vs float32 kernel over 7 steps, gradients of 1e-3 .. 10
+        np.testing.assert_allclose(p.detach().cpu().numpy(), p64, rtol=1e-5, atol=1e-6, err_msg=f"parameter {k}")
+        np.testing.assert_allclose(state["exp_avg"].cpu().numpy(), m, rtol=1e-5, atol=1e-7, err_msg=f"exp_avg {k}")
+        np.testing.assert_allclose(state["exp_avg_sq"].cpu().numpy(), v, rtol=1e-5, atol=1e-9,
+                                   err_msg=f"exp_avg_sq {k}")
+        assert float(state["step"]) == t
+
+
+def test_launches_split_by_max_segments_give_the_same_bits(monkeypatch):
+    """More parameters than one launch takes (MAX_SEGMENTS) run as several launches, with
+    the same results bit for bit; a steady loop binds its tensors once."""
+    from arc_warp_torch import optim
+
+    results, binds = [], []
+    bind = SparseGaussianAdam._bind
+    monkeypatch.setattr(SparseGaussianAdam, "_bind", lambda self, *a: (binds.append(1), bind(self, *a))[1])
+    for max_segments in (optim.MAX_SEGMENTS, 3):
+        monkeypatch.setattr(optim, "MAX_SEGMENTS", max_segments)
+        binds.clear()
+        params, opt = _mixed(np.random.default_rng(5), MIXED, "cpu", bias_correction=True)
+        grads = [torch.tensor(np.random.default_rng(k).normal(size=s), dtype=torch.float32)
+                 for k, s in enumerate(MIXED)]
+        for it in range(4):
+            for p, g in zip(params, grads):
+                p.grad = g
+            opt.step(torch.arange(37) % 3 != 0, 37) if it % 2 else opt.step()
+        assert len(opt._bound) == -(-len(MIXED) // max_segments)
+        assert len(binds) == 4  # dense and sparse alternate: each step rebinds
+        for _ in range(3):
+            opt.step()
+        assert len(binds) == 5  # then steady: once
+        results.append([t.clone() for p in params for t in (p.detach(), *opt.state[p].values())])
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+def test_step_checks_edited_state(rng):
+    """State edited out of step with its parameter (a densification bug) raises, naming the
+    tensor, before anything is updated."""
+    params = _params(rng)
+    opt = SparseGaussianAdam(_groups(params), lr=1e-2, eps=1e-15)
+    for k in SHAPES:
+        params[k].grad = torch.ones(SHAPES[k])
+    opt.step()
+    state = opt.state[params["means"]]
+    state["exp_avg"] = state["exp_avg"][:49]  # a view: same memory, fewer rows
+    before = {k: v.detach().clone() for k, v in params.items()}
+    with pytest.raises(ValueError, match="exp_avg of a parameter"):
+        opt.step()
+    assert all(torch.equal(params[k].detach(), before[k]) for k in SHAPES)
+    assert float(opt.state[params["sh"]]["step"]) == 1
+
+
+def test_step_without_gradients_does_nothing(rng):
+    params = _params(rng)
+    opt = SparseGaussianAdam(_groups(params), lr=1e-2, eps=1e-15)
+    opt.step()
+    opt.step(torch.ones(50, dtype=torch.bool), 50)
+    assert len(opt.state) == 0

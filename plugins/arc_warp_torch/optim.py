@@ -1,57 +1,177 @@
 """A fused Adam step in Warp for Gaussian parameters, dense or over visible rows only."""
 
+import ctypes
 import functools
 from typing import Optional
 
+import numpy as np
 import torch
 import warp as wp
 
 from ._autograd import RenderContext, default_context
 
+MAX_SEGMENTS = 16  # parameters one launch updates: at most Warp's max_unroll (16), so the segment
+# search unrolls into constant table indices; its table is then ~1 KiB of kernel parameters
+MAX_ELEMENTS = 2**31 - 1  # floats one launch updates (wp.tid() is an int32)
+CPU_SPAN = 4096  # floats per thread on the CPU (one per thread on CUDA; see `_adam_kernel`)
+SCALARS = 6  # per parameter: beta2, 1 - beta1, 1 - beta2, step_size, bias2_sqrt, eps
+
+
+@wp.func
+def _adam_update(
+    param: wp.array(dtype=wp.float32),  # updated in place
+    grad: wp.array(dtype=wp.float32),
+    exp_avg: wp.array(dtype=wp.float32),  # first moment, in place
+    exp_avg_sq: wp.array(dtype=wp.float32),  # second moment, in place
+    j: int,  # the float to update
+    beta2: float,
+    one_minus_beta1: float,  # from the host in double precision, as torch rounds it
+    one_minus_beta2: float,
+    step_size: float,  # lr / (1 - beta1^t), or lr without bias correction
+    bias2_sqrt: float,  # sqrt(1 - beta2^t), or 1
+    eps: float,
+):
+    g = grad[j]
+    m = exp_avg[j]
+    m = m + one_minus_beta1 * (g - m)  # = beta1 m + (1 - beta1) g, rounded as torch's lerp
+    v = beta2 * exp_avg_sq[j] + one_minus_beta2 * g * g
+    exp_avg[j] = m
+    exp_avg_sq[j] = v
+    param[j] = param[j] - step_size * (m / (wp.sqrt(v) / bias2_sqrt + eps))
+
+
+def _table_fields(capacity: int) -> dict:
+    """The fields of the segment table of a launch over up to ``capacity`` parameters
+    ("segments"), name -> Warp vector type. A Warp vector type is also a ctypes array
+    type, so the kernel's struct and the host's ctypes struct (`_table_type`) are made
+    of the same fields, in the same order: their layouts agree.
+
+    - ``pointers``, uint64 [4 * capacity + 1]: segment k's parameter, gradient, exp_avg and
+      exp_avg_sq (float32, contiguous, n_k floats each) at 4k .. 4k + 3; the visible mask
+      (uint8 [N], read only when sparse) last;
+    - ``ints``, int32 [3 * capacity + 2]: ``starts`` at 0 .. capacity (segment k has the
+      threads starts[k] <= i < starts[k + 1]; unused segments are empty, at the end), n_k at
+      capacity + 1 + k, segment k's row width M_k (floats per Gaussian) at 2 * capacity + 1 + k,
+      and N last;
+    - ``scalars``, float32 [SCALARS * capacity]: segment k's beta2, 1 - beta1, 1 - beta2,
+      step_size, bias2_sqrt and eps at SCALARS * k .. SCALARS * k + 5 (see `_adam_update`).
+    """
+    return {"pointers": wp.types.vector(length=4 * capacity + 1, dtype=wp.uint64),
+            "ints": wp.types.vector(length=3 * capacity + 2, dtype=wp.int32),
+            "scalars": wp.types.vector(length=SCALARS * capacity, dtype=wp.float32)}
+
 
 @functools.cache
-def _adam_kernel(sparse: bool):
-    """One fused Adam update per float of a parameter; with ``sparse`` only rows whose
-    ``visible`` byte is set are read or written (the Taming 3DGS / INRIA sparse Adam)."""
+def _table_type(capacity: int) -> type:
+    """The host side of the segment table of ``capacity`` segments: a ctypes struct."""
+    return type(f"AdamTable{capacity}", (ctypes.Structure,), {"_fields_": list(_table_fields(capacity).items())})
+
+
+@functools.cache
+def _adam_kernel(capacity: int, sparse: bool, span: int):
+    """The fused Adam update of up to ``capacity`` parameters in one launch, whose segment
+    table (`_table_fields`) is its one argument, passed by value: a kernel parameter, so
+    each launch carries its own values, with no host-to-device copy to order or wait for.
+
+    One thread per block of ``span`` consecutive floats of a segment (1 on CUDA: coalesced
+    loads; thousands on the CPU, whose threads run one after another: the per-thread table
+    lookup is paid once per block). With ``sparse`` only rows whose ``visible`` byte is set
+    are read or written (the Taming 3DGS / INRIA sparse Adam)."""
+    K = capacity
+    Table = wp.struct(type(f"AdamTable{capacity}", (), {"__annotations__": _table_fields(capacity)}))
 
     @wp.kernel(enable_backward=False, module="unique")
-    def adam_step(
-        param: wp.array(dtype=wp.float32),  # (N * M,) updated in place
-        grad: wp.array(dtype=wp.float32),  # (N * M,)
-        exp_avg: wp.array(dtype=wp.float32),  # (N * M,) first moment, in place
-        exp_avg_sq: wp.array(dtype=wp.float32),  # (N * M,) second moment, in place
-        visible: wp.array(dtype=wp.uint8),  # (N,) row mask (read only when sparse)
-        row_width: int,  # M
-        beta2: float,
-        one_minus_beta1: float,  # from the host in double precision, as torch rounds it
-        one_minus_beta2: float,
-        step_size: float,  # lr / (1 - beta1^t), or lr without bias correction
-        bias2_sqrt: float,  # sqrt(1 - beta2^t), or 1
-        eps: float,
-    ):
+    def adam_step(table: Table):
         i = wp.tid()
-        if wp.static(sparse):
-            if visible[i / row_width] == wp.uint8(0):
+        for k in range(K):  # unrolled: every table index is a constant (no local-memory copy)
+            if i < table.ints[k + 1]:
+                n = table.ints[K + 1 + k]
+                param = wp.array(ptr=table.pointers[4 * k], shape=(n,), dtype=wp.float32)
+                grad = wp.array(ptr=table.pointers[4 * k + 1], shape=(n,), dtype=wp.float32)
+                exp_avg = wp.array(ptr=table.pointers[4 * k + 2], shape=(n,), dtype=wp.float32)
+                exp_avg_sq = wp.array(ptr=table.pointers[4 * k + 3], shape=(n,), dtype=wp.float32)
+                visible = wp.array(ptr=table.pointers[4 * K], shape=(table.ints[3 * K + 1],), dtype=wp.uint8)
+                first = (i - table.ints[k]) * span
+                stop = first + span  # span 1 (CUDA): a loop of one float, which the compiler removes
+                if wp.static(span > 1):
+                    stop = wp.min(stop, n)
+                for j in range(first, stop):
+                    if wp.static(sparse):
+                        if visible[j / table.ints[2 * K + 1 + k]] == wp.uint8(0):
+                            continue
+                    _adam_update(param, grad, exp_avg, exp_avg_sq, j, table.scalars[SCALARS * k],
+                                 table.scalars[SCALARS * k + 1], table.scalars[SCALARS * k + 2],
+                                 table.scalars[SCALARS * k + 3], table.scalars[SCALARS * k + 4],
+                                 table.scalars[SCALARS * k + 5])
                 return
-        g = grad[i]
-        m = exp_avg[i]
-        m = m + one_minus_beta1 * (g - m)  # = beta1 m + (1 - beta1) g, rounded as torch's lerp
-        v = beta2 * exp_avg_sq[i] + one_minus_beta2 * g * g
-        exp_avg[i] = m
-        exp_avg_sq[i] = v
-        param[i] = param[i] - step_size * (m / (wp.sqrt(v) / bias2_sqrt + eps))
 
     return adam_step
 
 
+def _capacity(count: int) -> int:
+    """The kernel capacity for ``count`` segments: the next power of two (few kernel variants)."""
+    return 1 << (count - 1).bit_length()
+
+
+class _Launch:
+    """A prepared launch of the fused kernel for the active parameters ``lo`` to ``hi`` (by
+    their order in the step), on one device, with its segment table.
+
+    ``bind`` writes what changes only with the tensors (pointers, sizes); ``run`` writes
+    the per-step scalars and the mask pointer, and launches."""
+
+    def __init__(self, context: RenderContext, capacity: int, sparse: bool):
+        device = wp.device_from_torch(context.device)
+        self.span = 1 if device.is_cuda else CPU_SPAN
+        kernel = _adam_kernel(capacity, sparse, self.span)
+        self.context = context
+        self.capacity = capacity
+        self.table = _table_type(capacity)()
+        # numpy views that write into the table
+        self.pointers, self.ints, self.scalars = (np.ctypeslib.as_array(getattr(self.table, name))
+                                                  for name in _table_fields(capacity))
+        # prepared with a zero table, replaced by ours (same layout) at each `run`
+        self.cmd = wp.launch(kernel, dim=1, inputs=[kernel.adj.args[0].type()], device=device, record_cmd=True)
+        self.lo = self.hi = self.threads = 0
+
+    def bind(self, lo: int, hi: int, segments: list, n_rows: int) -> None:
+        """Segments ``lo`` to ``hi`` of ``segments``, (param, grad, exp_avg, exp_avg_sq,
+        row width) each; ``n_rows`` is N of a sparse step (0 when dense)."""
+        self.lo, self.hi = lo, hi
+        pointers, starts, counts, widths = [], [0], [], []
+        for p, g, m, v, width in segments[lo:hi]:
+            n = p.numel()
+            pointers += (p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr())
+            starts.append(starts[-1] + -(-n // self.span))
+            counts.append(n)
+            widths.append(width)
+        pad = self.capacity - (hi - lo)
+        self.threads = starts[-1]
+        self.pointers[:] = [*pointers, *[0] * (4 * pad), 0]
+        self.ints[:] = [*starts, *[self.threads] * pad, *counts, *[0] * pad, *widths, *[1] * pad, n_rows]
+        if self.threads:
+            self.cmd.set_dim(self.threads)
+
+    def run(self, scalars: list, mask_ptr: int) -> None:
+        """Launch with ``scalars`` (SCALARS per active parameter, all of the step's) and the
+        visible mask at ``mask_ptr`` (0 when dense), on torch's current stream."""
+        if not self.threads:
+            return
+        self.scalars[:SCALARS * (self.hi - self.lo)] = scalars[SCALARS * self.lo:SCALARS * self.hi]
+        self.pointers[-1] = mask_ptr
+        self.cmd.set_param_at_index_from_ctype(0, self.table)  # read when launched: launches copy it
+        with self.context.stream():
+            self.cmd.launch()
+
+
 class SparseGaussianAdam(torch.optim.Adam):
-    """Adam whose step is one fused Warp kernel per parameter, optionally over visible
-    Gaussians only (Taming 3DGS's sparse Adam, as INRIA's ``--optimizer_type sparse_adam``).
+    """Adam whose step is one fused Warp kernel over all its parameters, optionally over
+    visible Gaussians only (Taming 3DGS's sparse Adam, as INRIA's ``--optimizer_type sparse_adam``).
 
     A subclass of ``torch.optim.Adam`` with the same ``param_groups`` and per-parameter
-    state (``step``, ``exp_avg``, ``exp_avg_sq``), so code that edits Adam state during
-    densification (INRIA's ``replace_tensor_to_optimizer``, ``cat_tensors_to_optimizer``,
-    ``_prune_optimizer``) works unchanged.
+    state (``step``, a CPU float32 tensor; ``exp_avg``, ``exp_avg_sq``), so code that edits
+    Adam state during densification (INRIA's ``replace_tensor_to_optimizer``,
+    ``cat_tensors_to_optimizer``, ``_prune_optimizer``) works unchanged.
 
     Args:
         params: parameters or param groups, as for ``torch.optim.Adam``. Each parameter
@@ -62,13 +182,18 @@ class SparseGaussianAdam(torch.optim.Adam):
             ``1 - beta^t`` as ``torch.optim.Adam`` does, ``t`` counting every call of
             ``step`` (also those where a row was invisible); dense steps are then
             ``torch.optim.Adam`` steps.
-        context: the :class:`RenderContext` whose tensor views and streams to use;
-            None uses ``default_context`` of each parameter's device.
+        context: the :class:`RenderContext` whose streams to use; None uses
+            ``default_context`` of each parameter's device.
 
     ``step(visibility, N)``: ``visibility`` is a bool tensor [N] on the parameters'
     device (INRIA passes ``radii > 0``); rows with False keep their values AND their
     moments. ``visibility=None`` updates every row (dense Adam). A parameter whose
-    ``grad`` is None is skipped. The kernel runs on torch's current stream; no host sync.
+    ``grad`` is None is skipped (its ``step`` is not counted). Every parameter of every
+    group is updated by one kernel launch (one per device, or per ``MAX_SEGMENTS``
+    parameters), on torch's current stream; no host sync. The tensors are checked, and
+    their pointers and sizes written to the launch's table, only when the memory or shape
+    of one changes (densification, new gradient memory); learning rates, betas and eps
+    are read at every step.
     """
 
     def __init__(self, params, lr: float, eps: float, betas=(0.9, 0.999), bias_correction: bool = False,
@@ -76,63 +201,117 @@ class SparseGaussianAdam(torch.optim.Adam):
         super().__init__(params, lr=lr, eps=eps, betas=betas)
         self.bias_correction = bool(bias_correction)
         self._context = context
-        self._frames = {}  # device -> workspace Frame holding this optimizer's prepared launches
+        self._key = None  # what the bound launches were built for (see `step`)
+        self._bound = []  # the _Launch of each run of segments, in order
+        self._launches = {}  # (device, position, capacity, sparse) -> _Launch, reused across rebuilds
 
     @torch.no_grad()
     def step(self, visibility: Optional[torch.Tensor] = None, N: Optional[int] = None):
-        if visibility is not None:
-            if not isinstance(visibility, torch.Tensor) or visibility.dim() != 1:
-                raise ValueError("SparseGaussianAdam.step: visibility must be a 1D bool tensor [N], got "
-                                 f"{getattr(visibility, 'shape', type(visibility).__name__)}")
-            n = visibility.shape[0] if N is None else int(N)
-            if visibility.shape[0] != n:
-                raise ValueError(f"SparseGaussianAdam.step: visibility has {visibility.shape[0]} rows, N={n}")
-            visible = visibility.to(torch.bool).contiguous().view(torch.uint8)
+        visible = None if visibility is None else self._visible(visibility, N)
+        active = []  # (param, grad, state, group) of each parameter with a gradient
+        key = [None if visible is None else (visible.shape[0], visible.device)]
         for group in self.param_groups:
-            beta1, beta2 = group["betas"]
-            for j, param in enumerate(group["params"]):
-                if param.grad is None:
+            for p in group["params"]:
+                grad = p.grad
+                if grad is None:
                     continue
-                self._check(param, None if visibility is None else visible)
-                state = self.state[param]
+                if not grad.is_contiguous():  # kept alive in `active` until launched
+                    grad = grad.contiguous()
+                state = self.state[p]
                 if len(state) == 0:
                     state["step"] = torch.tensor(0.0, dtype=torch.float32)
-                    state["exp_avg"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                    state["exp_avg_sq"] = torch.zeros_like(param, memory_format=torch.preserve_format)
-                state["step"] += 1  # a CPU tensor, as torch.optim.Adam keeps it: no device sync
-                step_size, bias2_sqrt = group["lr"], 1.0
-                if self.bias_correction:
-                    t = float(state["step"])
-                    step_size = group["lr"] / (1.0 - beta1 ** t)
-                    bias2_sqrt = (1.0 - beta2 ** t) ** 0.5
-                self._launch((id(group), j), param, state, None if visibility is None else visible,
-                             beta1, beta2, step_size, bias2_sqrt, group["eps"])
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                active.append((p, grad, state, group))
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                key.append((p.data_ptr(), grad.data_ptr(), m.data_ptr(), v.data_ptr(), p.shape, m.shape, v.shape))
+        if not active:
+            return
+        key = tuple(key)
+        if key != self._key:  # new memory or shapes: check the tensors, rewrite the tables
+            self._key = None
+            self._bound = self._bind(active, visible)
+            self._key = key
+        steps = [state["step"] for _, _, state, _ in active]
+        torch._foreach_add_(steps, 1.0)  # CPU tensors, as torch.optim.Adam keeps them: no device sync
+        scalars = []
+        for (_, _, _, group), step in zip(active, steps):
+            beta1, beta2 = group["betas"]
+            step_size, bias2_sqrt = group["lr"], 1.0
+            if self.bias_correction:
+                t = float(step)
+                step_size = group["lr"] / (1.0 - beta1 ** t)
+                bias2_sqrt = (1.0 - beta2 ** t) ** 0.5
+            scalars += (beta2, 1.0 - beta1, 1.0 - beta2, step_size, bias2_sqrt, group["eps"])
+        mask_ptr = 0 if visible is None else visible.data_ptr()
+        for launch in self._bound:
+            launch.run(scalars, mask_ptr)
 
     @staticmethod
-    def _check(param, visible):
+    def _visible(visibility, N) -> torch.Tensor:
+        """The checked mask [N], bool and contiguous (the kernel reads a byte per row)."""
+        if not isinstance(visibility, torch.Tensor) or visibility.dim() != 1:
+            raise ValueError("SparseGaussianAdam.step: visibility must be a 1D bool tensor [N], got "
+                             f"{getattr(visibility, 'shape', type(visibility).__name__)}")
+        n = visibility.shape[0] if N is None else int(N)
+        if visibility.shape[0] != n:
+            raise ValueError(f"SparseGaussianAdam.step: visibility has {visibility.shape[0]} rows, N={n}")
+        if visibility.dtype is not torch.bool or not visibility.is_contiguous():
+            visibility = visibility.to(torch.bool).contiguous()
+        return visibility
+
+    def _bind(self, active: list, visible: Optional[torch.Tensor]) -> list:
+        """Checks the active parameters, their gradients and moments, and binds them to
+        launches: runs of consecutive parameters on one device, at most ``MAX_SEGMENTS``
+        parameters and ``MAX_ELEMENTS`` floats each."""
+        segments, devices = [], []
+        for p, grad, state, _ in active:
+            self._check(p, grad, state, visible)
+            width = p.numel() // p.shape[0] if p.dim() and p.shape[0] else 1
+            segments.append((p, grad, state["exp_avg"], state["exp_avg_sq"], width))
+            devices.append(p.device)
+        bound, lo = [], 0
+        while lo < len(segments):
+            hi, total = lo, 0
+            while (hi < len(segments) and hi - lo < MAX_SEGMENTS and devices[hi] == devices[lo]
+                   and (hi == lo or total + segments[hi][0].numel() <= MAX_ELEMENTS)):
+                total += segments[hi][0].numel()
+                hi += 1
+            capacity = _capacity(hi - lo)
+            slot = (devices[lo], len(bound), capacity, visible is not None)
+            launch = self._launches.get(slot)
+            if launch is None:
+                launch = self._launches[slot] = _Launch(self._context_of(devices[lo]), capacity,
+                                                        visible is not None)
+            launch.bind(lo, hi, segments, 0 if visible is None else visible.shape[0])
+            bound.append(launch)
+            lo = hi
+        return bound
+
+    def _context_of(self, device: torch.device) -> RenderContext:
+        if self._context is None:
+            return default_context(device)
+        if self._context.device != device:
+            raise ValueError(f"SparseGaussianAdam: a parameter is on {device}, the optimizer's context on "
+                             f"{self._context.device}")
+        return self._context
+
+    @staticmethod
+    def _check(param, grad, state, visible) -> None:
+        """Raises unless the kernel can update ``param`` from these tensors."""
         if param.dtype != torch.float32 or not param.is_contiguous():
             raise TypeError(f"SparseGaussianAdam: parameters must be float32 and contiguous, got "
                             f"{param.dtype} {list(param.shape)}")
+        for name, t in (("grad", grad), ("exp_avg", state["exp_avg"]), ("exp_avg_sq", state["exp_avg_sq"])):
+            if (t.dtype != torch.float32 or not t.is_contiguous() or t.shape != param.shape
+                    or t.device != param.device):
+                raise ValueError(f"SparseGaussianAdam: the {name} of a parameter {list(param.shape)} on "
+                                 f"{param.device} is {t.dtype} {list(t.shape)} on {t.device}"
+                                 f"{'' if t.is_contiguous() else ', not contiguous'}; it must be float32, "
+                                 "contiguous and shaped like the parameter, on its device (edit the "
+                                 "optimizer state together with the parameter)")
         if visible is not None and (param.dim() == 0 or param.shape[0] != visible.shape[0]
                                     or visible.device != param.device):
             raise ValueError(f"SparseGaussianAdam.step: visibility [{visible.shape[0]}] on "
                              f"{visible.device} does not match a parameter {list(param.shape)} on "
                              f"{param.device}")
-
-    def _launch(self, slot, param, state, visible, beta1, beta2, step_size, bias2_sqrt, eps):
-        context = self._context or default_context(param.device)
-        frame = self._frames.get(param.device)
-        if frame is None:  # kept for the optimizer's lifetime: never returned to the pool
-            frame = self._frames[param.device] = context.workspace.acquire()
-        n = param.numel()
-        if n == 0:
-            return
-        grad = param.grad if param.grad.is_contiguous() else param.grad.contiguous()
-        flat = [context.view(t.view(-1), wp.float32) for t in (param, grad, state["exp_avg"], state["exp_avg_sq"])]
-        # dense steps never read the mask: any one-byte view stands in
-        mask = context.view(param.view(-1).view(torch.uint8)[:1] if visible is None else visible, wp.uint8)
-        kernel = _adam_kernel(visible is not None)
-        args = [*flat, mask, n // param.shape[0] if param.dim() else 1, beta2, 1.0 - beta1, 1.0 - beta2,
-                step_size, bias2_sqrt, eps]
-        with context.stream():
-            frame.launch(kernel, n, args, key=(slot, kernel))
