@@ -1,7 +1,7 @@
 """Static cost of the splat forward's kernels on sm_90, without a GPU.
 
 Builds each kernel with Warp's NVRTC (``wp.compile_aot_module``) and prints the counts of
-``ptx_texture.py`` (PTX instructions, global loads, local memory, ``ptxas -v`` registers
+``ptx_mesh.py`` (PTX instructions, global loads, local memory, ``ptxas -v`` registers
 and spills) plus what the rasteriser's inner loop spends: shared loads (``ld.shared``),
 exponentials (``ex2``) and warp votes (``vote``).
 
@@ -24,7 +24,7 @@ from arc_warp._src.splat import bin_kernels
 from arc_warp._src.splat.project_kernels import make_project_fwd
 from arc_warp._src.splat.raster_kernels import raster_fwd
 from arc_warp._src.splat.sh_kernels import make_sh_fwd
-from ptx_texture import ptx_counts, ptxas_info
+from ptx_mesh import ptx_counts, ptxas_info
 
 
 def kernels() -> dict:
