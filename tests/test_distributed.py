@@ -23,6 +23,7 @@ from arc_warp_train.densify import DensifyConfig  # noqa: E402
 from arc_warp_train.distributed import DistContext, init_distributed, launch  # noqa: E402
 from arc_warp_train.trainer import TrainConfig, Trainer  # noqa: E402
 from arc_warp_train.losses import photometric_loss  # noqa: E402
+from arc_warp_train.model import PARAM_NAMES  # noqa: E402
 from arc_warp_train.synthetic import make_synthetic_dataset  # noqa: E402
 
 wp.config.log_level = wp.LOG_WARNING
@@ -113,9 +114,9 @@ def test_two_processes_match_one_process_on_the_combined_batch(tiny_data_dir, tm
 
     # The ranks end bitwise identical: parameters, Adam moments and step counts.
     s0, s1 = ranks[0]["state"], ranks[1]["state"]
-    for name in s0["params"]:
+    for index, name in enumerate(PARAM_NAMES):
         assert torch.equal(s0["params"][name], s1["params"][name]), name
-        m0, m1 = (s["optimizers"][name]["state"][0] for s in (s0, s1))
+        m0, m1 = (s["optimizer"]["state"][index] for s in (s0, s1))
         for key in m0:
             assert torch.equal(m0[key], m1[key]), (name, key)
 

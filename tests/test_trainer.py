@@ -19,7 +19,7 @@ from arc_warp_train.datasets import load_colmap, load_dataset, load_nerf_synthet
 from arc_warp_train.densify import DensifyConfig  # noqa: E402
 from arc_warp_train.trainer import TrainConfig, Trainer, train  # noqa: E402
 from arc_warp_train import densify as dens  # noqa: E402
-from arc_warp_train.model import init_params, make_optimizers  # noqa: E402
+from arc_warp_train.model import PARAM_NAMES, init_params, make_optimizer  # noqa: E402
 from arc_warp_train.synthetic import make_synthetic_dataset  # noqa: E402
 
 wp.config.log_level = wp.LOG_WARNING
@@ -121,7 +121,7 @@ def test_dataset_errors(tmp_path):
 # ------------------------------------------------------------------------------ densify
 
 
-def _model(n, max_scale, opacity):
+def _model(n, max_scale, opacity, kind="adam"):
     """n Gaussians with given largest std-dev and opacity per row, plus a stepped Adam."""
     pts = np.stack([np.arange(n), np.zeros(n), np.zeros(n)], 1).astype(np.float32)
     params = init_params(pts, np.full((n, 3), 0.5, np.float32), sh_degree=1)
@@ -129,12 +129,11 @@ def _model(n, max_scale, opacity):
         params["scales"][:] = torch.log(torch.tensor(max_scale, dtype=torch.float32))[:, None]
         params["scales"][:, 1:] -= 1.0
         params["opacities"][:] = torch.logit(torch.tensor(opacity, dtype=torch.float32))
-    opts = make_optimizers(params, {k: 1e-3 for k in params})
+    opt = make_optimizer(params, {k: 1e-3 for k in params}, kind)
     for p in params.values():
         p.grad = torch.ones_like(p)
-    for o in opts.values():
-        o.step()
-    return params, opts
+    opt.step()
+    return params, opt
 
 
 def test_stats_accumulate_in_ndc_over_visible_views():
@@ -152,14 +151,14 @@ def test_refine_clones_splits_and_prunes_crafted_rows():
     cfg = DensifyConfig(grow_grad2d=0.5, grow_scale3d=0.1, prune_opa=0.05, reset_every=0)
     # rows: 0 small+high grad -> clone; 1 large+high -> split; 2 low grad -> keep;
     # 3 transparent -> prune; 4 small+high but transparent -> cloned, then both pruned.
-    params, opts = _model(5, [0.05, 0.5, 0.05, 0.5, 0.05], [0.5, 0.5, 0.5, 0.01, 0.01])
+    params, opt = _model(5, [0.05, 0.5, 0.05, 0.5, 0.05], [0.5, 0.5, 0.5, 0.01, 0.01])
     stats = dens.DensifyStats(5)
     stats.grad2d[:] = torch.tensor([2.0, 2.0, 0.1, 0.0, 3.0])
     stats.count[:] = torch.tensor([2.0, 2.0, 2.0, 1.0, 2.0])
     old_means = params["means"].detach().clone()
     old_scale = float(torch.exp(params["scales"].detach()[1]).max())
-    old_moment = opts["means"].state[params["means"]]["exp_avg"].clone()
-    counts = dens.refine(params, opts, stats, cfg, step=100, scene_scale=1.0,
+    old_moment = opt.state[params["means"]]["exp_avg"].clone()
+    counts = dens.refine(params, opt, stats, cfg, step=100, scene_scale=1.0,
                          generator=torch.Generator().manual_seed(0))
     assert counts == {"cloned": 2, "split": 1, "pruned": 3}
     # kept: 0, 2 | clone of 0 | two halves of 1
@@ -171,21 +170,21 @@ def test_refine_clones_splits_and_prunes_crafted_rows():
     np.testing.assert_allclose(halves.max(-1).values.numpy(), old_scale / 1.6,
                                rtol=1e-6)  # float32 log/exp round trip
     assert torch.all((means[3:] - old_means[1]).norm(dim=-1) > 0)  # sampled, not copied
-    for name, p in params.items():
-        state = opts[name].state[p]
-        assert state["exp_avg"].shape == p.shape and opts[name].param_groups[0]["params"][0] is p
-    moment = opts["means"].state[params["means"]]["exp_avg"]
+    for group in opt.param_groups:
+        p = params[group["name"]]
+        assert opt.state[p]["exp_avg"].shape == p.shape and group["params"] == [p]
+    moment = opt.state[params["means"]]["exp_avg"]
     np.testing.assert_array_equal(moment[:2].numpy(), old_moment[[0, 2]].numpy())
     assert torch.all(moment[2:] == 0)  # new rows start with zero Adam moments
 
 
 def test_growth_cap_keeps_highest_gradients():
     cfg = DensifyConfig(grow_grad2d=0.5, grow_scale3d=1.0, prune_opa=0.0, max_gaussians=5)
-    params, opts = _model(4, [0.05] * 4, [0.5] * 4)
+    params, opt = _model(4, [0.05] * 4, [0.5] * 4)
     stats = dens.DensifyStats(4)
     stats.grad2d[:] = torch.tensor([1.0, 3.0, 2.0, 0.1])
     stats.count[:] = 1.0
-    counts = dens.refine(params, opts, stats, cfg, 100, 1.0, torch.Generator())
+    counts = dens.refine(params, opt, stats, cfg, 100, 1.0, torch.Generator())
     assert counts["cloned"] == 1 and params["means"].shape[0] == 5
     # Budget 5 - 4 = 1 clone: the highest gradient, row 1.
     assert torch.equal(params["means"][4], params["means"][1])
@@ -194,16 +193,55 @@ def test_growth_cap_keeps_highest_gradients():
 def test_opacity_reset_and_schedule():
     cfg = DensifyConfig(prune_opa=0.005, refine_start=10, refine_every=5, reset_every=20,
                         refine_stop=40)
-    params, opts = _model(3, [0.05] * 3, [0.9, 0.5, 0.001])
+    params, opt = _model(3, [0.05] * 3, [0.9, 0.5, 0.001])
     stats = dens.DensifyStats(3)
     gen = torch.Generator()
-    assert dens.step_post_backward(params, opts, stats, cfg, 10, 1.0, gen) is None  # not > start
-    counts = dens.step_post_backward(params, opts, stats, cfg, 20, 1.0, gen)
+    assert dens.step_post_backward(params, opt, stats, cfg, 10, 1.0, gen) is None  # not > start
+    counts = dens.step_post_backward(params, opt, stats, cfg, 20, 1.0, gen)
     assert counts == {"cloned": 0, "split": 0, "pruned": 1}
     np.testing.assert_allclose(torch.sigmoid(params["opacities"]).detach().numpy(), 0.01,
                                rtol=1e-5)  # reset to 2 x prune_opa (float32 logit round trip)
-    assert torch.all(opts["opacities"].state[params["opacities"]]["exp_avg"] == 0)
-    assert dens.step_post_backward(params, opts, stats, cfg, 40, 1.0, gen) is None  # stopped
+    assert torch.all(opt.state[params["opacities"]]["exp_avg"] == 0)
+    assert dens.step_post_backward(params, opt, stats, cfg, 40, 1.0, gen) is None  # stopped
+
+
+@pytest.mark.parametrize("kind", ["adam", "fused_adam"])
+def test_densify_moves_each_parameters_own_moments(kind):
+    """Clone, split, prune and opacity reset edit the one optimizer's state: each named group
+    keeps its parameter, step count and moment rows. Every moment row is tagged with its
+    parameter and row, so a mix-up of groups (means and scales have one shape) shows."""
+    cfg = DensifyConfig(grow_grad2d=0.5, grow_scale3d=0.1, prune_opa=0.05, reset_every=0)
+    params, opt = _model(5, [0.05, 0.5, 0.05, 0.5, 0.05], [0.5, 0.5, 0.5, 0.01, 0.01], kind)
+
+    def tags(index, rows, p):  # (parameter index, row) -> value of every float of that row
+        return (1000.0 * index + rows).view(-1, *[1] * (p.dim() - 1)).expand_as(p)
+
+    for index, group in enumerate(opt.param_groups):
+        state = opt.state[params[group["name"]]]
+        state["exp_avg"].copy_(tags(index, torch.arange(5.0), state["exp_avg"]))
+        state["exp_avg_sq"].copy_(tags(index, torch.arange(5.0) + 0.5, state["exp_avg_sq"]))
+        state["step"].fill_(index + 1)
+    stats = dens.DensifyStats(5)
+    stats.grad2d[:] = torch.tensor([2.0, 2.0, 0.1, 0.0, 3.0])
+    stats.count[:] = torch.tensor([2.0, 2.0, 2.0, 1.0, 2.0])
+    # as in test_refine_clones_splits_and_prunes_crafted_rows: kept rows 0, 2, then 3 new rows
+    dens.refine(params, opt, stats, cfg, step=100, scene_scale=1.0,
+                generator=torch.Generator().manual_seed(0))
+    dens.reset_opacity(params, opt, cfg)
+    assert [group["name"] for group in opt.param_groups] == list(PARAM_NAMES)
+    for index, group in enumerate(opt.param_groups):
+        name = group["name"]
+        p = params[name]
+        assert group["params"] == [p] and set(opt.state) == set(params.values()), name
+        state = opt.state[p]
+        assert float(state["step"]) == index + 1, name
+        for key, offset in (("exp_avg", 0.0), ("exp_avg_sq", 0.5)):
+            moment = state[key]
+            assert moment.shape == p.shape, (name, key)
+            kept = torch.zeros_like(moment[:2]) if name == "opacities" else \
+                tags(index, torch.tensor([0.0, 2.0]) + offset, moment[:2])
+            assert torch.equal(moment[:2], kept), (name, key)
+            assert torch.all(moment[2:] == 0), (name, key)  # new rows start at zero
 
 
 # ------------------------------------------------------------------------------ training
@@ -247,19 +285,74 @@ def test_resume_matches_uninterrupted_run(tiny_dataset, tmp_path, optimizer):
     first = Trainer(tiny_dataset, _tiny_cfg(optimizer=optimizer), tmp_path / "split")
     first.train(stop_at=17)  # after refines at 6, 12 and the opacity reset at 13
     first.save_checkpoint(tmp_path / "ckpt.pt")
+    # Checkpoints from when the trainer had one optimizer per parameter still resume.
+    state = first.state_dict()
+    state["optimizers"] = _per_parameter_states(state.pop("optimizer"))
+    torch.save(state, tmp_path / "old.pt")
     # The resumed part must still densify (refine at 18), so split sampling and the
     # gradient statistics are exercised across the checkpoint.
     assert first.params["means"].shape[0] < full.params["means"].shape[0]
-    resumed = Trainer(tiny_dataset, _tiny_cfg(optimizer=optimizer), tmp_path / "split")
-    resumed.load_checkpoint(tmp_path / "ckpt.pt")
-    assert resumed.step == 17
-    resumed.train()
+    for path in (tmp_path / "ckpt.pt", tmp_path / "old.pt"):
+        resumed = Trainer(tiny_dataset, _tiny_cfg(optimizer=optimizer), tmp_path / "split")
+        resumed.load_checkpoint(path)
+        assert resumed.step == 17
+        resumed.train()
 
-    assert resumed.step == full.step == 30
-    for name in full.params:
-        # The CPU renderer and single-threaded torch are deterministic: bitwise equal.
-        assert torch.equal(full.params[name], resumed.params[name]), name
-    assert resumed.history == full.history
+        assert resumed.step == full.step == 30
+        for name in full.params:
+            # The CPU renderer and single-threaded torch are deterministic: bitwise equal.
+            assert torch.equal(full.params[name], resumed.params[name]), (path, name)
+        assert resumed.history == full.history
+
+
+def _per_parameter_states(state_dict):
+    """The optimizer state of a checkpoint in its older layout: name -> the state dict of
+    an optimizer of that one parameter."""
+    return {group["name"]: {"state": {0: state_dict["state"][index]},
+                            "param_groups": [{**group, "params": [0]}]}
+            for index, group in enumerate(state_dict["param_groups"])}
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "fused_adam", "sparse_adam"])
+def test_trainer_step_matches_one_adam_per_parameter(tiny_dataset, tmp_path, optimizer):
+    """After densification, a training step of the one optimizer (a named group per
+    parameter) updates each parameter as its own torch Adam with its own learning rate
+    and moments would (the trainer's layout before); only its visible rows when sparse."""
+    trainer = Trainer(tiny_dataset, _tiny_cfg(optimizer=optimizer), tmp_path)
+    trainer.train(stop_at=14)  # after refines at 6, 12 and the opacity reset at 13
+    step = trainer.optimizer.step
+    seen = {}
+
+    def spy(*args):  # what the step is given: gradients and the visibility mask
+        seen.update(grads={k: p.grad.clone() for k, p in trainer.params.items()}, args=args)
+        step(*args)
+
+    trainer.optimizer.step = spy
+    before = {k: (p.detach().clone(),
+                  {key: v.clone() for key, v in trainer.optimizer.state[p].items()})
+              for k, p in trainer.params.items()}
+    trainer.train_step()  # step 14: no refinement, no reset
+    visible = seen["args"][0] if seen["args"] else slice(None)
+    lrs = trainer._lrs(14)
+    # torch Adam: bitwise; Warp's fused update: torch's up to float32 operation order
+    tol = {"rtol": 0, "atol": 0} if optimizer == "adam" else {"rtol": 1e-5, "atol": 1e-7}
+    for name, p in trainer.params.items():
+        ref = torch.nn.Parameter(before[name][0][visible].clone())
+        adam = torch.optim.Adam([ref], lr=lrs[name], eps=1e-15)
+        adam.state[ref] = {key: v[visible].clone() if v.dim() else v.clone()
+                           for key, v in before[name][1].items()}
+        ref.grad = seen["grads"][name][visible]
+        adam.step()
+        np.testing.assert_allclose(p.detach()[visible].numpy(), ref.detach().numpy(),
+                                   err_msg=name, **tol)
+        moments = trainer.optimizer.state[p]
+        np.testing.assert_allclose(moments["exp_avg"][visible].numpy(),
+                                   adam.state[ref]["exp_avg"].numpy(), err_msg=name, **tol)
+        if seen["args"]:  # invisible rows keep values and moments
+            hidden = ~visible
+            assert torch.equal(p.detach()[hidden], before[name][0][hidden]), name
+            assert torch.equal(moments["exp_avg"][hidden], before[name][1]["exp_avg"][hidden])
+        assert trainer.optimizer.param_groups[PARAM_NAMES.index(name)]["lr"] == lrs[name]
 
 
 @pytest.mark.slow

@@ -3,6 +3,11 @@
 Everything here runs before the first training step, so a wrong `--resume` costs seconds,
 not a run. A checkpoint records its dataset as a fingerprint (training view names and
 image sizes) besides the trainer state (see Trainer.state_dict).
+
+The Adam state is stored as the state dict of the trainer's one optimizer ("optimizer",
+one param group per parameter, in PARAM_NAMES order). Checkpoints written when the trainer
+had one optimizer per parameter ("optimizers": name -> state dict) are converted to it
+on reading, so they still resume.
 """
 
 import os
@@ -11,7 +16,7 @@ import numpy as np
 
 from .model import PARAM_NAMES
 
-REQUIRED_KEYS = ("step", "params", "optimizers", "stats", "view_gen", "densify_gen", "perm",
+REQUIRED_KEYS = ("step", "params", "optimizer", "stats", "view_gen", "densify_gen", "perm",
                  "history", "train_log", "config")
 
 
@@ -21,9 +26,23 @@ def dataset_fingerprint(dataset) -> dict:
             "sizes": [list(v.image.shape[:2]) for v in dataset.train]}
 
 
+def _merge_optimizer_states(per_name: dict) -> dict:
+    """The state dict of one optimizer with a param group per parameter (PARAM_NAMES order)
+    from the state dicts of one optimizer per parameter (each of one group, holding its
+    parameter, whose state has index 0; the oldest groups lack the "name" key)."""
+    groups, state = [], {}
+    for index, name in enumerate(PARAM_NAMES):
+        saved = per_name[name]
+        groups.append({**saved["param_groups"][0], "name": name, "params": [index]})
+        if 0 in saved["state"]:
+            state[index] = saved["state"][0]
+    return {"state": state, "param_groups": groups}
+
+
 def read_checkpoint(path) -> dict:
     """Load checkpoint `path` onto the CPU (memory-mapped, so this is cheap); ValueError with
-    one line naming the file when it is missing, a folder, truncated or not a checkpoint."""
+    one line naming the file when it is missing, a folder, truncated or not a checkpoint.
+    The per-parameter optimizer states of older checkpoints become one optimizer's."""
     import torch
 
     where = f"--resume {path}"
@@ -38,6 +57,9 @@ def read_checkpoint(path) -> dict:
         raise ValueError(f"{where}: not a readable checkpoint ({reason[:120]}); the file may "
                          "be truncated or not a checkpoint.pt; resume from an intact one or "
                          "drop --resume") from None
+    if isinstance(state, dict) and "optimizer" not in state \
+            and set(state.get("optimizers", ())) == set(PARAM_NAMES):
+        state["optimizer"] = _merge_optimizer_states(state.pop("optimizers"))
     missing = [k for k in REQUIRED_KEYS if not isinstance(state, dict) or k not in state]
     if missing:
         raise ValueError(f"{where}: not an arc-warp train checkpoint (missing "
@@ -54,10 +76,12 @@ def check_checkpoint(state: dict, path, dataset, cfg) -> None:
         raise ValueError(f"{where} was trained with --sh-degree {saved_sh}, this run asks for "
                          f"{cfg.sh_degree}; pass --sh-degree {saved_sh} to resume it")
     params = state["params"]
+    groups = [group.get("name") for group in state["optimizer"]["param_groups"]]
     if not isinstance(params, dict) or set(params) != set(PARAM_NAMES) \
-            or set(state["optimizers"]) != set(PARAM_NAMES):
+            or groups != list(PARAM_NAMES):
         raise ValueError(f"{where}: parameters {sorted(params) if isinstance(params, dict) else params!r} "
-                         f"are not the trainer's layout {list(PARAM_NAMES)}")
+                         f"and optimizer groups {groups} are not the trainer's layout "
+                         f"{list(PARAM_NAMES)}")
     n = params["means"].shape[0]
     k = (cfg.sh_degree + 1) ** 2
     expected = {"means": (n, 3), "quats": (n, 4), "scales": (n, 3), "opacities": (n,),

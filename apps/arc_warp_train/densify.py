@@ -3,15 +3,16 @@
 Driven by the running mean of the screen-space mean gradient norm of each Gaussian
 (in NDC units, i.e. pixel gradient times W/2 and H/2, as INRIA and gsplat measure it),
 over the views where it was visible. Parameter rows and their Adam moments are edited
-together; new rows start with zero moments.
+together, in place of the optimizer's state (the optimizer of `model.make_optimizer`: one
+param group per parameter, named; INRIA's `cat_tensors_to_optimizer` and `_prune_optimizer`);
+new rows start with zero moments.
 """
 
 import math
 from dataclasses import dataclass
 
 import torch
-
-from .model import PARAM_NAMES
+from torch.optim import Optimizer
 
 
 @dataclass
@@ -71,26 +72,27 @@ class DensifyStats:
         self.grad2d, self.count = state["grad2d"].clone(), state["count"].clone()
 
 
-def _edit(params: dict, optimizers: dict, param_fn, state_fn) -> None:
-    """Replace every parameter by param_fn(name, tensor) and each Adam moment by
-    state_fn(moment); the optimisers keep their step counts."""
-    for name in PARAM_NAMES:
-        old = params[name]
+def _edit(params: dict, optimizer: Optimizer, param_fn, state_fn) -> None:
+    """Replace every parameter by param_fn(name, tensor), in `params` and in its param group
+    (named `name`) of `optimizer`, and each of its Adam moments by state_fn(moment); the
+    step counts are kept."""
+    for group in optimizer.param_groups:
+        name = group["name"]
+        (old,) = group["params"]
         new = torch.nn.Parameter(param_fn(name, old.detach()).contiguous())
-        opt = optimizers[name]
-        state = opt.state.pop(old, None)
+        state = optimizer.state.pop(old, None)
         if state is not None:
             for key in ("exp_avg", "exp_avg_sq"):
                 state[key] = state_fn(state[key]).contiguous()
-            opt.state[new] = state
-        opt.param_groups[0]["params"] = [new]
+            optimizer.state[new] = state
+        group["params"] = [new]
         params[name] = new
 
 
-def duplicate(params: dict, optimizers: dict, mask: torch.Tensor) -> int:
+def duplicate(params: dict, optimizer: Optimizer, mask: torch.Tensor) -> int:
     """Clone the masked Gaussians in place (copies appended at the end)."""
     sel = torch.nonzero(mask, as_tuple=True)[0]
-    _edit(params, optimizers, lambda _, p: torch.cat([p, p[sel]]),
+    _edit(params, optimizer, lambda _, p: torch.cat([p, p[sel]]),
           lambda s: torch.cat([s, torch.zeros_like(s[sel])]))
     return int(sel.numel())
 
@@ -103,7 +105,8 @@ def _quat_to_rotmat(q: torch.Tensor) -> torch.Tensor:
         2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)], -1).reshape(-1, 3, 3)
 
 
-def split(params: dict, optimizers: dict, mask: torch.Tensor, generator: torch.Generator) -> int:
+def split(params: dict, optimizer: Optimizer, mask: torch.Tensor,
+          generator: torch.Generator) -> int:
     """Replace each masked Gaussian by two, centred at samples of itself, with std-devs
     divided by 1.6 (the 3DGS rule); the new ones go at the end."""
     sel = torch.nonzero(mask, as_tuple=True)[0]
@@ -123,26 +126,26 @@ def split(params: dict, optimizers: dict, mask: torch.Tensor, generator: torch.G
             new = p[sel].repeat(2, *([1] * (p.dim() - 1)))
         return torch.cat([p[rest], new])
 
-    _edit(params, optimizers, param_fn,
+    _edit(params, optimizer, param_fn,
           lambda s: torch.cat([s[rest], torch.zeros((2 * m,) + s.shape[1:], dtype=s.dtype,
                                                     device=s.device)]))
     return m
 
 
-def remove(params: dict, optimizers: dict, mask: torch.Tensor) -> int:
+def remove(params: dict, optimizer: Optimizer, mask: torch.Tensor) -> int:
     """Delete the masked Gaussians."""
     keep = torch.nonzero(~mask, as_tuple=True)[0]
-    _edit(params, optimizers, lambda _, p: p[keep], lambda s: s[keep])
+    _edit(params, optimizer, lambda _, p: p[keep], lambda s: s[keep])
     return int(mask.sum())
 
 
-def reset_opacity(params: dict, optimizers: dict, cfg: DensifyConfig) -> None:
+def reset_opacity(params: dict, optimizer: Optimizer, cfg: DensifyConfig) -> None:
     """Clamp opacities to at most 2 x prune_opa and zero the opacity Adam moments."""
     cap = math.log(2 * cfg.prune_opa / (1 - 2 * cfg.prune_opa))
     p = params["opacities"]
     with torch.no_grad():
         p.clamp_(max=cap)
-    state = optimizers["opacities"].state.get(p)
+    state = optimizer.state.get(p)
     if state:
         state["exp_avg"].zero_()
         state["exp_avg_sq"].zero_()
@@ -159,7 +162,7 @@ def _limit_growth(grads: torch.Tensor, grow: torch.Tensor, budget: int) -> torch
     return limited
 
 
-def refine(params: dict, optimizers: dict, stats: DensifyStats, cfg: DensifyConfig,
+def refine(params: dict, optimizer: Optimizer, stats: DensifyStats, cfg: DensifyConfig,
            step: int, scene_scale: float, generator: torch.Generator) -> dict:
     """Clone small high-gradient Gaussians, split large ones, then prune transparent (and,
     after the first opacity reset, huge) ones. Resets `stats`. Returns the counts."""
@@ -169,16 +172,16 @@ def refine(params: dict, optimizers: dict, stats: DensifyStats, cfg: DensifyConf
     if cfg.max_gaussians is not None:
         grow = _limit_growth(grads, grow, cfg.max_gaussians - grads.numel())
     small = max_scale <= cfg.grow_scale3d * scene_scale
-    n_clone = duplicate(params, optimizers, grow & small)
+    n_clone = duplicate(params, optimizer, grow & small)
     split_mask = torch.cat([grow & ~small, torch.zeros(n_clone, dtype=torch.bool,
                                                        device=grow.device)])
-    n_split = split(params, optimizers, split_mask, generator)
+    n_split = split(params, optimizer, split_mask, generator)
 
     opacity = torch.sigmoid(params["opacities"].detach())
     prune = opacity < cfg.prune_opa
     if cfg.reset_every and step > cfg.reset_every:
         prune |= torch.exp(params["scales"].detach()).max(-1).values > cfg.prune_scale3d * scene_scale
-    n_prune = remove(params, optimizers, prune)
+    n_prune = remove(params, optimizer, prune)
     stats.reset(params["means"].shape[0])
     return {"cloned": n_clone, "split": n_split, "pruned": n_prune}
 
@@ -188,7 +191,7 @@ def refines_at(cfg: DensifyConfig, step: int) -> bool:
     return cfg.refine_start < step < cfg.refine_stop and step % cfg.refine_every == 0
 
 
-def step_post_backward(params: dict, optimizers: dict, stats: DensifyStats, cfg: DensifyConfig,
+def step_post_backward(params: dict, optimizer: Optimizer, stats: DensifyStats, cfg: DensifyConfig,
                        step: int, scene_scale: float, generator: torch.Generator):
     """After the backward of step `step` (0-based, already accumulated into `stats`):
     refine and/or reset opacities on schedule. Returns refine counts or None."""
@@ -196,7 +199,7 @@ def step_post_backward(params: dict, optimizers: dict, stats: DensifyStats, cfg:
         return None
     counts = None
     if refines_at(cfg, step):
-        counts = refine(params, optimizers, stats, cfg, step, scene_scale, generator)
+        counts = refine(params, optimizer, stats, cfg, step, scene_scale, generator)
     if cfg.reset_every and step > 0 and step % cfg.reset_every == 0:
-        reset_opacity(params, optimizers, cfg)
+        reset_opacity(params, optimizer, cfg)
     return counts

@@ -3,7 +3,8 @@
 Parameters live in a dict of leaf tensors (the gsplat layout):
   means (N,3) world units; quats (N,4) wxyz, unnormalised; scales (N,3) log std-devs;
   opacities (N,) logits; sh0 (N,1,3) DC SH coefficients; shN (N,K-1,3) higher SH.
-Each parameter has its own Adam so densification can edit rows of its moments.
+One Adam holds them all, one param group per parameter named by its "name" key (INRIA's
+layout), so densification can find each parameter's group and edit the rows of its moments.
 """
 
 import math
@@ -65,23 +66,26 @@ def random_points(count: int, half_extent: float, generator: torch.Generator):
 OPTIMIZERS = ("sparse_adam", "fused_adam", "adam")
 
 
-def make_optimizers(params: dict, lrs: dict, kind: str = "adam") -> dict:
-    """One Adam per parameter (eps 1e-15 as in 3DGS) with learning rates `lrs[name]`.
+def make_optimizer(params: dict, lrs: dict, kind: str = "adam") -> torch.optim.Optimizer:
+    """One Adam over all parameters (eps 1e-15 as in 3DGS): one param group per parameter, in
+    PARAM_NAMES order, each with key "name" (the parameter's) and learning rate `lrs[name]`.
+
+    Adam updates each parameter from its own moments, step count and group settings, so
+    this makes the same updates as one Adam per parameter (the trainer's layout before);
+    the fused kinds then update all six parameters in one Warp launch per step.
 
     kind: "adam" = torch.optim.Adam; "fused_adam" = arc_warp_torch.SparseGaussianAdam
-    stepped densely, with torch's bias correction (the same updates, one Warp kernel per
-    parameter); "sparse_adam" = the same class stepped over visible Gaussians only
-    (`step(visible, N)`: invisible rows keep their values and moments)."""
+    stepped densely, with torch's bias correction (the same updates); "sparse_adam" = the
+    same class stepped over visible Gaussians only (`step(visible, N)`: invisible rows keep
+    their values and moments)."""
     if kind not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {kind!r}")
+    groups = [{"params": [params[name]], "lr": lrs[name], "name": name} for name in PARAM_NAMES]
     if kind == "adam":
-        return {name: torch.optim.Adam([{"params": [params[name]], "lr": lrs[name], "name": name}],
-                                       eps=1e-15) for name in PARAM_NAMES}
+        return torch.optim.Adam(groups, eps=1e-15)
     from arc_warp_torch import SparseGaussianAdam
 
-    return {name: SparseGaussianAdam([{"params": [params[name]], "lr": lrs[name], "name": name}],
-                                     lr=lrs[name], eps=1e-15, bias_correction=True)
-            for name in PARAM_NAMES}
+    return SparseGaussianAdam(groups, lr=0.0, eps=1e-15, bias_correction=True)  # lr: per group
 
 
 def render_views(params: dict, viewmats: torch.Tensor, Ks: torch.Tensor, width: int,

@@ -20,7 +20,7 @@ from .checkpoint import check_checkpoint, dataset_fingerprint, read_checkpoint
 from .datasets import Dataset
 from .distributed import DistContext
 from .losses import mse_to_psnr, photometric_loss, psnr, ssim
-from .model import OPTIMIZERS, init_params, make_optimizers, random_points, render_views, to_ply
+from .model import OPTIMIZERS, init_params, make_optimizer, random_points, render_views, to_ply
 from .outputs import comparison, ensure_dir, plot_psnr, write_json
 
 
@@ -41,9 +41,10 @@ class TrainConfig:
     with several ranks, verify at every evaluation and checkpoint that parameters, Adam
     state and RNG states are bitwise equal on all ranks (RuntimeError if not).
     optimizer: "adam" (torch.optim.Adam, the default until the GPU benchmark ranks them),
-    "fused_adam" (one Warp kernel per parameter, torch Adam's updates up to float32
-    rounding) or "sparse_adam" (that kernel over the Gaussians visible in the step's views
-    only); see model.make_optimizers.
+    "fused_adam" (one Warp launch per step for all parameters, torch Adam's updates up to
+    float32 rounding) or "sparse_adam" (that kernel over the Gaussians visible in the
+    step's views only); one optimizer with a named param group per parameter, see
+    model.make_optimizer.
     """
 
     steps: int = 30000
@@ -157,7 +158,7 @@ class Trainer:
         # Ranks build the same model from the same seeds; the broadcast also covers a
         # GPU kNN (scale init) whose bits could differ between processes.
         self.dist.broadcast_(*self.params.values())
-        self.optimizers = make_optimizers(self.params, self._lrs(0), cfg.optimizer)
+        self.optimizer = make_optimizer(self.params, self._lrs(0), cfg.optimizer)
         self._background = torch.as_tensor(dataset.background, dtype=torch.float32,
                                            device=self.device)
         self.stats = dens.DensifyStats(len(points), self.device)
@@ -212,8 +213,9 @@ class Trainer:
         start = self.dist.rank * self.local_batch
         image, viewmat, K = (torch.cat(t) for t in zip(
             *(self._train[i] for i in views[start:start + self.local_batch])))
-        for name, lr in self._lrs(self.step).items():
-            self.optimizers[name].param_groups[0]["lr"] = lr
+        lrs = self._lrs(self.step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lrs[group["name"]]
         absgrad = cfg.densify.absgrad
         colors, _, meta = self.render((image, viewmat, K), self.sh_degree_at(self.step), absgrad)
         means2d = meta["means2d"]
@@ -233,17 +235,15 @@ class Trainer:
         if sparse:  # visible in any view of any rank: all ranks update the same rows
             extras.append((meta["radii"] > 0).all(dim=-1).any(dim=0).to(mse.dtype))
         averaged = self.dist.average_gradients(self.params, torch.cat(extras))
-        n = self.params["means"].shape[0]
-        for opt in self.optimizers.values():
-            if sparse:
-                opt.step(averaged[2:] > 0, n)
-            else:
-                opt.step()
-            opt.zero_grad(set_to_none=True)
+        if sparse:
+            self.optimizer.step(averaged[2:] > 0, self.params["means"].shape[0])
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
         if dens.refines_at(cfg.densify, self.step):
             # Each rank holds the statistics of its own views; decide on the sums.
             self.dist.sum_(self.stats.grad2d, self.stats.count)
-        dens.step_post_backward(self.params, self.optimizers, self.stats, cfg.densify,
+        dens.step_post_backward(self.params, self.optimizer, self.stats, cfg.densify,
                                 self.step, self.scene_scale, self.densify_gen)
         self.step += 1
         return averaged[:2]
@@ -318,13 +318,15 @@ class Trainer:
 
     def state_dict(self) -> dict:
         """Collective with several ranks: the densification statistics are stored summed
-        over ranks, so a checkpoint resumes on any number of ranks."""
+        over ranks, so a checkpoint resumes on any number of ranks. "optimizer" is the
+        state dict of the one optimizer (a param group per parameter, in PARAM_NAMES order;
+        checkpoint.read_checkpoint converts the per-parameter "optimizers" of older files)."""
         stats = self.stats.state_dict()
         self.dist.sum_(*stats.values())
         return {
             "step": self.step,
             "params": {k: v.detach().clone() for k, v in self.params.items()},
-            "optimizers": {k: o.state_dict() for k, o in self.optimizers.items()},
+            "optimizer": self.optimizer.state_dict(),
             "stats": stats,
             "view_gen": self.view_gen.get_state(),
             "densify_gen": self.densify_gen.get_state(),
@@ -340,9 +342,8 @@ class Trainer:
         self.step = int(state["step"])
         self.params = {k: torch.nn.Parameter(v.to(self.device).contiguous())
                        for k, v in state["params"].items()}
-        self.optimizers = make_optimizers(self.params, self._lrs(self.step), self.cfg.optimizer)
-        for k, opt in self.optimizers.items():
-            opt.load_state_dict(state["optimizers"][k])
+        self.optimizer = make_optimizer(self.params, self._lrs(self.step), self.cfg.optimizer)
+        self.optimizer.load_state_dict(state["optimizer"])
         stats = {k: v.to(self.device) for k, v in state["stats"].items()}
         if not self.dist.is_main:  # rank 0 carries the saved sums; the others restart at 0
             stats = {k: torch.zeros_like(v) for k, v in stats.items()}
@@ -373,8 +374,8 @@ class Trainer:
         order are bitwise equal on all ranks (a checksum per tensor is compared; no-op for
         a single process)."""
         tensors = {f"params.{k}": v for k, v in self.params.items()}
-        for name, opt in self.optimizers.items():
-            for key, value in opt.state.get(self.params[name], {}).items():
+        for name, p in self.params.items():
+            for key, value in self.optimizer.state.get(p, {}).items():
                 tensors[f"adam.{name}.{key}"] = torch.as_tensor(value)
         tensors["view_gen"] = self.view_gen.get_state()
         tensors["densify_gen"] = self.densify_gen.get_state()
