@@ -20,7 +20,7 @@ from test_antialiased import reference_aa, robust_aa_scene  # noqa: E402
 from test_graph_keys import _emulated_replay  # noqa: E402
 from test_splat_reference import (  # noqa: E402
     OUTPUTS, PARAMS, arc_outputs, assert_forward_close, assert_grads_close, cotangents, reference,
-    robust_scene, warp_inputs,
+    robust_scene,
 )
 
 ACTIVATED = dict(scale_activation="exp", opacity_activation="sigmoid")

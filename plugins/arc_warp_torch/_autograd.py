@@ -271,11 +271,13 @@ class RenderContext:
         return _StreamScope(self._wdevice, stream)
 
 
+_RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from some builds
+
+
 def _current_stream_handle(index: int) -> int:
     """The cudaStream_t of torch's current stream on device ``index``: torch's raw getter
     where it has one (a C call; ``torch.cuda.current_stream`` builds a Stream object)."""
-    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return getter(index) if getter is not None else torch.cuda.current_stream(index).cuda_stream
+    return _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
 
 
 class _PoolScope:
@@ -501,7 +503,6 @@ class _RenderGaussians(torch.autograd.Function):
         for i, g in enumerate(grads):
             result.append(None if not needed[6 + i] else _guarded(g) if guard else g)
         return tuple(result)
-
 
 
 def _guarded(g: torch.Tensor) -> torch.Tensor:

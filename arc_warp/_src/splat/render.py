@@ -282,7 +282,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
     Otherwise ``finish(None)`` queues the render kernel by kernel. ``input_key`` is the
     part of the graph keys common to all cameras (None: no graphs). ``finish`` returns
     the output and, for a render queued with a kept size, what :func:`_settle` checks
-    once all cameras are queued. Nothing is queued before ``queue`` or ``finish`` runs."""
+    once all cameras are queued. Nothing is queued before a stage or ``finish`` runs."""
     grid = tile_grid(camera.width, camera.height)
     workspace = frame._workspace
     n = inputs.count
