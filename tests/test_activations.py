@@ -13,11 +13,10 @@ wp = pytest.importorskip("warp")
 
 import arc_warp  # noqa: E402
 from arc_warp import GaussianGrads, RenderSettings, Workspace, render_gaussians  # noqa: E402
-from arc_warp._src.splat.workspace import Frame  # noqa: E402
 from arc_warp_torch import RenderContext, rasterization  # noqa: E402
 from conftest import random_scene  # noqa: E402
 from test_antialiased import reference_aa, robust_aa_scene  # noqa: E402
-from test_graph_keys import _emulated_replay  # noqa: E402
+from test_graph_keys import emulate_graphs  # noqa: E402
 from test_splat_reference import (  # noqa: E402
     OUTPUTS, PARAMS, arc_outputs, assert_forward_close, assert_grads_close, cotangents, reference,
     robust_scene,
@@ -262,7 +261,7 @@ def test_emulated_graph_replay_follows_activation_changes(rng, monkeypatch):
     want = loop(False)
     assert np.abs(want[0][0] - want[2][0]).max() > 1e-3  # the two settings render differently
     replays = []
-    monkeypatch.setattr(Frame, "replay", _emulated_replay(replays))
+    emulate_graphs(monkeypatch, replays)
     got = loop(True)
     assert replays.count("forward") >= 3, replays
     for step, (g, w) in enumerate(zip(got, want)):

@@ -8,13 +8,22 @@ import numpy as np
 import pytest
 import warp as wp
 
-from arc_warp import Camera, GaussianGrads, RenderSettings, Workspace, render_gaussians
-from arc_warp._src.splat.render import backwards_checked
+from arc_warp import Camera, GaussianGrads, RenderSettings, Workspace, render_gaussians, render_gaussians_backward
+import arc_warp._src.splat.render as render_module
+import arc_warp._src.splat.workspace as workspace_module
+from arc_warp._src.splat.render import _RenderPlan, backwards_checked
 from arc_warp._src.splat.workspace import Frame
 from conftest import random_scene
 
 DTYPES = (wp.vec3, wp.vec4, wp.vec3, wp.float32, wp.vec3)
 NAMES = ("means", "quats", "scales", "opacities", "colors")
+
+
+def emulate_graphs(monkeypatch, replays: list) -> None:
+    """Patch ``Frame`` so that graphs are emulated (see the module notes); the kind of each
+    replayed key ("forward" / "backward") is appended to ``replays``."""
+    monkeypatch.setattr(Frame, "replay", _emulated_replay(replays))
+    monkeypatch.setattr(Frame, "_launch", lambda frame, graph: graph())
 
 
 def _emulated_replay(replays):
@@ -24,12 +33,13 @@ def _emulated_replay(replays):
         key = (key, frame._workspace.allocations)
         entry = frame._graphs.get(key)
         if entry is not None:
-            replays.append(key[0][0])
-            entry[0]()  # the first call's work, as a graph of it would run
+            frame._launch(entry[0])
             return entry[1]
         result = queue()
         if frame._workspace.allocations == key[1]:
-            frame._graphs[key] = (queue, result)
+            kind = key[0][0]
+            # the first call's work, as a graph of it would run (Frame._launch calls it)
+            frame._graphs[key] = (lambda: (replays.append(kind), queue()), result)
         return result
 
     return replay
@@ -63,7 +73,9 @@ def _loop(scene, cameras, graphs, rng_seed):
             cots[0] = (wp.array(rng.normal(size=(h, w, 3)), dtype=wp.vec3, device="cpu"), *cots[0][1:])
         outs = render_gaussians(*arrays, cameras, settings, ws, outputs=outputs)
         backwards_checked(outs, cots, grads, False, [None] * len(outs))
-        results.append([o.color.numpy().copy() for o in outs] + [o.means2d_grad.numpy().copy() for o in outs]
+        assert all(o.color is out["color"] for o, out in zip(outs, outputs))
+        # the images read from the caller's arrays: a repeat that wrote elsewhere would show
+        results.append([out["color"].numpy().copy() for out in outputs] + [o.means2d_grad.numpy().copy() for o in outs]
                        + [getattr(grads, k).numpy().copy() for k in NAMES])
         del outs
     return results
@@ -80,12 +92,97 @@ def test_emulated_graph_replay_matches_kernel_launches(rng, monkeypatch, count):
                for i in range(count)]
     want = _loop(s, cameras, False, 7)
     assert all(np.abs(image).max() > 0 for image in want[-1][:count])
-    replays = []
-    monkeypatch.setattr(Frame, "replay", _emulated_replay(replays))
+    replays, repeats = [], []
+    emulate_graphs(monkeypatch, replays)
+    repeat = _RenderPlan.repeat
+
+    def counted(plan, *args):
+        outs = repeat(plan, *args)
+        repeats.append(outs is not None)
+        return outs
+
+    monkeypatch.setattr(_RenderPlan, "repeat", counted)
     got = _loop(s, cameras, True, 7)
     # replayed: all but the first keyed step (the first render reads its total back) and
-    # the steps that change what the keys hold
+    # the steps that change what the keys hold; renders repeated from their plan in the
+    # steps that change nothing or only values
     assert replays.count("forward") >= 6 and replays.count("backward") >= 6, replays
+    assert repeats.count(True) >= 4, repeats
     for step, (g, w) in enumerate(zip(got, want)):
         for i, (a, b) in enumerate(zip(g, w)):
             np.testing.assert_array_equal(a, b, err_msg=f"step {step}, result {i}")
+
+
+def _emulate(monkeypatch):
+    """Emulated graphs (see the module notes); returns the list of repeat outcomes
+    (True: a call repeated from its plan, False: a plan that matched but could not)."""
+    repeats = []
+    emulate_graphs(monkeypatch, [])
+    repeat = _RenderPlan.repeat
+
+    def counted(plan, *args):
+        outs = repeat(plan, *args)
+        repeats.append(outs is not None)
+        return outs
+
+    monkeypatch.setattr(_RenderPlan, "repeat", counted)
+    return repeats
+
+
+def test_repeats_keep_the_previous_render_intact(rng, monkeypatch):
+    """A loop that holds the previous step's output while rendering the next (the Warp
+    API's `out = render_gaussians(...)`) alternates two frames: repeats never take the
+    frame of the render still held, whose images and gradients stay those of its inputs.
+    Two sets of inputs take turns (the held render's are left unchanged), each with new
+    values behind the same pointers at every turn."""
+    repeats = _emulate(monkeypatch)
+    s = random_scene(rng, n=80, width=40, height=30, sh_degree=1)
+    cam = Camera(s.fx, s.fy, s.cx, s.cy, s.width, s.height, world_to_camera=s.world_to_camera)
+    settings = RenderSettings(sh_degree=1, reduce="atomic")
+    sets = [[wp.array(getattr(s, k), dtype=dt, device="cpu") for k, dt in zip(NAMES, DTYPES)] for _ in range(2)]
+    reference = Workspace("cpu")
+    ws = Workspace("cpu")
+    ws.graphs = True
+    cot = wp.array(rng.normal(size=(s.height, s.width, 3)), dtype=wp.vec3, device="cpu")
+    previous = None
+    for step in range(12):
+        arrays = sets[step % 2]
+        arrays[0].assign(arrays[0].numpy() + rng.normal(scale=0.01, size=(s.means.shape[0], 3)).astype(np.float32))
+        out = render_gaussians(*arrays, cam, settings, ws)
+        want = render_gaussians(*arrays, cam, settings, reference)
+        np.testing.assert_array_equal(out.color.numpy(), want.color.numpy(), err_msg=f"step {step}")
+        if previous is not None:  # the render still held kept its own images and backward
+            np.testing.assert_array_equal(previous[0].color.numpy(), previous[1], err_msg=f"step {step}")
+            got = render_gaussians_backward(previous[0], cot).means.numpy()
+            np.testing.assert_array_equal(got, previous[2], err_msg=f"step {step}")
+        previous = (out, want.color.numpy().copy(), render_gaussians_backward(want, cot).means.numpy().copy())
+    assert repeats.count(True) >= 5, repeats
+    # the same call again while its output is held: prepared on another frame, not repeated
+    again = render_gaussians(*arrays, cam, settings, ws)
+    assert again._frame is not out._frame
+    np.testing.assert_array_equal(again.color.numpy(), previous[1])
+
+
+def test_a_grown_sort_size_is_not_repeated(rng, monkeypatch):
+    """When a render overflows the kept sort size (re-rendered with its total read back),
+    the size grows and the next call is prepared anew with it, not repeated with the old
+    size (which would overflow and re-render at every step)."""
+    repeats = _emulate(monkeypatch)
+    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)  # kept sizes of a small scene, unpadded
+    exact = []
+    forward = render_module._forward
+    monkeypatch.setattr(render_module, "_forward",
+                        lambda *a, **k: (exact.append(k.get("exact")), forward(*a, **k))[1])
+    s = random_scene(rng, n=80, width=40, height=30, sh_degree=1, size_px_range=(0.3, 1.5))
+    cam = Camera(s.fx, s.fy, s.cx, s.cy, s.width, s.height, world_to_camera=s.world_to_camera)
+    settings = RenderSettings(sh_degree=1, reduce="atomic")
+    arrays = [wp.array(getattr(s, k), dtype=dt, device="cpu") for k, dt in zip(NAMES, DTYPES)]
+    ws = Workspace("cpu")
+    ws.graphs = True
+    for _ in range(4):
+        render_gaussians(*arrays, cam, settings, ws)
+    assert repeats and repeats[-1], repeats
+    arrays[2].assign(arrays[2].numpy() * 30.0)  # far larger footprints, same pointers
+    for _ in range(3):
+        render_gaussians(*arrays, cam, settings, ws)
+    assert exact.count(True) == 1, exact  # the overflow, once

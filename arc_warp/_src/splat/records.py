@@ -120,6 +120,8 @@ class GaussianInputs:
     # how the projection reads scales / opacities (RenderSettings.scale_activation, ...)
     scale_activation: str = "none"
     opacity_activation: str = "none"
+    # (settings, graph key part) of the last render of these inputs (render.py `_input_key`)
+    graph_key: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def count(self) -> int:
@@ -205,3 +207,12 @@ class RenderOutput:
     _images: RasterImages | None = field(default=None, repr=False)
     _frame: object = field(default=None, repr=False)  # workspace Frame holding the buffers
     _key: object = field(default=None, repr=False)  # the forward's Frame.replay key (None: not replayed)
+
+
+def replaced(record, **changes):
+    """A shallow copy of a plain (unfrozen, unvalidated) dataclass record with ``changes``
+    set: ``dataclasses.replace`` without re-running ``__init__``, which costs several
+    microseconds per call on the per-call path of a replayed render."""
+    new = object.__new__(record.__class__)
+    new.__dict__.update(record.__dict__, **changes)
+    return new

@@ -14,11 +14,11 @@ from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections,
 from arc_warp._src.splat.project_ops import camera_params, device_camera_params, project, project_backward
 from arc_warp._src.splat.raster_ops import raster_backward, rasterize
 from arc_warp._src.splat.records import (BinResult, GaussianGrads, GaussianInputs, ProjectResult, RenderOutput,
-                                         RenderSettings)
+                                         RenderSettings, replaced)
 from arc_warp._src.splat.sh_ops import color_backward, compute_colors
 from arc_warp._src.splat.validate import check_array, check_grads, check_inputs, raise_on_flags
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
-from arc_warp._src.splat.workspace import Frame, GraphKey, Workspace, signature
+from arc_warp._src.splat.workspace import RENDER_PLANS, Frame, GraphKey, Workspace, signature
 from arc_warp._src.tape import active_tape
 
 # Names and dtypes of the (H, W) images a caller may supply through ``outputs``.
@@ -156,20 +156,27 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
     (Camera, None) or (DeviceCameras, index) pairs, ``per_camera`` one dict of valid
     output arrays by name per camera. All cameras are queued before the one wait that
     checks them (:func:`_settle`); with graphs, consecutive cameras with graph keys go
-    through one ``Frame.replay`` (:func:`_replay_together`)."""
-    queued, batch = [], []
-    input_key = None
-    if workspace.graphs:
-        input_key = (tuple(signature(a) for a in inputs.arrays), inputs.sh_coeffs, settings)
+    through one ``Frame.replay`` (:func:`_replay_together`). A call that repeats one whose
+    cameras all replayed one kept graph is repeated from its :class:`_RenderPlan`."""
+    input_key = _input_key(inputs, settings) if workspace.graphs else None
+    for plan in workspace.render_plans:
+        if plan.matches(input_key, cameras, settings, per_camera):
+            outs = plan.repeat(inputs, settings)
+            if outs is not None:
+                return outs
+    queued, batch, replayed = [], [], []
     # batched cameras are binned after all of them are counted, so each keeps its counts
     own_arena = input_key is not None and len(cameras) > 1
 
     def flush():
-        results = _replay_together("forward", [(frame, key, stages) for frame, _, key, stages, _ in batch])
+        prepared = [(frame, key, stages) for frame, _, key, stages, _ in batch]
+        results = _replay_together("forward", prepared)
         for (frame, targets, _, _, finish), result in zip(batch, results):
             out, pending = finish(result)
             workspace.release_with(out, frame)
             queued.append((out, pending, targets))
+        if prepared:
+            replayed.append(prepared)
         batch.clear()
 
     for (cam, index), targets in zip(cameras, per_camera):
@@ -184,7 +191,82 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
         queued.append((out, pending, targets))
     flush()
     _settle(queued, workspace)
+    if len(replayed) == 1 and len(replayed[0]) == len(cameras):
+        _RenderPlan.keep(workspace, input_key, cameras, settings, per_camera, replayed[0], queued)
     return [out for out, _, _ in queued]
+
+
+class _RenderPlan:
+    """A render call (every camera's render through one kept graph) kept to be repeated:
+    the same inputs, cameras, settings and output arrays, on frames that are free again,
+    with the workspace's buffers and kept sort sizes unchanged. Repeating it launches the
+    graph, copies the outputs of the call that made it and settles them (one wait, the
+    totals checked as always), without preparing anything: a training step's render
+    spends most of its host time in that preparation."""
+
+    __slots__ = ("workspace", "input_key", "cameras", "settings", "per_camera", "frames", "key", "sizes",
+                 "outputs", "pending")
+
+    @classmethod
+    def keep(cls, workspace, input_key, cameras, settings, per_camera, prepared, queued) -> None:
+        """Keep the call that just queued ``prepared`` (its cameras' (frame, key, stages))
+        and ``queued`` ((output, pending, targets) per camera), if its graph is kept."""
+        frames = [frame for frame, _, _ in prepared]
+        key = _together_key("forward", prepared)
+        if GraphKey((key, workspace.allocations)) not in frames[0]._graphs:
+            return  # queued without a graph (its first time): nothing to repeat yet
+        plan = cls()
+        plan.workspace, plan.input_key, plan.settings = workspace, input_key, settings
+        plan.cameras, plan.per_camera = list(cameras), list(per_camera)
+        plan.frames, plan.key = frames, key
+        # copies (the originals release their frames), without this call's inputs: a repeat
+        # sets its own (the backward reads their .grad through them, in the Warp API)
+        plan.outputs = [replaced(out, _inputs=None) for out, _, _ in queued]
+        plan.pending = [pending for _, pending, _ in queued]
+        plan.sizes = [((out._bins.tiles_x, out._bins.tiles_y), p.sort_size) for out, p, _ in queued]
+        plans = workspace.render_plans
+        plans[:] = [p for p in plans if p.frames != frames][:RENDER_PLANS - 1]
+        plans.insert(0, plan)
+
+    def matches(self, input_key, cameras, settings, per_camera) -> bool:
+        """Whether a call with these arguments repeats this one (inputs by pointers and
+        shapes, cameras by identity, output arrays by identity)."""
+        return (input_key == self.input_key and (settings is self.settings or settings == self.settings)
+                and len(cameras) == len(self.cameras)
+                and all(cam is kept[0] and index == kept[1] for (cam, index), kept in zip(cameras, self.cameras))
+                and per_camera == self.per_camera)
+
+    def repeat(self, inputs: GaussianInputs, settings: RenderSettings) -> list[RenderOutput] | None:
+        """The call's outputs for ``inputs`` (those of :meth:`matches`), queued and settled
+        again; None if it cannot be repeated (a frame is leased, the workspace allocated,
+        a kept sort size changed): the caller then prepares the call as usual."""
+        workspace = self.workspace
+        if not workspace.is_free(self.frames) or any(workspace.sort_size(grid) != size for grid, size in self.sizes):
+            return None
+        if self.frames[0].replay_kept(self.key) is None:
+            return None
+        workspace.lease(self.frames)
+        queued = []
+        for kept, frame, pending, targets in zip(self.outputs, self.frames, self.pending, self.per_camera):
+            # its n_isects is this render's
+            out = replaced(kept, _bins=replaced(kept._bins), _inputs=inputs, settings=settings)
+            _track_images(out)
+            workspace.release_with(out, frame)
+            queued.append((out, pending, targets))
+        _settle(queued, workspace)
+        return [out for out, _, _ in queued]
+
+
+def _input_key(inputs: GaussianInputs, settings: RenderSettings) -> GraphKey:
+    """The part of a render's graph key that its inputs and settings fix, made once per
+    (inputs, settings) pair: the torch bridge passes the same ``inputs`` object for the same
+    memory, so a training step reuses it (a wp.array's pointer and shape never change)."""
+    cached = inputs.graph_key
+    if cached is not None and cached[0] is settings:
+        return cached[1]
+    key = GraphKey((tuple(signature(a) for a in inputs.arrays), inputs.sh_coeffs, settings))
+    inputs.graph_key = (settings, key)
+    return key
 
 
 def _replay_together(kind: str, prepared: list) -> list:
@@ -206,11 +288,14 @@ def _replay_together(kind: str, prepared: list) -> list:
             results = [stages[depth](result) for (_, _, stages), result in zip(prepared, results)]
         return results
 
+    return prepared[0][0].replay(_together_key(kind, prepared), queue)
+
+
+def _together_key(kind: str, prepared: list):
+    """The ``Frame.replay`` key of :func:`_replay_together`'s renders (or backwards)."""
     if len(prepared) == 1:
-        frame, key, _ = prepared[0]
-        return [frame.replay((kind, key), lambda: queue()[0])]
-    key = GraphKey((kind, tuple(key for _, key, _ in prepared), tuple(id(frame) for frame, _, _ in prepared)))
-    return prepared[0][0].replay(key, queue)
+        return kind, prepared[0][1]
+    return GraphKey((kind, tuple(key for _, key, _ in prepared), tuple(id(frame) for frame, _, _ in prepared)))
 
 
 def _camera_args(workspace: Workspace, camera: Camera) -> wp.array:
@@ -250,8 +335,9 @@ class _Pending(NamedTuple):
 def _read_total(flags: np.ndarray, workspace: Workspace, grid: tuple[int, int]) -> int:
     """The intersection total from a render's flags, once the copy has landed: raises on
     bad inputs and records the total for the workspace's kept sort size."""
+    flags = flags.tolist()  # python ints: cheaper to test than numpy scalars
     raise_on_flags(flags)
-    total = int(flags[0])
+    total = flags[0]
     workspace.observe_total(grid, total)
     return total
 
@@ -323,7 +409,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
 
     def bound(proj):
         """``proj`` with this call's arrays (outputs, plain RGB inputs) put back."""
-        return dataclasses.replace(proj, means2d=means2d, radii=radii,
+        return replaced(proj, means2d=means2d, radii=radii,
                                    rgb=inputs.colors if inputs.sh_coeffs == 0 else proj.rgb)
 
     def queue_raster(proj, depth, sort_size):
@@ -337,7 +423,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
         images = rasterize(proj, bins, camera.width, camera.height, settings.background, frame, images_out)
         means2d_grad = frame.array("means2d_grad", n, wp.vec2, zero=True)
         means2d_absgrad = frame.array("means2d_absgrad", n, wp.vec2, zero=True) if settings.absgrad else None
-        return bins, dataclasses.replace(images, **dict.fromkeys(IMAGE_OUTPUTS)), means2d_grad, means2d_absgrad
+        return bins, replaced(images, **dict.fromkeys(IMAGE_OUTPUTS)), means2d_grad, means2d_absgrad
 
     event = frame.event() if n > 0 else None
 
@@ -372,11 +458,8 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
                     pending = _Pending(frame.host_numpy(host_flags), event, size)
             rastered = queue_raster(proj, depth, size)
         bins, images, means2d_grad, means2d_absgrad = rastered
-        bins = dataclasses.replace(bins)  # its n_isects is this render's
-        images = dataclasses.replace(images, **images_out)
-        if any(a.requires_grad for a in inputs.arrays):
-            for img in images_out.values():
-                img.requires_grad = True
+        bins = replaced(bins)  # its n_isects is this render's
+        images = replaced(images, **images_out)
         out = RenderOutput(
             color=images.color,
             alpha=images.alpha,
@@ -397,15 +480,23 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
             _frame=frame,
             _key=key,
         )
+        _track_images(out)
         return out, pending
 
     return key, (queue_counted, queue_rastered) if key is not None else None, finish
 
 
+def _track_images(out: RenderOutput) -> None:
+    """Images of a render of inputs that require grad require grad too (wp.Tape records them)."""
+    if any(a.requires_grad for a in out._inputs.arrays):
+        for img in (out.color, out.alpha, out.depth, out.expected_depth):
+            img.requires_grad = True
+
+
 def _unbound(proj: ProjectResult, inputs: GaussianInputs) -> ProjectResult:
     """``proj`` without the arrays a replayed render passes in again (outputs and plain RGB
     inputs), so a kept graph result holds only workspace buffers."""
-    return dataclasses.replace(proj, means2d=None, radii=None, rgb=None if inputs.sh_coeffs == 0 else proj.rgb)
+    return replaced(proj, means2d=None, radii=None, rgb=None if inputs.sh_coeffs == 0 else proj.rgb)
 
 
 def _settle(queued: list, workspace: Workspace) -> None:

@@ -39,10 +39,11 @@ _ZERO_QUAT_SLOT = BAD_SLOTS.index("quats (zero norm)") + 1
 _CAMERA_SLOT = BAD_SLOTS.index("cameras") + 1
 
 
-def raise_on_flags(flags: np.ndarray):
+def raise_on_flags(flags: np.ndarray | list):
     """ValueError naming each input the device checks found non-finite, zero quaternions and
-    invalid device cameras."""
-    if not flags[1:].any():
+    invalid device cameras. ``flags`` is a numpy array or a list (slot 0, the
+    intersection total, is not a check)."""
+    if not any(flags[1:]):
         return
     special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT)
     bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if flags[slot] and slot not in special]

@@ -17,6 +17,7 @@ SORT_HISTORY = 64  # renders whose intersection totals set the sort size kept fo
 SORT_SLACK = 4096  # entries added to every kept sort size, so small scenes rarely overflow
 GRAPHS_PER_FRAME = 24  # CUDA graphs a frame keeps (least recently used dropped first)
 SCRATCH_ALIGN = 256  # byte alignment of each part carved from the scratch arena (Frame.scratch)
+RENDER_PLANS = 4  # render calls a workspace keeps to repeat (a loop alternating frames needs 2)
 
 
 def signature(arg):
@@ -151,7 +152,7 @@ class Frame:
         entry = self._graphs.get(key)
         if entry is not None:
             self._graphs.move_to_end(key)
-            wp.capture_launch(entry[0])
+            self._launch(entry[0])
             return entry[1]
         if key not in self._seen:
             result = queue()
@@ -172,6 +173,22 @@ class Frame:
             if len(self._graphs) > GRAPHS_PER_FRAME:
                 self._graphs.popitem(last=False)
         return result
+
+    def replay_kept(self, key):
+        """The result of the graph :meth:`replay` keeps for ``key``, launched again, or None
+        if none is kept (not captured yet, dropped, or the workspace allocated since).
+        For callers that know a call repeats one whose graph was kept (``render.py``'s
+        ``_RenderPlan``): they skip ``queue``'s preparation altogether."""
+        key = GraphKey((key, self._workspace.allocations))
+        entry = self._graphs.get(key)
+        if entry is None:
+            return None
+        self._graphs.move_to_end(key)
+        self._launch(entry[0])
+        return entry[1]
+
+    def _launch(self, graph) -> None:
+        wp.capture_launch(graph)
 
     def host_array(self, name: str, shape, dtype) -> wp.array:
         """A host buffer ``name`` that device copies into without blocking (page-locked on
@@ -284,6 +301,9 @@ class Workspace:
         # kernel arguments derived from a Camera, by id; the entry keeps the camera alive
         # so an id is never reused while cached
         self.camera_args: dict[int, tuple] = {}
+        # render calls that replayed a kept graph, newest first, to repeat without their
+        # preparation (render.py `_RenderPlan`); at most RENDER_PLANS
+        self.render_plans: list = []
         self._sort_sizes: dict[tuple[int, int], list] = {}  # grid -> [size, recent totals]
         self._views: dict[tuple, wp.array] = {}  # (pointer, dtype, shape) -> non-owning view
         self._capture_stream = None
@@ -344,9 +364,11 @@ class Workspace:
         if entry is None:
             entry = self._sort_sizes[grid] = [0, collections.deque(maxlen=SORT_HISTORY)]
         entry[1].append(total)
-        want = max(entry[1]) * 5 // 4 + SORT_SLACK
-        if total > entry[0] or entry[0] > 2 * want:
-            entry[0] = want
+        # shrinking needs size > 2 * (1.25 max + slack) >= 2.5 total: skip the max otherwise
+        if total > entry[0] or 5 * total < 2 * entry[0]:
+            want = max(entry[1]) * 5 // 4 + SORT_SLACK
+            if total > entry[0] or entry[0] > 2 * want:
+                entry[0] = want
 
     def acquire(self) -> Frame:
         """A free frame, or a new one."""
@@ -354,6 +376,15 @@ class Workspace:
             return self._free.pop()
         self._frames.append(Frame(self, self._shared))
         return self._frames[-1]
+
+    def is_free(self, frames) -> bool:
+        """Whether every frame of ``frames`` is free (leased to no render)."""
+        return all(frame in self._free for frame in frames)
+
+    def lease(self, frames) -> None:
+        """Take these free frames (see :meth:`is_free`) for a render, as :meth:`acquire` would."""
+        for frame in frames:
+            self._free.remove(frame)
 
     def memory_report(self) -> list[BufferInfo]:
         """Every device buffer this workspace holds, as :class:`BufferInfo` records: the
