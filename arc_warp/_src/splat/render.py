@@ -330,14 +330,13 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
         if n > 0:
             # buffers for the size later renders will sort, so those allocate nothing
             reserve = workspace.sort_size(grid) or 0
-            bins = sort_intersections(proj, depth, sort_size, *grid, frame, reserve)
+            bins = sort_intersections(proj, depth, sort_size, *grid, frame, reserve, frame if own_arena else None)
         else:
             bins = BinResult(*grid, 0, frame.capacity("sort_ids", 0, wp.int32),
                              frame.array("tile_ranges", grid[0] * grid[1], wp.vec2i, zero=True))
         images = rasterize(proj, bins, camera.width, camera.height, settings.background, frame, images_out)
-        means2d_grad = frame.array("means2d_grad", n, wp.vec2, zero=True)
         means2d_absgrad = frame.array("means2d_absgrad", n, wp.vec2, zero=True) if settings.absgrad else None
-        return bins, dataclasses.replace(images, **dict.fromkeys(IMAGE_OUTPUTS)), means2d_grad, means2d_absgrad
+        return bins, dataclasses.replace(images, **dict.fromkeys(IMAGE_OUTPUTS)), means2d_absgrad
 
     event = frame.event() if n > 0 else None
 
@@ -371,7 +370,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
                 else:
                     pending = _Pending(frame.host_numpy(host_flags), event, size)
             rastered = queue_raster(proj, depth, size)
-        bins, images, means2d_grad, means2d_absgrad = rastered
+        bins, images, means2d_absgrad = rastered
         bins = dataclasses.replace(bins)  # its n_isects is this render's
         images = dataclasses.replace(images, **images_out)
         if any(a.requires_grad for a in inputs.arrays):
@@ -386,7 +385,6 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
             radii=radii,
             camera=camera,
             settings=settings,
-            means2d_grad=means2d_grad,
             means2d_absgrad=means2d_absgrad,
             camera_index=index,
             _inputs=inputs,
@@ -552,11 +550,6 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
     frame = out._frame
     if inputs.count == 0:
         return frame, None, lambda _: None
-    shape = out.alpha.shape
-    # one read-only zero image per dtype serves every missing cotangent
-    v_color = v_color if v_color is not None else frame.shared.zeros_once("zero_vec3f", shape, wp.vec3)
-    v_alpha, v_depth, v_expected = (v if v is not None else frame.shared.zeros_once("zero_float32", shape, wp.float32)
-                                    for v in (v_alpha, v_depth, v_expected))
     if means2d_grad is None:
         means2d_grad = out.means2d_grad
     settings = out.settings
