@@ -31,7 +31,7 @@ import warp as wp
 
 from bench_train_step import SH_DEGREE, _activated, _params, make_scene
 
-PER_INTERSECTION = ("sort_keys", "sort_ids", "entry_grads")  # buffers sized by the sort
+PER_INTERSECTION = ("sort_ids", "entry_grads")  # buffers sized by the sort (its keys are in the scratch arena)
 
 
 def _kind(name, shape, n, pixels):

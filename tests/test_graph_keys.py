@@ -153,9 +153,14 @@ def test_repeats_keep_the_previous_render_intact(rng, monkeypatch):
         np.testing.assert_array_equal(out.color.numpy(), want.color.numpy(), err_msg=f"step {step}")
         if previous is not None:  # the render still held kept its own images and backward
             np.testing.assert_array_equal(previous[0].color.numpy(), previous[1], err_msg=f"step {step}")
-            got = render_gaussians_backward(previous[0], cot).means.numpy()
+            grads = GaussianGrads(*(wp.zeros_like(a) for a in arrays))
+            got = render_gaussians_backward(previous[0], cot, grads=grads).means.numpy()
             np.testing.assert_array_equal(got, previous[2], err_msg=f"step {step}")
-        previous = (out, want.color.numpy().copy(), render_gaussians_backward(want, cot).means.numpy().copy())
+            # added into a 2D-mean gradient that starts at zero for each render
+            np.testing.assert_array_equal(previous[0].means2d_grad.numpy(), previous[3], err_msg=f"step {step}")
+        grads = GaussianGrads(*(wp.zeros_like(a) for a in arrays))
+        previous = (out, want.color.numpy().copy(), render_gaussians_backward(want, cot, grads=grads).means.numpy().copy(),
+                    want.means2d_grad.numpy().copy())
     assert repeats.count(True) >= 5, repeats
     # the same call again while its output is held: prepared on another frame, not repeated
     again = render_gaussians(*arrays, cam, settings, ws)

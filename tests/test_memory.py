@@ -10,26 +10,37 @@ import pytest
 import warp as wp
 
 from arc_warp import Camera, GaussianGrads, RenderSettings, Workspace, render_gaussians, render_gaussians_backward
+from arc_warp._src.splat.bin_ops import forward_scratch_bytes
 from conftest import random_scene
 
 # Bytes per Gaussian a workspace keeps for an SH render and its backward, with the outputs
-# and the gradients given by the caller (as the torch bridge does): the render frame's
-# splats (32), colours (12) and 2D-mean gradient (8), and the shared scratch arena, whose
-# largest stage is the backward's packed rasteriser gradient (40) and SH share of
-# dL/dmeans (12); the forward's depth sort (28) fits in it. Plus at most 4 alignment gaps.
-BUDGET_PER_GAUSSIAN = 32 + 12 + 8 + 40 + 12
-# Bytes per sorted entry: int32 keys and Gaussian ids, twice the kept sort size each (the
-# radix sort's room), with no headroom past the kept size's own.
-BYTES_PER_SORT_ENTRY = 2 * 2 * 4
-SORT_BUFFERS = ("sort_keys", "sort_ids")
+# and the gradients (2D means' included) given by the caller (as the torch bridge does):
+# the render frame's splats (32) and colours (12), and the shared scratch arena, whose
+# largest stage here is the backward's packed rasteriser gradient (40) and SH share of
+# dL/dmeans (12); the forward's depth sort (28), whose keys the tile sort's take over,
+# fits in it. Plus at most 4 alignment gaps.
+BUDGET_PER_GAUSSIAN = 32 + 12 + 40 + 12
+# Bytes per sorted entry: int32 Gaussian ids, twice the kept sort size (the radix sort's
+# room), with no headroom past the kept size's own (the keys are scratch).
+BYTES_PER_SORT_ENTRY = 2 * 4
+SORT_BUFFERS = ("sort_ids",)
+
+
+def _arrays(scene):
+    return [wp.array(x, dtype=t, device="cpu") for x, t in
+            ((scene.means, wp.vec3), (scene.quats, wp.vec4), (scene.scales, wp.vec3),
+             (scene.opacities, wp.float32), (scene.colors, wp.vec3))]
+
+
+def _camera(scene):
+    return Camera(scene.fx, scene.fy, scene.cx, scene.cy, scene.width, scene.height,
+                  world_to_camera=scene.world_to_camera)
 
 
 def _step(scene, camera, settings, ws):
     """One render + backward into caller-owned outputs and gradients."""
     n, shape = scene.means.shape[0], (scene.height, scene.width)
-    arrays = [wp.array(x, dtype=t, device="cpu") for x, t in
-              ((scene.means, wp.vec3), (scene.quats, wp.vec4), (scene.scales, wp.vec3),
-               (scene.opacities, wp.float32), (scene.colors, wp.vec3))]
+    arrays = _arrays(scene)
     outputs = {"color": wp.empty(shape, wp.vec3), "alpha": wp.empty(shape, wp.float32),
                "depth": wp.empty(shape, wp.float32), "expected_depth": wp.empty(shape, wp.float32),
                "means2d": wp.empty(n, wp.vec2), "radii": wp.empty(n, wp.vec2i)}
@@ -43,8 +54,7 @@ def _step(scene, camera, settings, ws):
 def test_workspace_bytes_per_gaussian_within_budget(rng):
     n = 3000
     scene = random_scene(rng, n=n, width=64, height=48, sh_degree=3)
-    camera = Camera(scene.fx, scene.fy, scene.cx, scene.cy, scene.width, scene.height,
-                    world_to_camera=scene.world_to_camera)
+    camera = _camera(scene)
     ws = Workspace("cpu")
     for _ in range(3):
         out = _step(scene, camera, RenderSettings(), ws)
@@ -59,6 +69,60 @@ def test_workspace_bytes_per_gaussian_within_budget(rng):
     kept = ws.sort_size(((scene.width + 15) // 16, (scene.height + 15) // 16))
     sort_bytes = sum(b.nbytes for b in report if b.name in SORT_BUFFERS)
     assert kept is not None and sort_bytes <= BYTES_PER_SORT_ENTRY * kept
+
+
+@pytest.mark.parametrize("size_px", [(0.3, 2.0), (6.0, 16.0)])
+def test_workspace_holds_no_sort_keys_zero_images_or_unused_means2d_grad(rng, size_px):
+    """The tile sort's keys are scratch of the forward's stage (the arena grows past the
+    backward's stage only when the keys need more: large splats), a missing cotangent
+    costs no zero image, and a render whose backward is given its 2D-mean gradient buffer
+    keeps none: after the first step, the shared frame holds the arena alone, the steps
+    allocate nothing more, and the images match a one-off render's."""
+    n = 400
+    scene = random_scene(rng, n=n, width=64, height=48, sh_degree=3, size_px_range=size_px)
+    camera = _camera(scene)
+    ws = Workspace("cpu")
+    counts = []
+    for _ in range(3):
+        out = _step(scene, camera, RenderSettings(), ws)
+        counts.append(ws.allocations)
+        image = out.color.numpy()
+        del out
+    assert counts[2] == counts[1] == counts[0]
+    np.testing.assert_array_equal(image, render_gaussians(*_arrays(scene), camera).color.numpy())
+    report = ws.memory_report()
+    names = {(b.frame, b.name) for b in report}
+    assert {name for frame, name in names if frame == 0} == {"scratch"}, names
+    assert (1, "means2d_grad") not in names, names
+    kept = ws.sort_size(((scene.width + 15) // 16, (scene.height + 15) // 16))
+    backward = n * (40 + 12) + 256  # packed rasteriser gradient and SH share of dL/dmeans
+    arena = next(b.nbytes for b in report if b.name == "scratch")
+    assert arena == max(backward, forward_scratch_bytes(n, kept))
+    if size_px[0] > 1.0:
+        assert forward_scratch_bytes(n, kept) > backward  # the keys grew the arena
+
+
+@pytest.mark.parametrize("reduce,absgrad", [("arc", True), ("atomic", False), ("deterministic", True)])
+def test_missing_cotangents_equal_zero_images(rng, reduce, absgrad):
+    """A cotangent given as None (skipped by the rasteriser backward) gives the gradients
+    of a zero image, bit for bit."""
+    scene = random_scene(rng, n=60, width=24, height=20, sh_degree=1)
+    arrays = _arrays(scene)
+    shape = (scene.height, scene.width)
+    given = [wp.array(rng.normal(size=(*shape, 3)), dtype=wp.vec3, device="cpu"),
+             *(wp.array(rng.normal(size=shape), dtype=wp.float32, device="cpu") for _ in range(3))]
+    zeros = [wp.zeros_like(g) for g in given]
+    settings = RenderSettings(reduce=reduce, absgrad=absgrad)
+    for missing in ((1, 3), (0, 2), (0, 1, 2, 3)):
+        results = []
+        for absent in ([None] * 4, zeros):
+            cots = [absent[i] if i in missing else g for i, g in enumerate(given)]
+            out = render_gaussians(*arrays, _camera(scene), settings)
+            grads = render_gaussians_backward(out, *cots)
+            results.append([g.numpy() for g in vars(grads).values()]
+                           + [out.means2d_grad.numpy(), out.means2d_absgrad.numpy() if absgrad else None])
+        for got, want in zip(*results):
+            np.testing.assert_array_equal(got, want)
 
 
 def test_torch_training_loop_holds_one_frame(rng):

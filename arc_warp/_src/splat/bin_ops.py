@@ -30,12 +30,13 @@ def tile_grid(width: int, height: int) -> tuple[int, int]:
     return tiles_x, tiles_y
 
 
-def forward_scratch_bytes(n: int) -> int:
+def forward_scratch_bytes(n: int, sort_size: int = 0) -> int:
     """Bytes of the forward's stage of the scratch arena (``Frame.scratch``) for ``n``
     Gaussians: the int32 tile counts (``project``), then :func:`count_intersections`'
-    int32 depth keys and order (twice ``n`` each: the radix sort's room) and int64 scan,
-    each part aligned."""
-    return (4 + 8 + 8 + 8) * n + 4 * SCRATCH_ALIGN
+    int32 depth order and int64 scan, then its int32 depth keys, whose room the tile
+    sort's int32 keys take over (:func:`sort_intersections`, for a sort of ``sort_size``);
+    both radix sorts need room for twice their count; each part aligned."""
+    return (4 + 8 + 8) * n + 8 * max(n, sort_size) + 4 * SCRATCH_ALIGN
 
 
 def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame, arena: Frame | None = None) -> DepthOrder:
@@ -49,10 +50,11 @@ def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame, aren
     """
     n = proj.radii.shape[0]
     arena = frame.shared if arena is None else arena
-    # radix_sort_pairs works in place and needs room for 2 * count
-    keys = arena.scratch(2 * n, wp.int32, after=proj.tiles_per_gauss)
-    order = arena.scratch(2 * n, wp.int32, after=keys)
+    # radix_sort_pairs works in place and needs room for 2 * count; the keys go last, where
+    # sort_intersections' keys replace them
+    order = arena.scratch(2 * n, wp.int32, after=proj.tiles_per_gauss)
     cum_tiles = arena.scratch(n, wp.int64, after=order)
+    keys = arena.scratch(2 * n, wp.int32, after=cum_tiles)
     frame.launch(depth_keys, n, [proj.splats, proj.tiles_per_gauss, keys, order])
     # stable: equal depths keep index order; the positive keys need 31 bits
     wp.utils.radix_sort_pairs(keys, order, n, 0, 31)
@@ -64,7 +66,7 @@ def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame, aren
 
 def sort_intersections(
     proj: ProjectResult, depth: DepthOrder, sort_size: int, tiles_x: int, tiles_y: int, frame: Frame,
-    reserve: int = 0,
+    reserve: int = 0, arena: Frame | None = None,
 ) -> BinResult:
     """Tile keys written front to back, then sorted stably by tile alone, so each tile's
     range is in depth order with equal depths in Gaussian order (as one sort of
@@ -74,19 +76,28 @@ def sort_intersections(
     :func:`count_intersections`), or a capacity chosen before the total is known; entries
     past the total are padded with the filler tile, entries past ``sort_size`` are
     dropped (the caller re-renders then). A size too large for one sort raises
-    ValueError before anything is allocated. The sort buffers come from ``frame`` with
-    room for at least ``reserve`` entries and spare capacity, so a size that varies a
-    little between steps reuses them: ``reserve`` (the workspace's kept size) already has
-    25% headroom, so the buffers get no more on top.
+    ValueError before anything is allocated. The sort's keys and Gaussian ids have room
+    for at least ``reserve`` entries, so a size that varies a little between steps reuses
+    them: ``reserve`` (the workspace's kept size) already has 25% headroom, so they get no
+    more on top. The ids are a buffer of ``frame`` (the backward reads them); the keys,
+    read only here, are scratch of ``frame.shared``'s arena: in the forward's stage, over
+    the depth keys, when the counts are there too (``arena`` as given to
+    :func:`count_intersections`, None or ``frame.shared``), else in a stage of their own
+    (a batched camera's counts are in its own frame's arena).
     ``BinResult.n_isects`` is ``sort_size`` until the caller sets the exact total.
     """
     n_tiles = tiles_x * tiles_y
     check_intersections(
         sort_size, lambda: int(depth.cum_tiles[-1:].numpy()[0]), proj.radii.shape[0], tiles_x, tiles_y
     )
-    room = 2 * max(sort_size, reserve)
-    keys = frame.shared.capacity("sort_keys", room, wp.int32, headroom=False)
-    gauss_ids = frame.capacity("sort_ids", room, wp.int32, headroom=False)
+    entries = max(sort_size, reserve)
+    if arena is None or arena is frame.shared:
+        # the room project() asked for; the first sort of an image size outgrows it
+        keys = frame.shared.scratch(2 * entries, wp.int32, after=depth.cum_tiles,
+                                    room=forward_scratch_bytes(proj.radii.shape[0], entries))
+    else:
+        keys = frame.shared.scratch(2 * entries, wp.int32, room=8 * entries)
+    gauss_ids = frame.capacity("sort_ids", 2 * entries, wp.int32, headroom=False)
     ranges = frame.array("tile_ranges", n_tiles, wp.vec2i, zero=True)
     if sort_size > 0:
         frame.launch(

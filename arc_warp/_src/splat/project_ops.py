@@ -61,18 +61,20 @@ def project(
     The backward's state comes from ``frame``; the tile counts, read only by the binning
     of this render, start the forward's stage of the scratch arena of ``arena`` (None:
     ``frame.shared``, whose arena the renders of a call take in turn; a render whose
-    binning waits for other renders' counts passes its own ``frame``).
+    binning waits for other renders' counts passes its own ``frame``); the shared arena's
+    room also covers the tile sort's keys at the workspace's kept sort size.
     ``means2d`` and ``radii`` are the caller's outputs.
     ``antialiased``: splat opacities carry the 2D filter's compensation.
     ``inputs.scale_activation`` / ``opacity_activation`` pick the kernel that activates
     raw log-scales / logits as it reads them."""
     arena = frame.shared if arena is None else arena
     n = inputs.count
+    sort_size = frame._workspace.sort_size((tiles_x, tiles_y)) if arena is frame.shared else None
     result = ProjectResult(
         means2d=means2d,
         splats=frame.array("splats", n, Splat2D),  # culled entries are never read
         radii=radii,
-        tiles_per_gauss=arena.scratch(n, wp.int32, room=forward_scratch_bytes(n)),
+        tiles_per_gauss=arena.scratch(n, wp.int32, room=forward_scratch_bytes(n, sort_size or 0)),
         rgb=inputs.colors if inputs.sh_coeffs == 0 else frame.array("rgb", n, wp.vec3),
     )
     frame.launch(

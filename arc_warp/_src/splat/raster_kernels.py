@@ -259,7 +259,8 @@ def make_raster_bwd(mode: str, absgrad: bool):
     must reach the plan and, in a reducing warp, the reducer.
 
     ``out_grads`` is (N,) per Gaussian, except for ``deterministic``: (n_isects,) per
-    sorted entry, zero-initialised, each written by its tile's block alone.
+    sorted entry, zero-initialised, each written by its tile's block alone. An image
+    cotangent may be None (zero), so a missing one costs no zero image.
     """
     from arc_warp._src.arc.intrinsics import reduce_scatter
     from arc_warp._src.arc.reduce_funcs import check_mode, lane_adder, warp_plan, warp_reducer
@@ -383,13 +384,20 @@ def make_raster_bwd(mode: str, absgrad: bool):
         if x < width and y < height:
             t_final = final_t[y, x]
             last = last_ids[y, x]
-            v_rgb_px = v_color[y, x]
-            v_alpha_px = v_alpha_img[y, x]
-            v_depth_px = v_depth_img[y, x]
+            # a cotangent not given (None: an empty array) is zero; the same arithmetic
+            # follows, so the gradients are those of a zero image
+            if v_color.shape[0] > 0:
+                v_rgb_px = v_color[y, x]
+            if v_alpha_img.shape[0] > 0:
+                v_alpha_px = v_alpha_img[y, x]
+            if v_depth_img.shape[0] > 0:
+                v_depth_px = v_depth_img[y, x]
             # expected depth = depth / alpha, folded into the depth and alpha gradients
             alpha_out = 1.0 - t_final
             if alpha_out > 0.0:
-                v_ed = v_expected_img[y, x]
+                v_ed = float(0.0)
+                if v_expected_img.shape[0] > 0:
+                    v_ed = v_expected_img[y, x]
                 v_depth_px += v_ed / alpha_out
                 v_alpha_px -= v_ed * depth_img[y, x] / (alpha_out * alpha_out)
         # d(output)/d(alpha_i) terms that do not depend on i: alpha and background

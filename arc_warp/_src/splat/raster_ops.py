@@ -59,19 +59,19 @@ def raster_backward(
     bins: BinResult,
     images: RasterImages,
     background,
-    v_color: wp.array,
-    v_alpha: wp.array,
-    v_depth: wp.array,
-    v_expected_depth: wp.array,
+    v_color: wp.array | None,
+    v_alpha: wp.array | None,
+    v_depth: wp.array | None,
+    v_expected_depth: wp.array | None,
     mode: str,
     absgrad: bool,
     threshold: int,
     frame: Frame,
 ) -> wp.array:
-    """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents,
-    zeroed, starting the backward's stage of ``frame.shared``'s scratch arena (the
-    forward's depth sort is done with it), with room after them for the SH backward's
-    (N,) vec3 (``sh_ops.color_backward``).
+    """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents
+    (None: zero), zeroed, starting the backward's stage of ``frame.shared``'s scratch
+    arena (the forward's sorts are done with it), with room after them for the SH
+    backward's (N,) vec3 (``sh_ops.color_backward``).
 
     ``deterministic`` writes one partial per sorted entry (tile, Gaussian), summed over
     the tile's pixels in a fixed order, then sums each Gaussian's entries in entry order

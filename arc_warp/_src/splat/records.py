@@ -182,7 +182,9 @@ class RenderOutput:
     ``alpha`` = 1 - T_final, ``depth`` = sum w_i z_i (camera z, world units),
     ``expected_depth`` = depth / alpha (0 where alpha == 0). Per Gaussian:
     ``means2d`` (N,) wp.vec2 pixels, ``radii`` (N,) wp.vec2i ((0, 0) = culled).
-    ``means2d_grad`` ((N,) wp.vec2, pixels) accumulates dL/dmean2d in every backward;
+    ``means2d_grad`` ((N,) wp.vec2, pixels) accumulates dL/dmean2d in every backward not
+    given a buffer of its own (a buffer of the workspace, made and zeroed when first read,
+    so a caller that always gives one, as the torch bridge does, costs none);
     ``means2d_absgrad`` (same shape) accumulates its per-pixel absolute values when
     ``settings.absgrad`` is on, else it is ``None``. ``camera`` is the :class:`Camera`
     rendered, or the :class:`DeviceCameras` batch with ``camera_index`` naming the camera.
@@ -196,7 +198,6 @@ class RenderOutput:
     radii: wp.array
     camera: Camera | DeviceCameras
     settings: RenderSettings
-    means2d_grad: wp.array | None = None
     means2d_absgrad: wp.array | None = None
     camera_index: int | None = None
     # forward state for the backward
@@ -207,6 +208,14 @@ class RenderOutput:
     _images: RasterImages | None = field(default=None, repr=False)
     _frame: object = field(default=None, repr=False)  # workspace Frame holding the buffers
     _key: object = field(default=None, repr=False)  # the forward's Frame.replay key (None: not replayed)
+    _means2d_grad: wp.array | None = field(default=None, repr=False)
+
+    @property
+    def means2d_grad(self) -> wp.array:
+        # made on first read: a backward given its own buffer never reads it
+        if self._means2d_grad is None:
+            self._means2d_grad = self._frame.array("means2d_grad", self.means2d.shape[0], wp.vec2, zero=True)
+        return self._means2d_grad
 
 
 def replaced(record, **changes):

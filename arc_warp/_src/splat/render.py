@@ -220,7 +220,8 @@ class _RenderPlan:
         plan.cameras, plan.per_camera = list(cameras), list(per_camera)
         plan.frames, plan.key = frames, key
         # copies (the originals release their frames), without this call's inputs: a repeat
-        # sets its own (the backward reads their .grad through them, in the Warp API)
+        # sets its own (the backward reads their .grad through them, in the Warp API); made
+        # before any backward, so their means2d_grad is still to be made (zeroed) per render
         plan.outputs = [replaced(out, _inputs=None) for out, _, _ in queued]
         plan.pending = [pending for _, pending, _ in queued]
         plan.sizes = [((out._bins.tiles_x, out._bins.tiles_y), p.sort_size) for out, p, _ in queued]
@@ -416,14 +417,13 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
         if n > 0:
             # buffers for the size later renders will sort, so those allocate nothing
             reserve = workspace.sort_size(grid) or 0
-            bins = sort_intersections(proj, depth, sort_size, *grid, frame, reserve)
+            bins = sort_intersections(proj, depth, sort_size, *grid, frame, reserve, frame if own_arena else None)
         else:
             bins = BinResult(*grid, 0, frame.capacity("sort_ids", 0, wp.int32),
                              frame.array("tile_ranges", grid[0] * grid[1], wp.vec2i, zero=True))
         images = rasterize(proj, bins, camera.width, camera.height, settings.background, frame, images_out)
-        means2d_grad = frame.array("means2d_grad", n, wp.vec2, zero=True)
         means2d_absgrad = frame.array("means2d_absgrad", n, wp.vec2, zero=True) if settings.absgrad else None
-        return bins, replaced(images, **dict.fromkeys(IMAGE_OUTPUTS)), means2d_grad, means2d_absgrad
+        return bins, replaced(images, **dict.fromkeys(IMAGE_OUTPUTS)), means2d_absgrad
 
     event = frame.event() if n > 0 else None
 
@@ -457,7 +457,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
                 else:
                     pending = _Pending(frame.host_numpy(host_flags), event, size)
             rastered = queue_raster(proj, depth, size)
-        bins, images, means2d_grad, means2d_absgrad = rastered
+        bins, images, means2d_absgrad = rastered
         bins = replaced(bins)  # its n_isects is this render's
         images = replaced(images, **images_out)
         out = RenderOutput(
@@ -469,7 +469,6 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
             radii=radii,
             camera=camera,
             settings=settings,
-            means2d_grad=means2d_grad,
             means2d_absgrad=means2d_absgrad,
             camera_index=index,
             _inputs=inputs,
@@ -643,11 +642,6 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
     frame = out._frame
     if inputs.count == 0:
         return frame, None, lambda _: None
-    shape = out.alpha.shape
-    # one read-only zero image per dtype serves every missing cotangent
-    v_color = v_color if v_color is not None else frame.shared.zeros_once("zero_vec3f", shape, wp.vec3)
-    v_alpha, v_depth, v_expected = (v if v is not None else frame.shared.zeros_once("zero_float32", shape, wp.float32)
-                                    for v in (v_alpha, v_depth, v_expected))
     if means2d_grad is None:
         means2d_grad = out.means2d_grad
     settings = out.settings

@@ -74,6 +74,7 @@ class Frame:
         self._graphs: collections.OrderedDict = collections.OrderedDict()  # key -> (wp.Graph, result)
         self._seen: collections.OrderedDict = collections.OrderedDict()  # keys queued once without allocating
         self._numpy: dict = {}  # (pointer, shape, dtype) of a host buffer -> its numpy view
+        self._retired = None  # the arena a part outgrew, alive until the next stage (see scratch)
 
     @property
     def device(self):
@@ -223,14 +224,17 @@ class Frame:
     def scratch(self, shape, dtype, after: wp.array | None = None, room: int = 0, zero: bool = False) -> wp.array:
         """A ``shape`` view of ``dtype`` into this frame's scratch arena: one byte buffer
         whose stages take turns, so a stage's scratch costs no memory beyond the largest
-        stage's (the forward's depth sort and the backward's gradients share it).
+        stage's (the forward's depth and tile sorts and the backward's gradients share it).
 
         ``after`` None starts a stage: the view is at offset 0, and the arena is grown
-        first (never shrunk) to ``room`` bytes, which must cover every part the stage
+        first (never shrunk) to ``room`` bytes, which should cover every part the stage
         will take. ``after`` (a view of this stage) places the view at the next
-        ``SCRATCH_ALIGN`` boundary past it; it must fit (a part never grows the arena:
-        that would move the stage's earlier parts). A view is valid until the next stage
-        starts. ``zero`` memsets it."""
+        ``SCRATCH_ALIGN`` boundary past it, over any later part (dead by then). A part
+        that does not fit raises, unless its ``room`` covers it: then it goes to a new
+        arena of ``room`` bytes, at the same offset, and the old arena, which holds the
+        stage's earlier parts (still readable; nothing more may follow them), lives until
+        the next stage starts. A view is valid until the next stage starts. ``zero``
+        memsets it."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = _PYTHON_DTYPES.get(dtype, dtype)
         size = wp.types.type_size_in_bytes(dtype)
@@ -239,13 +243,19 @@ class Frame:
         arena = self._arrays.get("scratch")
         if after is None:
             offset = 0
+            self._retired = None
             if arena is None or arena.capacity < max(room, size):
                 arena = self._arrays["scratch"] = self._workspace._allocate((max(room, size, 1),), wp.uint8, False)
         else:
             offset = -(-(after.ptr - arena.ptr + after.capacity) // SCRATCH_ALIGN) * SCRATCH_ALIGN
             if offset + size > arena.capacity:
-                raise RuntimeError(f"Frame.scratch: a {size}-byte part past byte {offset} overflows the "
-                                   f"{arena.capacity}-byte arena; the stage's first part must ask for more room")
+                if offset + size > room:
+                    raise RuntimeError(f"Frame.scratch: a {size}-byte part past byte {offset} overflows the "
+                                       f"{arena.capacity}-byte arena; the stage's first part must ask for more room")
+                # moving the earlier parts would take a copy; their readers are queued before
+                # the next stage, which drops the old arena (freed in stream order)
+                self._retired = arena
+                arena = self._arrays["scratch"] = self._workspace._allocate((room,), wp.uint8, False)
         view = self._workspace.view(arena.ptr + offset, dtype, shape)
         if zero:
             view.zero_()
