@@ -7,7 +7,7 @@ batch with broadcast shared loads. All threads reach every barrier, pixels outsi
 image included. In the backward all lanes of a warp read the same entry at a time, so
 they reach the accumulator together and with one index.
 
-A warp's 32 pixels are an 8x4 block of the tile, its subtile (two columns of four). The
+A warp's 32 pixels are an 8x4 block of the tile, its subtile (a tile holds 2 x 4). The
 forward stages with each entry the subtiles its footprint's box reaches
 (``subtile_mask``), and each warp evaluates only those entries: a small splat reaches a
 few of a tile's 8 subtiles, and fewer of these squarer blocks than of full-width pixel
@@ -178,7 +178,7 @@ def stage_entry(
         batch_stage(buf, slot, geom, conic, colors[g], g, subtiles)
 
 
-# 8 blocks per SM caps registers at 32: full occupancy (the spills, 52 bytes at sm_90, are
+# 8 blocks per SM caps registers at 32: full occupancy (the spills, 56 bytes at sm_90, are
 # in the staging and the epilogue, outside the entry loops)
 @wp.kernel(
     enable_backward=False,
@@ -244,7 +244,8 @@ def raster_fwd(
                 geom = batch_get(buf, GEOM, j)
                 opacity = geom[2]
                 f = splat_falloff(geom, batch_get(buf, CONIC, j), px, py)
-                alpha = wp.min(ALPHA_MAX, opacity * wp.exp(-f.power))
+                # -1.0 * power: a sign flip folded into exp's multiply; Warp's unary minus is 0 - x
+                alpha = wp.min(ALPHA_MAX, opacity * wp.exp(-1.0 * f.power))
                 if f.power < 0.0 or alpha < ALPHA_MIN:
                     continue
                 next_t = t * (1.0 - alpha)
@@ -447,7 +448,7 @@ def make_raster_bwd(mode: str, absgrad: bool):
                     geom = batch_get(buf, GEOM, s)
                     conic = batch_get(buf, CONIC, s)
                     f = splat_falloff(geom, conic, px, py)
-                    vis = wp.exp(-f.power)
+                    vis = wp.exp(-1.0 * f.power)  # as the forward's alpha
                     opacity = geom[2]
                     alpha = wp.min(ALPHA_MAX, opacity * vis)
                     valid = hi - 1 - s <= last and not (f.power < 0.0 or alpha < ALPHA_MIN)
