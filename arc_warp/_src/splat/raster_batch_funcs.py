@@ -5,8 +5,8 @@ Gaussians in batches of ``block_dim`` entries: each thread stages one entry in s
 memory (``batch_stage``), the block meets at a barrier, then every thread reads the
 whole batch from there (``batch_get``, a broadcast 128-bit shared load). Each entry is
 three quads of four floats: ``GEOM`` = (x, y, opacity, depth), ``CONIC`` = (a, b, c,
-Gaussian id as float bits, see ``float_bits``), ``RGB`` = (r, g, b, strip mask as float
-bits, ``batch_strips``: which warps' pixel rows the splat can reach; 0 when unused).
+Gaussian id as float bits, see ``float_bits``), ``RGB`` = (r, g, b, subtile mask as float
+bits, ``batch_subtiles``: which warps' pixel blocks the splat can reach; 0 when unused).
 
 On CUDA the batch lives in ``__shared__`` memory and the barriers are ``__syncthreads``.
 Every snippet compiles for every CUDA generation Warp targets: intrinsics of a later
@@ -49,15 +49,15 @@ def batch_buffer() -> wp.uint64:
 
 @wp.func_native(
     """
-    union { int i; float f; } _id, _strips;
+    union { int i; float f; } _id, _subtiles;
     _id.i = gauss_id;
-    _strips.i = strips;
+    _subtiles.i = subtiles;
     float* _p = reinterpret_cast<float*>(buf) + 4 * slot;
 #if defined(__CUDA_ARCH__)
     float4* _q = reinterpret_cast<float4*>(_p);
     _q[0] = make_float4(geom[0], geom[1], geom[2], geom[3]);
     _q[WP_TILE_BLOCK_DIM] = make_float4(conic[0], conic[1], conic[2], _id.f);
-    _q[2 * WP_TILE_BLOCK_DIM] = make_float4(rgb[0], rgb[1], rgb[2], _strips.f);
+    _q[2 * WP_TILE_BLOCK_DIM] = make_float4(rgb[0], rgb[1], rgb[2], _subtiles.f);
 #else
     float* _c = _p + 4 * WP_TILE_BLOCK_DIM;
     float* _r = _p + 8 * WP_TILE_BLOCK_DIM;
@@ -65,13 +65,13 @@ def batch_buffer() -> wp.uint64:
     for (int _i = 0; _i < 3; ++_i) _c[_i] = conic[_i];
     _c[3] = _id.f;
     for (int _i = 0; _i < 3; ++_i) _r[_i] = rgb[_i];
-    _r[3] = _strips.f;
+    _r[3] = _subtiles.f;
 #endif
 """
 )
-def batch_stage(buf: wp.uint64, slot: int, geom: wp.vec4, conic: wp.vec4, rgb: wp.vec3, gauss_id: int, strips: int):
+def batch_stage(buf: wp.uint64, slot: int, geom: wp.vec4, conic: wp.vec4, rgb: wp.vec3, gauss_id: int, subtiles: int):
     """Writes one entry into batch ``slot``; ``conic[3]`` is replaced by the id's bits, the
-    RGB quad's fourth float by the bits of ``strips``."""
+    RGB quad's fourth float by the bits of ``subtiles``."""
     ...
 
 
@@ -96,8 +96,8 @@ def batch_get(buf: wp.uint64, quad: int, slot: int) -> wp.vec4:
     return reinterpret_cast<const int*>(buf)[4 * (2 * WP_TILE_BLOCK_DIM + slot) + 3];
 """
 )
-def batch_strips(buf: wp.uint64, slot: int) -> int:
-    """The strip mask staged with the entry in batch ``slot`` (one 32-bit shared load)."""
+def batch_subtiles(buf: wp.uint64, slot: int) -> int:
+    """The subtile mask staged with the entry in batch ``slot`` (one 32-bit shared load)."""
     ...
 
 

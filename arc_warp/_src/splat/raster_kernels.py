@@ -7,11 +7,12 @@ batch with broadcast shared loads. All threads reach every barrier, pixels outsi
 image included. In the backward all lanes of a warp read the same entry at a time, so
 they reach the accumulator together and with one index.
 
-A warp's 32 pixels are two rows of the tile, its strip. The forward stages with each
-entry the strips its footprint's box reaches (``strip_mask``), and each warp evaluates
-only those entries: a small splat reaches a few of a tile's 8 strips. The box holds
-every pixel where the splat's alpha passes 1/255 (the binning's own footprint), so the
-image is what evaluating every entry gives.
+A warp's 32 pixels are an 8x4 block of the tile, its subtile (a tile holds 2 x 4). The
+forward stages with each entry the subtiles its footprint's box reaches
+(``subtile_mask``), and each warp evaluates only those entries: a small splat reaches a
+few of a tile's 8 subtiles, and fewer of these squarer blocks than of full-width pixel
+rows. The box holds every pixel where the splat's alpha passes 1/255 (the binning's own
+footprint), so the image is what evaluating every entry gives.
 
 The ``deterministic`` backward adds nothing atomically: per entry, each warp sums its
 pixels with the fixed reduce-scatter tree, the warps' sums meet in shared memory and
@@ -35,7 +36,7 @@ from arc_warp._src.splat.raster_batch_funcs import (
     batch_get,
     batch_rank,
     batch_stage,
-    batch_strips,
+    batch_subtiles,
     block_count,
     block_sync,
     lockstep_any,
@@ -64,28 +65,36 @@ from arc_warp._src.splat.geometry_funcs import (
     grad_vector,
 )
 
-STRIP_ROWS = 32 // TILE_SIZE  # pixel rows of a warp (32 consecutive threads of a tile)
-ALL_STRIPS = (1 << (TILE_SIZE // STRIP_ROWS)) - 1
+SUB_W = 8  # a warp's pixel block (32 consecutive threads of a tile): 8 wide, 4 high
+SUB_H = 32 // SUB_W
+SUB_COLS = TILE_SIZE // SUB_W
+SUB_ROWS = TILE_SIZE // SUB_H
+ALL_SUBTILES = (1 << (SUB_COLS * SUB_ROWS)) - 1
 
 
 @wp.struct
 class TilePixel:
-    """Where a rasteriser thread works: its tile and its pixel (x right, y down)."""
+    """Where a rasteriser thread works: its tile, its pixel (x right, y down) and the
+    tile's subtile holding the pixel (``SUB_COLS`` per row, in warp order)."""
 
     tile: int
     x: int
     y: int
+    sub: int
 
 
 @wp.func
 def tile_pixel(tid: int, tiles_x: int) -> TilePixel:
-    """Tile and pixel of thread ``tid`` in a launch of one 256-thread block per 16x16 tile."""
+    """Tile and pixel of thread ``tid`` in a launch of one 256-thread block per 16x16 tile;
+    each warp's 32 threads cover one ``SUB_W`` x ``SUB_H`` subtile, rows of 8 pixels."""
     tp = TilePixel()
     tp.tile = tid // BLOCK_PIXELS
     local = tid - tp.tile * BLOCK_PIXELS
+    tp.sub = local // 32
+    lane = local - tp.sub * 32
     ty = tp.tile // tiles_x
-    tp.x = (tp.tile - ty * tiles_x) * TILE_SIZE + local % TILE_SIZE
-    tp.y = ty * TILE_SIZE + local // TILE_SIZE
+    tp.x = (tp.tile - ty * tiles_x) * TILE_SIZE + (tp.sub % SUB_COLS) * SUB_W + lane % SUB_W
+    tp.y = ty * TILE_SIZE + (tp.sub // SUB_COLS) * SUB_H + lane // SUB_W
     return tp
 
 
@@ -109,27 +118,39 @@ def splat_falloff(geom: wp.vec4, conic: wp.vec4, px: float, py: float) -> Fallof
 
 
 @wp.func
-def strip_mask(geom: wp.vec4, conic: wp.vec4, row0: int) -> int:
-    """Bit ``s`` set where the splat can reach a pixel centre of the strip ``s`` (rows
-    ``row0 + 2s``, ``row0 + 2s + 1``) of the tile starting at pixel row ``row0``: its
-    ``footprint``'s box, widened by float32 roundoff; every strip if the footprint is
+def cell_bits(lo: float, hi: float, size: float, cells: float) -> int:
+    """Bit ``i`` set where [lo, hi] reaches a pixel centre of cell ``i`` (pixels
+    ``i * size`` to ``(i + 1) * size`` from the tile's edge) of ``cells``; clamped in
+    float before the casts."""
+    c0 = int(wp.clamp(wp.ceil((lo - (size - 0.5)) / size), 0.0, cells))
+    c1 = int(wp.clamp(wp.floor((hi - 0.5) / size), -1.0, cells - 1.0))
+    if c1 < c0:
+        return 0
+    return ((1 << (c1 + 1)) - 1) & ~((1 << c0) - 1)
+
+
+@wp.func
+def subtile_mask(geom: wp.vec4, conic: wp.vec4, col0: int, row0: int) -> int:
+    """Bit ``s`` set where the splat can reach a pixel centre of subtile ``s`` (see
+    ``tile_pixel``) of the tile whose first pixel is (``col0``, ``row0``): its
+    ``footprint``'s box, widened by float32 roundoff; every subtile if the footprint is
     degenerate."""
     f = footprint(geom, conic)
     if not f.exact:
-        return ALL_STRIPS
-    # covers the fast-math log / division / sqrt in half_h (relative error ~1e-6) and the
-    # raster's float32 offsets centre - pixel (error <= 2^-11 px in images < 8192 px)
-    pad = 1e-3 * (1.0 + f.half_h)
-    dy = f.cy - float(row0)  # small beside the tile, so the bounds round little
-    lo = dy - f.half_h - pad
-    hi = dy + f.half_h + pad
-    # strip s holds centres 2s + 0.5 and 2s + 1.5; clamped in float before the casts
-    strips = float(TILE_SIZE // STRIP_ROWS)
-    s0 = int(wp.clamp(wp.ceil((lo - 1.5) / float(STRIP_ROWS)), 0.0, strips))
-    s1 = int(wp.clamp(wp.floor((hi - 0.5) / float(STRIP_ROWS)), -1.0, strips - 1.0))
-    if s1 < s0:
-        return 0
-    return ((1 << (s1 + 1)) - 1) & ~((1 << s0) - 1)
+        return ALL_SUBTILES
+    # covers the fast-math log / division / sqrt in half_w, half_h (relative error ~1e-6)
+    # and the raster's float32 offsets centre - pixel (error <= 2^-11 px in images < 8192 px)
+    pad_w = 1e-3 * (1.0 + f.half_w)
+    pad_h = 1e-3 * (1.0 + f.half_h)
+    dx = f.cx - float(col0)  # small beside the tile, so the bounds round little
+    dy = f.cy - float(row0)
+    cols = cell_bits(dx - f.half_w - pad_w, dx + f.half_w + pad_w, float(SUB_W), float(SUB_COLS))
+    rows = cell_bits(dy - f.half_h - pad_h, dy + f.half_h + pad_h, float(SUB_H), float(SUB_ROWS))
+    mask = int(0)
+    for r in range(SUB_ROWS):
+        if (rows >> r) & 1 != 0:
+            mask |= cols << (r * SUB_COLS)
+    return mask
 
 
 @wp.func
@@ -141,21 +162,23 @@ def stage_entry(
     colors: wp.array(dtype=wp.vec3),
     k: int,
     valid: bool,
+    col0: int,
     row0: int,
 ):
     """Stages sorted entry ``k`` in batch ``slot`` (nothing if not ``valid``), with its
-    ``strip_mask`` in the tile starting at pixel row ``row0``, or mask 0 if ``row0 < 0``."""
+    ``subtile_mask`` in the tile whose first pixel is (``col0``, ``row0``), or mask 0 if
+    ``row0 < 0``."""
     if valid:
         g = gauss_ids[k]
         geom = splat_quad(splats, g, 0)
         conic = splat_quad(splats, g, 1)
-        strips = int(0)
+        subtiles = int(0)
         if row0 >= 0:
-            strips = strip_mask(geom, conic, row0)
-        batch_stage(buf, slot, geom, conic, colors[g], g, strips)
+            subtiles = subtile_mask(geom, conic, col0, row0)
+        batch_stage(buf, slot, geom, conic, colors[g], g, subtiles)
 
 
-# 8 blocks per SM caps registers at 32: full occupancy (the spills, 52 bytes at sm_90, are
+# 8 blocks per SM caps registers at 32: full occupancy (the spills, 56 bytes at sm_90, are
 # in the staging and the epilogue, outside the entry loops)
 @wp.kernel(
     enable_backward=False,
@@ -191,8 +214,9 @@ def raster_fwd(
     size = wp.block_dim()
     lanes = warp_width()
     lane = lane_id()
+    col0 = x - x % TILE_SIZE
     row0 = y - y % TILE_SIZE
-    strip = (y - row0) // STRIP_ROWS
+    sub = tp.sub
     t = float(1.0)
     rgb = wp.vec3(0.0)
     depth = float(0.0)
@@ -203,16 +227,16 @@ def raster_fwd(
         # the barrier also tells the block that the previous batch is no longer read
         if block_count(done) == size:
             break
-        stage_entry(buf, rank, gauss_ids, splats, colors, start + rank, start + rank < r[1], row0)
+        stage_entry(buf, rank, gauss_ids, splats, colors, start + rank, start + rank < r[1], col0, row0)
         block_sync()
         count = wp.min(size, r[1] - start)
-        # chunks of one warp's width: each lane tests one entry's strip bit, then the warp
-        # walks the entries that reach its strip front to back (every lane ballots)
+        # chunks of one warp's width: each lane tests one entry's subtile bit, then the warp
+        # walks the entries that reach its subtile front to back (every lane ballots)
         chunk = int(0)
         while chunk < count:
             hit = False
             if chunk + lane < count:
-                hit = ((batch_strips(buf, chunk + lane) >> strip) & 1) != 0
+                hit = ((batch_subtiles(buf, chunk + lane) >> sub) & 1) != 0
             pending = ballot(-1, hit)
             while pending != 0 and not done:
                 j = chunk + lowest_lane(pending)
@@ -220,7 +244,8 @@ def raster_fwd(
                 geom = batch_get(buf, GEOM, j)
                 opacity = geom[2]
                 f = splat_falloff(geom, batch_get(buf, CONIC, j), px, py)
-                alpha = wp.min(ALPHA_MAX, opacity * wp.exp(-f.power))
+                # -1.0 * power: a sign flip folded into exp's multiply; Warp's unary minus is 0 - x
+                alpha = wp.min(ALPHA_MAX, opacity * wp.exp(-1.0 * f.power))
                 if f.power < 0.0 or alpha < ALPHA_MIN:
                     continue
                 next_t = t * (1.0 - alpha)
@@ -421,7 +446,7 @@ def make_raster_bwd(mode: str, absgrad: bool):
         while hi > r[0]:
             lo = wp.max(r[0], hi - size)
             block_sync()  # the previous batch is no longer read
-            stage_entry(buf, rank, gauss_ids, splats, colors, hi - 1 - rank, hi - 1 - rank >= lo, -1)
+            stage_entry(buf, rank, gauss_ids, splats, colors, hi - 1 - rank, hi - 1 - rank >= lo, -1, -1)
             block_sync()
             # chunks of slots [c0, c1): one per batch, except deterministic's flushes
             c0 = int(0)
@@ -431,7 +456,7 @@ def make_raster_bwd(mode: str, absgrad: bool):
                     geom = batch_get(buf, GEOM, s)
                     conic = batch_get(buf, CONIC, s)
                     f = splat_falloff(geom, conic, px, py)
-                    vis = wp.exp(-f.power)
+                    vis = wp.exp(-1.0 * f.power)  # as the forward's alpha
                     opacity = geom[2]
                     alpha = wp.min(ALPHA_MAX, opacity * vis)
                     valid = hi - 1 - s <= last and not (f.power < 0.0 or alpha < ALPHA_MIN)
