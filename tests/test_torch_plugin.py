@@ -466,3 +466,25 @@ def test_cuda_cameras_stay_on_the_device(rng):
     viewmats[0, 0, 0] = float("nan")
     with pytest.raises(ValueError, match="viewmat/K"):
         render(params_of(scene, device="cuda"), scene, viewmats, ks)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_cameras_of_the_last_call_are_rechecked_where_they_can_change(rng):
+    """The same viewmats/Ks tensors as the last call skip their checks, but not past what
+    can change behind the same object: values changed in place render the new values,
+    and a tensor that now requires grad raises."""
+    scene = random_scene(rng, n=64, width=48, height=32, sh_degree=2)
+    p = params_of(scene, device="cuda")
+    viewmats, ks = cameras_of(scene, device="cuda")
+    first, _, _ = render(p, scene, viewmats, ks)
+    first = first.detach().clone()
+    moved = viewmats.clone()
+    moved[0, 0, 3] += 0.05
+    want, _, _ = render(p, scene, moved, ks)
+    viewmats.copy_(moved)  # in place: same object, same memory
+    got, _, _ = render(p, scene, viewmats, ks)
+    assert (got - first).abs().max() > 1e-3
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="camera gradients"):
+        render(p, scene, viewmats.requires_grad_(True), ks)

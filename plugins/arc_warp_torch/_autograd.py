@@ -68,6 +68,8 @@ class RenderContext:
         self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
         self._memo = {}  # (kind, pointers, shapes, ...) -> checked views (see `_memoized`)
         self._device_cameras = {}  # (pointers, C, size, planes) -> DeviceCameras (see `device_cameras`)
+        # (viewmats, Ks, what they were, DeviceCameras) of the last call (rasterization's `_cameras`)
+        self.last_cameras = None
         self._settings = {}  # option values -> RenderSettings (see `settings`)
         self._nodes = []  # weak references to the autograd nodes of renders still holding frames
         self._pooling = False  # inside `outputs()`
@@ -397,8 +399,8 @@ class BatchRender:
 
     color: torch.Tensor  # [C, H, W, 3] without background
     alpha: torch.Tensor  # [C, H, W]
-    depth: torch.Tensor  # [C, H, W] sum of w_i z_i
-    expected_depth: torch.Tensor  # [C, H, W] depth / alpha, 0 where alpha == 0
+    depth: Optional[torch.Tensor]  # [C, H, W] sum of w_i z_i (None: not asked for)
+    expected_depth: Optional[torch.Tensor]  # [C, H, W] depth / alpha, 0 where alpha == 0 (or None)
     means2d: torch.Tensor  # [C, N, 2] pixels, not differentiable (see Means2dSink)
     radii: torch.Tensor  # [C, N, 2] int32 pixels, (0, 0) = culled
 
@@ -439,14 +441,16 @@ class _RaiseOnDoubleBackward(torch.autograd.Function):
 
 class _RenderGaussians(torch.autograd.Function):
     """(means, quats, scales, opacities, colors) -> (color, alpha, depth, expected_depth,
-    radii) for C cameras of one size, written into tensors allocated once per call (the
-    four images are views of one block, which lives while any of them does); the
-    projected means go into `means2d_out`. Backward runs the core backward of the C
-    cameras (`backwards_checked`) into one gradient buffer: the first camera writes every
-    entry, the others add."""
+    radii), or without the two depth images when `depths` is False (fewer outputs: less
+    autograd bookkeeping per call), for C cameras of one size, written into tensors
+    allocated once per call (the four images are views of one block, which lives while
+    any of them does; the depth images are written either way); the projected means go
+    into `means2d_out`. Backward runs the core backward of the C cameras
+    (`backwards_checked`) into one gradient buffer: the first camera writes every entry,
+    the others add."""
 
     @staticmethod
-    def forward(ctx, context, cameras, settings, means2d_out, sink, sink_tensor,
+    def forward(ctx, context, cameras, settings, depths, means2d_out, sink, sink_tensor,
                 means, quats, scales, opacities, colors):
         ctx.set_materialize_grads(False)
         context.release_finished()  # frames of finished steps serve this render
@@ -461,9 +465,15 @@ class _RenderGaussians(torch.autograd.Function):
                       *(block.as_strided((c, h, w), (h * w, w, 1), k * plane) for k in (3, 4, 5)))
             radii = torch.empty((c, n, 2), dtype=torch.int32, device=means.device)
         inputs = (means, quats, scales, opacities, colors)
-        checked = context.inputs(inputs, settings)
-        targets = context.per_camera((*images, means2d_out, radii), (*IMAGE_DTYPES, wp.vec2, wp.vec2i),
-                                     (*IMAGE_NAMES, "means2d", "radii"))
+        # one lookup by every pointer and size the Warp views depend on (the images' layout
+        # in their block is fixed by c, h, w)
+        key = ("forward", means.data_ptr(), quats.data_ptr(), scales.data_ptr(), opacities.data_ptr(),
+               colors.data_ptr(), colors.shape, settings.sh_degree, settings.scale_activation,
+               settings.opacity_activation, block.data_ptr(), means2d_out.data_ptr(), radii.data_ptr(), c, h, w)
+        checked, targets = context._memoized(key, lambda: (
+            context.inputs(inputs, settings),
+            context.per_camera((*images, means2d_out, radii), (*IMAGE_DTYPES, wp.vec2, wp.vec2i),
+                               (*IMAGE_NAMES, "means2d", "radii"))))
         if isinstance(cameras, DeviceCameras):
             pairs = [(cameras, i) for i in range(c)]
         else:
@@ -472,10 +482,11 @@ class _RenderGaussians(torch.autograd.Function):
             # all C cameras queued before the one wait that checks them
             outs = render_checked(checked, pairs, settings, context.workspace, targets)
         ctx.mark_non_differentiable(radii)
+        returned = images if depths else images[:2]
         # Saved only so torch raises if anything the Warp backward reads was modified in place;
         # the marker dies when torch frees them (see `RenderContext.release_finished`).
         marker = torch.empty(0)
-        ctx.save_for_backward(*inputs, *images, marker)
+        ctx.save_for_backward(*inputs, *returned, marker)
         ctx.saved_marker = weakref.ref(marker)
         ctx.outs, ctx.sink, ctx.context = outs, sink, context
         if any(t.requires_grad for t in inputs):
@@ -483,12 +494,13 @@ class _RenderGaussians(torch.autograd.Function):
         # The backward reads these through non-owning views (see RenderContext.view); the
         # caller may drop them first. Neither has a grad_fn, so this makes no cycle.
         ctx.keep_alive = (means2d_out, radii)
-        return (*images, radii)
+        return (*returned, radii)
 
     @staticmethod
-    def backward(ctx, g_color, g_alpha, g_depth, g_expected_depth, _g_radii):
+    def backward(ctx, *output_grads):
         saved = ctx.saved_tensors
-        cotangents = (g_color, g_alpha, g_depth, g_expected_depth)
+        # (color, alpha[, depth, expected_depth]) cotangents; radii's last
+        cotangents = (*output_grads[:-1], None, None)[:4]
         # torch runs a backward with grad mode on only under create_graph=True; then hand
         # back grads whose own backward raises (as torch's once_differentiable does, with a
         # message naming this renderer)
@@ -497,11 +509,11 @@ class _RenderGaussians(torch.autograd.Function):
         with torch.no_grad() if grad_mode else _NO_SCOPE:
             grads, means2d_grad = _warp_backward(ctx.context, ctx.outs, saved[:5], ctx.sink, cotangents)
         needed = ctx.needs_input_grad
-        result = [None] * 6  # context, cameras, settings, means2d_out, sink, sink_tensor
-        if ctx.sink is not None and needed[5]:
-            result[5] = _guarded(means2d_grad) if guard else means2d_grad
+        result = [None] * 7  # context, cameras, settings, depths, means2d_out, sink, sink_tensor
+        if ctx.sink is not None and needed[6]:
+            result[6] = _guarded(means2d_grad) if guard else means2d_grad
         for i, g in enumerate(grads):
-            result.append(None if not needed[6 + i] else _guarded(g) if guard else g)
+            result.append(None if not needed[7 + i] else _guarded(g) if guard else g)
         return tuple(result)
 
 
@@ -577,9 +589,10 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
                  settings: RenderSettings,
                  sink: Optional[Means2dSink] = None,
                  means2d_out: Optional[torch.Tensor] = None,  # [C, N, 2] float32
-                 context: Optional[RenderContext] = None) -> BatchRender:
+                 context: Optional[RenderContext] = None, depths: bool = True) -> BatchRender:
     """Differentiable render of C cameras of one image size in one autograd node; inputs
     must be float32, contiguous, on one cpu/cuda device (use `check_tensor`).
+    `depths` False leaves the depth images out (`depth`, `expected_depth` None).
 
     `means2d_out` (allocated if None) receives the projected means; it may be the sink's
     tensor (its values are then written in place, outside autograd). `settings.absgrad`
@@ -596,10 +609,12 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     sink_tensor = None if sink is None else sink.tensor
     if not isinstance(cameras, DeviceCameras):
         cameras = tuple(cameras)
-    *images, radii = _RenderGaussians.apply(context, cameras, settings, means2d_out.detach(),
-                                            sink, sink_tensor, means, quats, scales, opacities,
-                                            colors)
-    return BatchRender(*images, means2d_out.detach(), radii)
+    means2d_out = means2d_out.detach()
+    *images, radii = _RenderGaussians.apply(context, cameras, settings, depths, means2d_out, sink, sink_tensor,
+                                            means, quats, scales, opacities, colors)
+    if not depths:
+        images += [None, None]
+    return BatchRender(*images, means2d_out, radii)
 
 
 def render_camera(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor,
