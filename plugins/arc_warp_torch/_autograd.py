@@ -533,23 +533,20 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
     with context.stream():
         output_grads = [g if g is None or (g.dtype is torch.float32 and g.is_contiguous())
                         else g.to(torch.float32).contiguous() for g in output_grads]
-        into = context.grads(torch_grads)
         # the first camera writes every entry (accumulate=False), so nothing is zeroed for
         # C = 1; later cameras add, into their own zeroed means2d slices
         if batched is not None and c > 1:
             batched[1:].zero_()
-        # without a direct sink, into the workspace's (also on a second backward with retain_graph)
-        sinks = [{}] * c if batched is None else context.per_camera((batched,), (wp.vec2,), ("means2d",))
-        cotangents = context.per_camera(output_grads, IMAGE_DTYPES, IMAGE_NAMES) if any(
-            g is not None for g in output_grads) else [{}] * c
-        m2d_grads = [s.get("means2d") for s in sinks]
+        key = ("backward", *(t.data_ptr() for t in torch_grads), None if batched is None else batched.data_ptr(),
+               *(None if g is None else g.data_ptr() for g in output_grads), c, n, inputs[4].shape, outs[0].alpha.shape)
+        into, m2d_grads, cotangents = context._memoized(
+            key, lambda: _backward_views(context, torch_grads, batched, output_grads, c))
         for out, m2d_grad in zip(outs[1:], m2d_grads[1:]):  # each camera's own buffers
             if m2d_grad is None:
                 out.means2d_grad.zero_()
             if out.means2d_absgrad is not None:
                 out.means2d_absgrad.zero_()
-        backwards_checked(outs, [tuple(cot.get(name) for name in IMAGE_NAMES) for cot in cotangents], into, False,
-                          m2d_grads)
+        backwards_checked(outs, cotangents, into, False, m2d_grads)
     if sink is None:
         return torch_grads, None
     target = sink.tensor
@@ -571,6 +568,18 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
             for axis in (0, 1):
                 absgrad[i, :, axis] += part[:, axis] * sink.scale[axis]
     return torch_grads, m2d
+
+
+def _backward_views(context, torch_grads, batched, output_grads, c):
+    """Warp views a backward of C cameras writes and reads: the gradients (GaussianGrads),
+    per camera its means2d gradient (None: without a direct sink, the workspace's, also on
+    a second backward with retain_graph) and its (color, alpha, depth, expected_depth)
+    cotangents (None where torch gives none)."""
+    sinks = [{}] * c if batched is None else context.per_camera((batched,), (wp.vec2,), ("means2d",))
+    cotangents = context.per_camera(output_grads, IMAGE_DTYPES, IMAGE_NAMES) if any(
+        g is not None for g in output_grads) else [{}] * c
+    return (context.grads(torch_grads), [s.get("means2d") for s in sinks],
+            [tuple(cot.get(name) for name in IMAGE_NAMES) for cot in cotangents])
 
 
 def _scale(t: torch.Tensor, scale: Tuple[float, float]):
