@@ -21,10 +21,11 @@ it reports, as medians after warm-up:
 - peak MiB: the device memory a torch-Adam training step holds at once, the same work
   for every library, read after its torch-Adam steps (before arc_warp's and Faster-GS's
   own optimizers run), by phase: the larger of (forward + backward: torch's
-  ``max_memory_allocated`` over them plus Warp's stream-ordered pool high-water mark,
-  ``wp.get_mempool_used_mem_high``) and (``Adam.step``: torch's peak over it plus Warp's
-  memory in use then), Warp's counted for arc_warp only, less its memory in use before
-  the library's runs.
+  ``max_memory_allocated`` over them plus Warp's memory in use after them) and
+  (``Adam.step``: torch's peak over it plus Warp's memory in use then), Warp's counted
+  for arc_warp only, less its memory in use before the library's runs (a repeated step
+  allocates no Warp arrays, so what it holds after a step is its peak in the step; the
+  pool's own high-water mark spans the whole process, earlier N and libraries included).
   Each term bounds what is live in its phase. The JSON also keeps ``peak_sum_mib``, torch's
   peak over all the runs plus Warp's high-water mark (0.5's figure: it adds two peaks that
   never coincide).
@@ -337,6 +338,7 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps, warp_before):
             host.append(tf.host_ms + tb.host_ms)
             wait.append(_WAITS[0])
             arc_host.append(_ARC_HOST[0] - _WAITS[0])
+    del img, loss  # not held through the optimizer runs and their memory peaks
     row = {"forward_ms": float(np.median(fwd)), "backward_ms": float(np.median(bwd)),
            "host_ms": float(np.median(host)), "wait_ms": float(np.median(wait)),
            "arc_host_ms": float(np.median(arc_host))}
@@ -413,16 +415,22 @@ def _phase_peak_mib(lib, params, opt, viewmats, ks, target, device, warp_before)
         return {"peak_mib": float("nan")}
     import warp as wp
 
+    def warp_in_use():
+        if warp_before is None:
+            return 0
+        return max(wp.get_mempool_used_mem_current(wp.device_from_torch(device)) - warp_before, 0)
+
     _peak_reset(device)
     loss = (lib.render(params, viewmats, ks) - target).abs().mean()
     loss.backward()
-    forward_backward = _peak_mib(device, warp_before)
+    torch.cuda.synchronize(device)
+    # Warp's memory in use stands for its peak: a repeated step allocates no Warp arrays
+    # (tests/test_workspace.py), and the pool's high-water mark spans the whole process
+    forward_backward = (torch.cuda.max_memory_allocated(device) + warp_in_use()) / 2**20
     _peak_reset(device)
     opt.step()
     torch.cuda.synchronize(device)
-    in_use = 0 if warp_before is None else \
-        wp.get_mempool_used_mem_current(wp.device_from_torch(device)) - warp_before
-    optimizer = (torch.cuda.max_memory_allocated(device) + max(in_use, 0)) / 2**20
+    optimizer = (torch.cuda.max_memory_allocated(device) + warp_in_use()) / 2**20
     opt.zero_grad(set_to_none=True)
     return {"peak_mib": max(forward_backward, optimizer), "peak_forward_backward_mib": forward_backward,
             "peak_adam_mib": optimizer}
