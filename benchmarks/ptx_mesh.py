@@ -80,9 +80,11 @@ def ptxas_info(path: pathlib.Path) -> dict:
     regs = re.search(r"Used (\d+) registers", log)
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log)
     stack = re.search(r"(\d+) bytes stack frame", log)
+    smem = re.search(r"(\d+) bytes smem", log)
     if regs is None:
         return {"ptxas": log.strip().splitlines()[-1] if log.strip() else "failed"}
-    return {"regs": int(regs[1]), "stack": int(stack[1]), "spill_st": int(spill[1]), "spill_ld": int(spill[2])}
+    return {"regs": int(regs[1]), "stack": int(stack[1]), "spill_st": int(spill[1]), "spill_ld": int(spill[2]),
+            "smem": int(smem[1]) if smem else 0}
 
 
 def main(argv=None):

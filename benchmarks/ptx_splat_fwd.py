@@ -1,13 +1,14 @@
-"""Static cost of the splat forward's kernels on sm_90, without a GPU.
+"""Static cost of the splat forward's kernels (and, with ``--bwd``, the raster backward's) on sm_90, without a GPU.
 
 Builds each kernel with Warp's NVRTC (``wp.compile_aot_module``) and prints the counts of
 ``ptx_mesh.py`` (PTX instructions, global loads, local memory, ``ptxas -v`` registers
-and spills) plus what the rasteriser's inner loop spends: shared loads (``ld.shared``),
-exponentials (``ex2``) and warp votes (``vote``).
+and spills, static shared memory) plus what the rasteriser's inner loop spends: shared
+loads (``ld.shared``), exponentials (``ex2``) and warp votes (``vote``). ``--bwd`` adds
+the raster backward in each reduce mode (without absgrad).
 
 Usage::
 
-    python benchmarks/ptx_splat_fwd.py [--keep DIR]
+    python benchmarks/ptx_splat_fwd.py [--bwd] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -22,19 +23,24 @@ import warp as wp
 
 from arc_warp._src.splat import bin_kernels
 from arc_warp._src.splat.project_kernels import make_project_fwd
-from arc_warp._src.splat.raster_kernels import raster_fwd
+from arc_warp._src.splat.raster_kernels import make_raster_bwd, raster_fwd
 from arc_warp._src.splat.sh_kernels import make_sh_fwd
 from ptx_mesh import ptx_counts, ptxas_info
 
 
-def kernels() -> dict:
-    """name -> kernel of the forward, in pipeline order (SH at degree 3)."""
-    return {
+def kernels(bwd: bool = False) -> dict:
+    """name -> kernel of the forward, in pipeline order (SH at degree 3, 16 coefficient
+    rows), then with ``bwd`` the raster backward per reduce mode."""
+    out = {
         "project_fwd": make_project_fwd(False),
-        "sh_fwd deg3": make_sh_fwd(16),
+        "sh_fwd deg3": make_sh_fwd(16, 16),
         "bin_kernels (whole module)": bin_kernels.write_keys,
         "raster_fwd": raster_fwd,
     }
+    if bwd:
+        for mode in ("arc", "atomic", "deterministic"):
+            out[f"raster_bwd {mode}"] = make_raster_bwd(mode, False)
+    return out
 
 
 def inner_counts(ptx: str) -> dict:
@@ -50,15 +56,16 @@ def inner_counts(ptx: str) -> dict:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bwd", action="store_true", help="also the raster backward (arc, atomic, deterministic)")
     ap.add_argument("--keep", default=None, help="directory that keeps the generated .cu and .ptx files")
     args = ap.parse_args(argv)
     wp.config.log_level = wp.LOG_WARNING
     wp.init()
     root = pathlib.Path(args.keep or tempfile.mkdtemp())
-    cols = ("instr", "ld.global", "ld.v", "local", "ld.shared", "ex2", "vote", "regs", "stack", "spill_st", "spill_ld")
+    cols = ("instr", "ld.global", "ld.v", "local", "ld.shared", "ex2", "vote", "regs", "stack", "spill_st", "spill_ld", "smem")
     print(f"sm_90 (NVRTC of Warp {wp.__version__})")
     print(f"{'kernel':30s} " + " ".join(f"{c:>9s}" for c in cols))
-    for name, kernel in kernels().items():
+    for name, kernel in kernels(args.bwd).items():
         (path,) = wp.compile_aot_module(kernel.module, arch=90, use_ptx=True,
                                         module_dir=root / re.sub(r"\W+", "_", name))
         ptx = path.read_bytes().replace(b"\0", b"").decode()

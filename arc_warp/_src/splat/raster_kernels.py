@@ -12,7 +12,10 @@ forward stages with each entry the subtiles its footprint's box reaches
 (``subtile_mask``), and each warp evaluates only those entries: a small splat reaches a
 few of a tile's 8 subtiles, and fewer of these squarer blocks than of full-width pixel
 rows. The box holds every pixel where the splat's alpha passes 1/255 (the binning's own
-footprint), so the image is what evaluating every entry gives.
+footprint), so the image is what evaluating every entry gives. The backward stages the
+same mask and a warp skips, as one, the entries whose bit it lacks (``warp_skips``): no
+lane of it could find them valid, so the gradients and the transmittance it restores
+back to front are what evaluating every entry gives.
 
 The ``deterministic`` backward adds nothing atomically: per entry, each warp sums its
 pixels with the fixed reduce-scatter tree, the warps' sums meet in shared memory and
@@ -25,7 +28,7 @@ import functools
 
 import warp as wp
 
-from arc_warp._src.arc.intrinsics import ballot, drop_lowest, lane_id, lowest_lane, warp_width
+from arc_warp._src.arc.intrinsics import ballot, cpu_warp_emulation, drop_lowest, lane_id, lowest_lane, warp_width
 from arc_warp._src.splat.raster_batch_funcs import (
     CONIC,
     GEOM,
@@ -154,6 +157,24 @@ def subtile_mask(geom: wp.vec4, conic: wp.vec4, col0: int, row0: int) -> int:
 
 
 @wp.func
+def reaches(subtiles: int, sub: int) -> bool:
+    """Whether the ``subtile_mask`` ``subtiles`` holds subtile ``sub``."""
+    return ((subtiles >> sub) & 1) != 0
+
+
+@wp.func
+def warp_skips(subtiles: int, sub: int) -> bool:
+    """Whether the backward's warp of subtile ``sub`` passes over an entry staged with
+    mask ``subtiles`` without evaluating it: the mask lacks it (``reaches``). Where the
+    CPU emulates warps, collectives synchronise the whole block, so there the block skips
+    together, only the entries that reach none of its subtiles (mask 0); its warps that
+    the mask lacks then run through them with no lane valid."""
+    if cpu_warp_emulation():
+        return subtiles == 0
+    return not reaches(subtiles, sub)
+
+
+@wp.func
 def stage_entry(
     buf: wp.uint64,
     slot: int,
@@ -236,7 +257,7 @@ def raster_fwd(
         while chunk < count:
             hit = False
             if chunk + lane < count:
-                hit = ((batch_subtiles(buf, chunk + lane) >> sub) & 1) != 0
+                hit = reaches(batch_subtiles(buf, chunk + lane), sub)
             pending = ballot(-1, hit)
             while pending != 0 and not done:
                 j = chunk + lowest_lane(pending)
@@ -275,13 +296,21 @@ def raster_fwd(
 
 
 @functools.cache
-def make_raster_bwd(mode: str, absgrad: bool):
+def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = False):
     """Backward of ``raster_fwd``; ``mode`` picks the accumulator (a compile-time choice).
 
     Launch with ``dim = n_tiles * 256, block_dim = 256``. Batches run back to front from
     the block's last contributor; a warp starts each batch at its own last contributor.
     Threads of pixels outside the image run the loop with nothing to add: every lane
     must reach the plan and, in a reducing warp, the reducer.
+
+    With ``skip`` (the default) entries are staged with their ``subtile_mask`` and a warp
+    passes over those that cannot reach its pixels (``warp_skips``), as the forward does;
+    the gradients are the same bit for bit (``skip=False`` evaluates every entry, for
+    tests). ``count`` (tests, benchmarks) adds to ``counts[0]`` each entry a warp
+    evaluates and to ``counts[1]`` each one it skips (once per warp: its lane 0; on a CPU
+    without ``enable_cpu_blocks`` every pixel is a warp); otherwise ``counts`` is unused
+    (None).
 
     ``out_grads`` is (N,) per Gaussian, except for ``deterministic``: (n_isects,) per
     sorted entry, zero-initialised, each written by its tile's block alone. An image
@@ -395,6 +424,7 @@ def make_raster_bwd(mode: str, absgrad: bool):
         v_expected_img: wp.array2d(dtype=float),
         threshold: int,
         out_grads: wp.array(dtype=grad_t),
+        counts: wp.array(dtype=wp.int32),
     ):
         tp = tile_pixel(wp.tid(), tiles_x)
         x = tp.x
@@ -442,24 +472,47 @@ def make_raster_bwd(mode: str, absgrad: bool):
         t = t_final
         rgb_behind = wp.vec3(0.0)
         depth_behind = float(0.0)
+        sub = tp.sub
+        row0 = int(-1)  # -1: staged without masks
+        if wp.static(skip):
+            row0 = y - y % TILE_SIZE
         hi = wp.min(r[1], block_last + 1)  # batch [lo, hi), slot s holds entry hi - 1 - s
         while hi > r[0]:
             lo = wp.max(r[0], hi - size)
             block_sync()  # the previous batch is no longer read
-            stage_entry(buf, rank, gauss_ids, splats, colors, hi - 1 - rank, hi - 1 - rank >= lo, -1, -1)
+            stage_entry(buf, rank, gauss_ids, splats, colors, hi - 1 - rank, hi - 1 - rank >= lo,
+                        x - x % TILE_SIZE, row0)
             block_sync()
             # chunks of slots [c0, c1): one per batch, except deterministic's flushes
             c0 = int(0)
             while c0 < hi - lo:
                 c1 = wp.min(c0 + wp.static(chunk), hi - lo)
                 for s in range(wp.max(c0, hi - 1 - warp_last), c1):
+                    reach = True
+                    if wp.static(skip):
+                        # the entry's footprint box misses the warp's pixels (the forward
+                        # never evaluated it there): no lane can be valid
+                        subtiles = batch_subtiles(buf, s)
+                        reach = reaches(subtiles, sub)
+                        passed = warp_skips(subtiles, sub)
+                        if wp.static(count):
+                            if lane_id() == 0:
+                                wp.atomic_add(counts, wp.where(passed, 1, 0), 1)
+                        if passed:
+                            continue
+                    elif wp.static(count):
+                        if lane_id() == 0:
+                            wp.atomic_add(counts, 0, 1)
                     geom = batch_get(buf, GEOM, s)
                     conic = batch_get(buf, CONIC, s)
                     f = splat_falloff(geom, conic, px, py)
                     vis = wp.exp(-1.0 * f.power)  # as the forward's alpha
                     opacity = geom[2]
                     alpha = wp.min(ALPHA_MAX, opacity * vis)
-                    valid = hi - 1 - s <= last and not (f.power < 0.0 or alpha < ALPHA_MIN)
+                    # exactly the entries the forward composited, so by the mask too (which
+                    # changes nothing while the box holds every pixel passing ALPHA_MIN; it
+                    # need not past EXTEND_MAX std-devs, with opacities above ~1)
+                    valid = reach and hi - 1 - s <= last and not (f.power < 0.0 or alpha < ALPHA_MIN)
                     # most entries reach no pixel of a warp: skip them before planning
                     if lockstep_any(valid):
                         ra = 1.0 / (1.0 - alpha)

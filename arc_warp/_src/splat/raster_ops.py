@@ -67,6 +67,8 @@ def raster_backward(
     absgrad: bool,
     threshold: int,
     frame: Frame,
+    skip: bool = True,
+    counts: wp.array | None = None,
 ) -> wp.array:
     """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents
     (None: zero), zeroed, starting the backward's stage of ``frame.shared``'s scratch
@@ -76,6 +78,10 @@ def raster_backward(
     ``deterministic`` writes one partial per sorted entry (tile, Gaussian), summed over
     the tile's pixels in a fixed order, then sums each Gaussian's entries in entry order
     (``ordered_scatter_add``): bit-identical from run to run.
+
+    ``skip`` and ``counts`` (tests, benchmarks) are ``make_raster_bwd``'s: ``skip=False``
+    evaluates every entry in every warp; a (2,) int32 ``counts`` gets the warp-entries
+    evaluated and skipped added.
     """
     grad_t = grad_vector(absgrad)
     n = proj.radii.shape[0]
@@ -91,7 +97,7 @@ def raster_backward(
         out.zero_()
     with cpu_launch_guard(frame.device):
         frame.launch(
-            make_raster_bwd(mode, absgrad),
+            make_raster_bwd(mode, absgrad, skip, counts is not None),
             bins.tiles_x * bins.tiles_y * BLOCK_PIXELS,
             [
                 bins.gauss_ids,
@@ -111,6 +117,7 @@ def raster_backward(
                 v_expected_depth,
                 threshold,
                 out,
+                counts,
             ],
             block_dim=BLOCK_PIXELS,
         )
