@@ -114,21 +114,26 @@ def test_torch_training_loop_replays_graphs(rng, cameras):
 
     graphed = RenderContext("cuda")
     launches = []
-    replay = Frame.replay
+    replay, replay_kept = Frame.replay, Frame.replay_kept
 
     def counted(frame, key, queue):
         launches.append(key is not None and (key, frame._workspace.allocations) in frame._graphs)
         return replay(frame, key, queue)
 
-    Frame.replay = counted
+    def counted_kept(frame, key):  # a render repeated from its plan
+        result = replay_kept(frame, key)
+        launches.append(result is not None)
+        return result
+
+    Frame.replay, Frame.replay_kept = counted, counted_kept
     try:
         got = train(graphed)
     finally:
-        Frame.replay = replay
+        Frame.replay, Frame.replay_kept = replay, replay_kept
     want = train(RenderContext("cuda", graphs=False))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
     # 2 graphs a step (the forward, the backward, each of all cameras): the last two steps
-    # replay all four
+    # replay all four, their forwards repeated from the render plan
     assert launches[-4:] == [True] * 4, launches
     assert len(launches) <= 2 * 12, launches  # not one per camera

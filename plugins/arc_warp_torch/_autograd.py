@@ -517,6 +517,11 @@ class _RenderGaussians(torch.autograd.Function):
         return tuple(result)
 
 
+# torch.autograd.Function.apply without its functorch unwrapping of dead wrappers (a
+# pytree walk over the arguments, several us per call), for calls outside functorch transforms
+_APPLY = torch._C._FunctionBase.__dict__["apply"].__get__(None, _RenderGaussians)
+
+
 def _guarded(g: torch.Tensor) -> torch.Tensor:
     """``g`` behind `_RaiseOnDoubleBackward`, for a backward under create_graph=True."""
     return _RaiseOnDoubleBackward.apply(g.detach().requires_grad_(True))
@@ -619,8 +624,9 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     if not isinstance(cameras, DeviceCameras):
         cameras = tuple(cameras)
     means2d_out = means2d_out.detach()
-    *images, radii = _RenderGaussians.apply(context, cameras, settings, depths, means2d_out, sink, sink_tensor,
-                                            means, quats, scales, opacities, colors)
+    apply = _RenderGaussians.apply if torch._C._are_functorch_transforms_active() else _APPLY
+    *images, radii = apply(context, cameras, settings, depths, means2d_out, sink, sink_tensor,
+                           means, quats, scales, opacities, colors)
     if not depths:
         images += [None, None]
     return BatchRender(*images, means2d_out, radii)
