@@ -191,3 +191,24 @@ def test_a_grown_sort_size_is_not_repeated(rng, monkeypatch):
     for _ in range(3):
         render_gaussians(*arrays, cam, settings, ws)
     assert exact.count(True) == 1, exact  # the overflow, once
+
+
+def test_alternating_outputs_are_repeated(rng, monkeypatch):
+    """Renders into two output arrays in turn on one frame (the torch bridge's output pool
+    while the previous image is held) are both repeated from their plans, into the
+    right array."""
+    repeats = _emulate(monkeypatch)
+    s = random_scene(rng, n=80, width=40, height=30, sh_degree=1)
+    cam = Camera(s.fx, s.fy, s.cx, s.cy, s.width, s.height, world_to_camera=s.world_to_camera)
+    settings = RenderSettings(sh_degree=1, reduce="atomic")
+    arrays = [wp.array(getattr(s, k), dtype=dt, device="cpu") for k, dt in zip(NAMES, DTYPES)]
+    ws, reference = Workspace("cpu"), Workspace("cpu")
+    ws.graphs = True
+    outputs = [{"color": wp.zeros((s.height, s.width), dtype=wp.vec3, device="cpu")} for _ in range(2)]
+    for step in range(12):
+        arrays[0].assign(arrays[0].numpy() + rng.normal(scale=0.01, size=(s.means.shape[0], 3)).astype(np.float32))
+        out = render_gaussians(*arrays, cam, settings, ws, outputs=outputs[step % 2])
+        want = render_gaussians(*arrays, cam, settings, reference)
+        np.testing.assert_array_equal(outputs[step % 2]["color"].numpy(), want.color.numpy(), err_msg=f"step {step}")
+        del out
+    assert repeats.count(True) >= 6, repeats

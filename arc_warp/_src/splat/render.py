@@ -226,8 +226,9 @@ class _RenderPlan:
         plan.pending = [pending for _, pending, _ in queued]
         plan.sizes = [((out._bins.tiles_x, out._bins.tiles_y), p.sort_size) for out, p, _ in queued]
         plans = workspace.render_plans
-        plans[:] = [p for p in plans if p.frames != frames][:RENDER_PLANS - 1]
+        plans[:] = [p for p in plans if not (p.frames == frames and p.matches(input_key, cameras, settings, per_camera))]
         plans.insert(0, plan)
+        del plans[RENDER_PLANS:]
 
     def matches(self, input_key, cameras, settings, per_camera) -> bool:
         """Whether a call with these arguments repeats this one (inputs by pointers and

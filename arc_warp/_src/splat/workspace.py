@@ -17,7 +17,9 @@ SORT_HISTORY = 64  # renders whose intersection totals set the sort size kept fo
 SORT_SLACK = 4096  # entries added to every kept sort size, so small scenes rarely overflow
 GRAPHS_PER_FRAME = 24  # CUDA graphs a frame keeps (least recently used dropped first)
 SCRATCH_ALIGN = 256  # byte alignment of each part carved from the scratch arena (Frame.scratch)
-RENDER_PLANS = 4  # render calls a workspace keeps to repeat (a loop alternating frames needs 2)
+# render calls a workspace keeps to repeat: a loop that holds the previous output while
+# rendering alternates two frames and two output blocks of the torch bridge's pool
+RENDER_PLANS = 4
 
 
 def signature(arg):
