@@ -23,7 +23,7 @@ def emulate_graphs(monkeypatch, replays: list) -> None:
     """Patch ``Frame`` so that graphs are emulated (see the module notes); the kind of each
     replayed key ("forward" / "backward") is appended to ``replays``."""
     monkeypatch.setattr(Frame, "replay", _emulated_replay(replays))
-    monkeypatch.setattr(Frame, "_launch", lambda frame, graph: graph())
+    monkeypatch.setattr(Frame, "launch_graph", lambda frame, graph: graph())
 
 
 def _emulated_replay(replays):
@@ -33,12 +33,12 @@ def _emulated_replay(replays):
         key = (key, frame._workspace.allocations)
         entry = frame._graphs.get(key)
         if entry is not None:
-            frame._launch(entry[0])
+            frame.launch_graph(entry[0])
             return entry[1]
         result = queue()
         if frame._workspace.allocations == key[1]:
             kind = key[0][0]
-            # the first call's work, as a graph of it would run (Frame._launch calls it)
+            # the first call's work, as a graph of it would run (Frame.launch_graph calls it)
             frame._graphs[key] = (lambda: (replays.append(kind), queue()), result)
         return result
 
@@ -187,10 +187,14 @@ def test_a_grown_sort_size_is_not_repeated(rng, monkeypatch):
     for _ in range(4):
         render_gaussians(*arrays, cam, settings, ws)
     assert repeats and repeats[-1], repeats
+    before = len(repeats)
     arrays[2].assign(arrays[2].numpy() * 30.0)  # far larger footprints, same pointers
     for _ in range(3):
         render_gaussians(*arrays, cam, settings, ws)
     assert exact.count(True) == 1, exact  # the overflow, once
+    # repeated, overflowed (re-rendered, its sort buffers grown: allocated), then not
+    # repeated: the kept graph's buffers have moved
+    assert repeats[before:before + 2] == [True, False], repeats
 
 
 def test_alternating_outputs_are_repeated(rng, monkeypatch):
@@ -212,3 +216,52 @@ def test_alternating_outputs_are_repeated(rng, monkeypatch):
         np.testing.assert_array_equal(outputs[step % 2]["color"].numpy(), want.color.numpy(), err_msg=f"step {step}")
         del out
     assert repeats.count(True) >= 6, repeats
+
+
+def _one_view(rng, **scene):
+    s = random_scene(rng, n=80, width=40, height=30, sh_degree=1, **scene)
+    cam = Camera(s.fx, s.fy, s.cx, s.cy, s.width, s.height, world_to_camera=s.world_to_camera)
+    arrays = [wp.array(getattr(s, k), dtype=dt, device="cpu") for k, dt in zip(NAMES, DTYPES)]
+    return s, cam, arrays
+
+
+def test_a_plan_is_not_repeated_after_the_workspace_allocates(rng, monkeypatch):
+    """A render of another size grows the workspace's shared buffers (it allocates), so a
+    kept graph of the first size may point at freed memory: its plan is not repeated, and
+    the call is prepared (and captured) anew."""
+    repeats = _emulate(monkeypatch)
+    settings = RenderSettings(sh_degree=1, reduce="atomic")
+    s, cam, arrays = _one_view(rng)
+    big = Camera(s.fx * 4, s.fy * 4, s.cx * 4, s.cy * 4, s.width * 4, s.height * 4, world_to_camera=s.world_to_camera)
+    ws = Workspace("cpu")
+    ws.graphs = True
+    for _ in range(4):
+        render_gaussians(*arrays, cam, settings, ws)
+    assert repeats and all(repeats), repeats
+    allocations = ws.allocations
+    render_gaussians(*arrays, big, settings, ws)
+    assert ws.allocations > allocations
+    out = render_gaussians(*arrays, cam, settings, ws)
+    assert repeats[-1] is False, repeats
+    np.testing.assert_array_equal(out.color.numpy(), render_gaussians(*arrays, cam, settings, Workspace("cpu")).color.numpy())
+
+
+def test_a_plan_is_not_repeated_with_a_changed_sort_size(rng, monkeypatch):
+    """Once the kept sort size shrinks (recent totals far below it; no allocation), calls
+    are prepared with the new size rather than repeated with the old one."""
+    repeats = _emulate(monkeypatch)
+    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)
+    monkeypatch.setattr(workspace_module, "SORT_HISTORY", 2)  # the size follows the last two totals
+    settings = RenderSettings(sh_degree=1, reduce="atomic")
+    s, cam, arrays = _one_view(rng, size_px_range=(3.0, 8.0))
+    ws = Workspace("cpu")
+    ws.graphs = True
+    for _ in range(4):
+        render_gaussians(*arrays, cam, settings, ws)
+    grid = ((s.width + 15) // 16, (s.height + 15) // 16)
+    kept, allocations = ws.sort_size(grid), ws.allocations
+    arrays[2].assign(arrays[2].numpy() * 0.05)  # far smaller footprints, same pointers
+    for _ in range(4):
+        render_gaussians(*arrays, cam, settings, ws)
+    assert ws.sort_size(grid) < kept and ws.allocations == allocations
+    assert False in repeats[1:], repeats

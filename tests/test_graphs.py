@@ -7,6 +7,7 @@ import pytest
 import warp as wp
 
 from arc_warp import Camera, RenderSettings, Workspace, render_gaussians, render_gaussians_backward
+from arc_warp._src.splat.render import _RenderPlan
 from arc_warp._src.splat.workspace import Frame
 from conftest import random_scene
 
@@ -114,7 +115,7 @@ def test_torch_training_loop_replays_graphs(rng, cameras):
 
     graphed = RenderContext("cuda")
     launches = []
-    replay, replay_kept = Frame.replay, Frame.replay_kept
+    replay, repeat = Frame.replay, _RenderPlan.repeat
 
     def counted(frame, key, queue):
         launches.append(key is not None and (key, frame._workspace.allocations) in frame._graphs)
@@ -122,17 +123,18 @@ def test_torch_training_loop_replays_graphs(rng, cameras):
 
     repeats = []
 
-    def counted_kept(frame, key):  # a render repeated from its plan
-        result = replay_kept(frame, key)
-        launches.append(result is not None)
+    def counted_repeat(plan, *args):  # a render repeated from its plan: one graph launch
+        result = repeat(plan, *args)
+        if result is not None:
+            launches.append(True)
         repeats.append(result is not None)
         return result
 
-    Frame.replay, Frame.replay_kept = counted, counted_kept
+    Frame.replay, _RenderPlan.repeat = counted, counted_repeat
     try:
         got = train(graphed)
     finally:
-        Frame.replay, Frame.replay_kept = replay, replay_kept
+        Frame.replay, _RenderPlan.repeat = replay, repeat
     want = train(RenderContext("cuda", graphs=False))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)

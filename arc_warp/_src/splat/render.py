@@ -204,21 +204,22 @@ class _RenderPlan:
     totals checked as always), without preparing anything: a training step's render
     spends most of its host time in that preparation."""
 
-    __slots__ = ("workspace", "input_key", "cameras", "settings", "per_camera", "frames", "key", "sizes",
-                 "outputs", "pending")
+    __slots__ = ("workspace", "input_key", "cameras", "settings", "per_camera", "frames", "graph", "allocations",
+                 "sizes", "outputs", "pending")
 
     @classmethod
     def keep(cls, workspace, input_key, cameras, settings, per_camera, prepared, queued) -> None:
         """Keep the call that just queued ``prepared`` (its cameras' (frame, key, stages))
         and ``queued`` ((output, pending, targets) per camera), if its graph is kept."""
         frames = [frame for frame, _, _ in prepared]
-        key = _together_key("forward", prepared)
-        if GraphKey((key, workspace.allocations)) not in frames[0]._graphs:
+        graph = frames[0].kept_graph(_together_key("forward", prepared))
+        if graph is None:
             return  # queued without a graph (its first time): nothing to repeat yet
         plan = cls()
         plan.workspace, plan.input_key, plan.settings = workspace, input_key, settings
         plan.cameras, plan.per_camera = list(cameras), list(per_camera)
-        plan.frames, plan.key = frames, key
+        # the graph's buffers stay where they are while no buffer is allocated
+        plan.frames, plan.graph, plan.allocations = frames, graph, workspace.allocations
         # copies (the originals release their frames), without this call's inputs: a repeat
         # sets its own (the backward reads their .grad through them, in the Warp API); made
         # before any backward, so their means2d_grad is still to be made (zeroed) per render
@@ -243,10 +244,10 @@ class _RenderPlan:
         again; None if it cannot be repeated (a frame is leased, the workspace allocated,
         a kept sort size changed): the caller then prepares the call as usual."""
         workspace = self.workspace
-        if not workspace.is_free(self.frames) or any(workspace.sort_size(grid) != size for grid, size in self.sizes):
+        if (workspace.allocations != self.allocations or not workspace.is_free(self.frames)
+                or any(workspace.sort_size(grid) != size for grid, size in self.sizes)):
             return None
-        if self.frames[0].replay_kept(self.key) is None:
-            return None
+        self.frames[0].launch_graph(self.graph)
         workspace.lease(self.frames)
         queued = []
         for kept, frame, pending, targets in zip(self.outputs, self.frames, self.pending, self.per_camera):

@@ -155,7 +155,7 @@ class Frame:
         entry = self._graphs.get(key)
         if entry is not None:
             self._graphs.move_to_end(key)
-            self._launch(entry[0])
+            self.launch_graph(entry[0])
             return entry[1]
         if key not in self._seen:
             result = queue()
@@ -177,20 +177,17 @@ class Frame:
                 self._graphs.popitem(last=False)
         return result
 
-    def replay_kept(self, key):
-        """The result of the graph :meth:`replay` keeps for ``key``, launched again, or None
-        if none is kept (not captured yet, dropped, or the workspace allocated since).
-        For callers that know a call repeats one whose graph was kept (``render.py``'s
-        ``_RenderPlan``): they skip ``queue``'s preparation altogether."""
-        key = GraphKey((key, self._workspace.allocations))
-        entry = self._graphs.get(key)
-        if entry is None:
-            return None
-        self._graphs.move_to_end(key)
-        self._launch(entry[0])
-        return entry[1]
+    def kept_graph(self, key):
+        """The graph :meth:`replay` keeps for ``key`` at the workspace's current allocation
+        count, or None (not captured yet, or dropped). For callers that keep it to launch
+        again themselves (:meth:`launch_graph`) while the allocation count stays the same
+        (``render.py``'s ``_RenderPlan``), skipping ``queue``'s preparation and the key
+        lookup."""
+        entry = self._graphs.get(GraphKey((key, self._workspace.allocations)))
+        return None if entry is None else entry[0]
 
-    def _launch(self, graph) -> None:
+    def launch_graph(self, graph) -> None:
+        """Launch a graph of this frame on the current stream."""
         wp.capture_launch(graph)
 
     def host_array(self, name: str, shape, dtype) -> wp.array:
