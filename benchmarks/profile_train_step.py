@@ -87,7 +87,7 @@ HOST_PARTS = (
     ("arc_warp._src.splat.render", "_input_key"),
     ("arc_warp._src.splat.render", "_RenderPlan.matches"),
     ("arc_warp._src.splat.render", "_RenderPlan.repeat"),
-    ("arc_warp._src.splat.workspace", "Frame.replay_kept"),
+    ("arc_warp._src.splat.workspace", "Frame.launch_graph"),
     ("arc_warp._src.splat.render", "_prepare_forward"),
     ("arc_warp._src.splat.render", "_replay_together"),
     ("arc_warp._src.splat.render", "_settle"),
