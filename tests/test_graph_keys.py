@@ -92,16 +92,8 @@ def test_emulated_graph_replay_matches_kernel_launches(rng, monkeypatch, count):
                for i in range(count)]
     want = _loop(s, cameras, False, 7)
     assert all(np.abs(image).max() > 0 for image in want[-1][:count])
-    replays, repeats = [], []
-    emulate_graphs(monkeypatch, replays)
-    repeat = _RenderPlan.repeat
-
-    def counted(plan, *args):
-        outs = repeat(plan, *args)
-        repeats.append(outs is not None)
-        return outs
-
-    monkeypatch.setattr(_RenderPlan, "repeat", counted)
+    replays = []
+    repeats = _emulate(monkeypatch, replays)
     got = _loop(s, cameras, True, 7)
     # replayed: all but the first keyed step (the first render reads its total back) and
     # the steps that change what the keys hold; renders repeated from their plan in the
@@ -113,11 +105,12 @@ def test_emulated_graph_replay_matches_kernel_launches(rng, monkeypatch, count):
             np.testing.assert_array_equal(a, b, err_msg=f"step {step}, result {i}")
 
 
-def _emulate(monkeypatch):
-    """Emulated graphs (see the module notes); returns the list of repeat outcomes
-    (True: a call repeated from its plan, False: a plan that matched but could not)."""
+def _emulate(monkeypatch, replays=None):
+    """Emulated graphs (see the module notes, and `emulate_graphs` for ``replays``);
+    returns the list of repeat outcomes (True: a call repeated from its plan, False: a
+    plan that matched but could not)."""
     repeats = []
-    emulate_graphs(monkeypatch, [])
+    emulate_graphs(monkeypatch, [] if replays is None else replays)
     repeat = _RenderPlan.repeat
 
     def counted(plan, *args):
