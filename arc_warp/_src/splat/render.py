@@ -412,8 +412,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
 
     def bound(proj):
         """``proj`` with this call's arrays (outputs, plain RGB inputs) put back."""
-        return replaced(proj, means2d=means2d, radii=radii,
-                                   rgb=inputs.colors if inputs.sh_coeffs == 0 else proj.rgb)
+        return replaced(proj, means2d=means2d, radii=radii, rgb=inputs.colors if inputs.sh_coeffs == 0 else proj.rgb)
 
     def queue_raster(proj, depth, sort_size):
         if n > 0:
