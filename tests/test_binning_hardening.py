@@ -131,7 +131,7 @@ def test_nan_inputs_are_culled_by_the_projection(field):
     flags = wp.zeros(8, dtype=wp.int32, device="cpu")
     frame = arc_warp.Workspace("cpu").acquire()
     n = inputs.count
-    proj = project(inputs, camera_params(one_camera(40, 24), "cpu"), 0.3, 3, 2, flags, frame,
+    proj = project(inputs, camera_params(one_camera(40, 24), "cpu"), arc_warp.RenderSettings(), 3, 2, flags, frame,
                    wp.empty(n, dtype=wp.vec2, device="cpu"), wp.empty(n, dtype=wp.vec2i, device="cpu"))
     assert proj.radii.numpy()[0].tolist() == [0, 0] and proj.radii.numpy()[1].min() > 0
     assert proj.tiles_per_gauss.numpy()[0] == 0

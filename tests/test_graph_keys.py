@@ -168,9 +168,8 @@ def test_a_grown_sort_size_is_not_repeated(rng, monkeypatch):
     repeats = _emulate(monkeypatch)
     monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)  # kept sizes of a small scene, unpadded
     exact = []
-    forward = render_module._forward
-    monkeypatch.setattr(render_module, "_forward",
-                        lambda *a, **k: (exact.append(k.get("exact")), forward(*a, **k))[1])
+    render_exact = render_module._render_exact
+    monkeypatch.setattr(render_module, "_render_exact", lambda *a: (exact.append(True), render_exact(*a))[1])
     s = random_scene(rng, n=80, width=40, height=30, sh_degree=1, size_px_range=(0.3, 1.5))
     cam = Camera(s.fx, s.fy, s.cx, s.cy, s.width, s.height, world_to_camera=s.world_to_camera)
     settings = RenderSettings(sh_degree=1, reduce="atomic")

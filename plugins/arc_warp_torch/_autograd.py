@@ -114,32 +114,23 @@ class RenderContext:
 
     def inputs(self, tensors: Sequence[torch.Tensor], settings: RenderSettings):
         """Checked Warp views (`arc_warp`'s GaussianInputs) of float32 contiguous
-        (means, quats, scales, opacities, colors) tensors, made once per memory, shape,
-        SH degree and activations."""
-        key = ("inputs", *(t.data_ptr() for t in tensors), tensors[0].shape[0], tensors[4].shape,
-               settings.sh_degree, settings.scale_activation, settings.opacity_activation)
-        return self._memoized(key, lambda: check_inputs(
-            *(self.view(t, dt) for t, dt in zip(tensors, INPUT_DTYPES)), settings))
+        (means, quats, scales, opacities, colors) tensors; callers memoize them by memory
+        (`_memoized`)."""
+        return check_inputs(*(self.view(t, dt) for t, dt in zip(tensors, INPUT_DTYPES)), settings)
 
     def per_camera(self, tensors: Sequence[torch.Tensor], dtypes: Sequence, names: Sequence[str]) -> list[dict]:
         """For [C, ...] contiguous tensors, C dicts of Warp views of camera i's slice by
-        name (made once per memory and shape). A name given None is left out."""
+        name; a name given None is left out. Callers memoize them by memory (`_memoized`)."""
         present = [(t, dt, name) for t, dt, name in zip(tensors, dtypes, names) if t is not None]
-        key = ("per_camera", *((name, t.data_ptr(), t.shape) for t, _, name in present))
-
-        def make():
-            c = present[0][0].shape[0]
-            return [{name: self.workspace.view(t.data_ptr() + i * t.stride(0) * t.element_size(), dt,
-                                               tuple(t.shape[1:t.dim() - _element_axes(dt)]))
-                     for t, dt, name in present} for i in range(c)]
-
-        return self._memoized(key, make)
+        c = present[0][0].shape[0]
+        return [{name: self.workspace.view(t.data_ptr() + i * t.stride(0) * t.element_size(), dt,
+                                           tuple(t.shape[1:t.dim() - _element_axes(dt)]))
+                 for t, dt, name in present} for i in range(c)]
 
     def grads(self, tensors: Sequence[torch.Tensor]) -> GaussianGrads:
-        """Warp views of the five gradient tensors (shaped like the inputs), made once per
-        memory and shape."""
-        key = ("grads", *((t.data_ptr(), t.shape) for t in tensors))
-        return self._memoized(key, lambda: GaussianGrads(*(self.view(t, dt) for t, dt in zip(tensors, INPUT_DTYPES))))
+        """Warp views of the five gradient tensors (shaped like the inputs); callers memoize
+        them by memory (`_memoized`)."""
+        return GaussianGrads(*(self.view(t, dt) for t, dt in zip(tensors, INPUT_DTYPES)))
 
     def gradients(self, inputs: Sequence[torch.Tensor], means2d_shape: Optional[torch.Size]):
         """Fresh float32 tensors for a backward to write: one shaped like each of `inputs`,
@@ -468,8 +459,8 @@ class _RenderGaussians(torch.autograd.Function):
         # one lookup by every pointer and size the Warp views depend on (the images' layout
         # in their block is fixed by c, h, w)
         key = ("forward", means.data_ptr(), quats.data_ptr(), scales.data_ptr(), opacities.data_ptr(),
-               colors.data_ptr(), colors.shape, settings.sh_degree, settings.scale_activation,
-               settings.opacity_activation, block.data_ptr(), means2d_out.data_ptr(), radii.data_ptr(), c, h, w)
+               colors.data_ptr(), colors.shape, settings.sh_degree, block.data_ptr(), means2d_out.data_ptr(),
+               radii.data_ptr(), c, h, w)
         checked, targets = context._memoized(key, lambda: (
             context.inputs(inputs, settings),
             context.per_camera((*images, means2d_out, radii), (*IMAGE_DTYPES, wp.vec2, wp.vec2i),

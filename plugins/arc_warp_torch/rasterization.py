@@ -55,9 +55,8 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
     on the device). Host tensors are read in place into C `Camera`s (cached by value in
     `context`); CUDA tensors on another device come to the host in one copy."""
     last = context.last_cameras
-    if last is not None and last[0] is viewmats and last[1] is Ks and last[2] == (
-            viewmats.data_ptr(), Ks.data_ptr(), viewmats.shape, Ks.shape, viewmats.dtype, Ks.dtype,
-            viewmats.requires_grad or Ks.requires_grad, width, height, near_plane, far_plane):
+    if (last is not None and last[0] is viewmats and last[1] is Ks
+            and last[2] == _camera_state(viewmats, Ks, width, height, near_plane, far_plane)):
         return last[3]  # the same device tensors as the last call: checked then, read on the device
     if not isinstance(viewmats, torch.Tensor) or not isinstance(Ks, torch.Tensor):
         raise TypeError(f"viewmats, Ks: expected torch.Tensors, got {type(viewmats).__name__}, "
@@ -75,8 +74,7 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
     c = viewmats.shape[0]
     if viewmats.device == context.device == Ks.device and context.device.type == "cuda":
         cameras = context.device_cameras(viewmats, Ks, width, height, near_plane, far_plane)
-        context.last_cameras = (viewmats, Ks, (viewmats.data_ptr(), Ks.data_ptr(), viewmats.shape, Ks.shape,
-                                               viewmats.dtype, Ks.dtype, False, width, height, near_plane, far_plane),
+        context.last_cameras = (viewmats, Ks, _camera_state(viewmats, Ks, width, height, near_plane, far_plane),
                                 cameras)
         return cameras
     if viewmats.device.type == "cpu" and Ks.device.type == "cpu":
@@ -87,6 +85,12 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
         vm, ks = packed[:, :16].reshape(c, 4, 4), packed[:, 16:].reshape(c, 3, 3)
     return [context.camera(float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2]), width,
                            height, v, near_plane, far_plane) for v, k in zip(vm, ks)]
+
+
+def _camera_state(viewmats, Ks, width, height, near_plane, far_plane) -> tuple:
+    """What `_cameras` checked of camera tensors that can change behind the same objects."""
+    return (viewmats.data_ptr(), Ks.data_ptr(), viewmats.shape, Ks.shape, viewmats.dtype, Ks.dtype,
+            viewmats.requires_grad or Ks.requires_grad, width, height, near_plane, far_plane)
 
 
 def rasterization(

@@ -8,7 +8,7 @@ from arc_warp._src.splat.bin_ops import forward_scratch_bytes
 from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
 from arc_warp._src.splat.project_kernels import camera_from_matrices, make_project_bwd, make_project_fwd
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
-from arc_warp._src.splat.records import GaussianGrads, GaussianInputs, ProjectResult
+from arc_warp._src.splat.records import GaussianGrads, GaussianInputs, ProjectResult, RenderSettings
 from arc_warp._src.splat.workspace import Frame
 
 
@@ -46,14 +46,13 @@ def device_camera_params(cameras: DeviceCameras, index: int, bad: wp.array, fram
 def project(
     inputs: GaussianInputs,
     cam: wp.array,  # (1,) CameraParams
-    eps2d: float,
+    settings: RenderSettings,
     tiles_x: int,
     tiles_y: int,
     bad: wp.array,
     frame: Frame,
     means2d: wp.array,  # (N,) vec2, output
     radii: wp.array,  # (N,) vec2i, output
-    antialiased: bool = False,
     arena: Frame | None = None,
 ) -> ProjectResult:
     """Screen-space splats, radii and tile counts; flags non-finite inputs in ``bad``.
@@ -64,9 +63,9 @@ def project(
     binning waits for other renders' counts passes its own ``frame``); the shared arena's
     room also covers the tile sort's keys at the workspace's kept sort size.
     ``means2d`` and ``radii`` are the caller's outputs.
-    ``antialiased``: splat opacities carry the 2D filter's compensation.
-    ``inputs.scale_activation`` / ``opacity_activation`` pick the kernel that activates
-    raw log-scales / logits as it reads them."""
+    From ``settings``: ``eps2d``, ``antialiased`` (splat opacities carry the 2D filter's
+    compensation) and ``scale_activation`` / ``opacity_activation``, which pick the kernel
+    that activates raw log-scales / logits as it reads them."""
     arena = frame.shared if arena is None else arena
     n = inputs.count
     sort_size = frame._workspace.sort_size((tiles_x, tiles_y)) if arena is frame.shared else None
@@ -78,7 +77,7 @@ def project(
         rgb=inputs.colors if inputs.sh_coeffs == 0 else frame.array("rgb", n, wp.vec3),
     )
     frame.launch(
-        make_project_fwd(antialiased, inputs.scale_activation, inputs.opacity_activation),
+        make_project_fwd(settings.antialiased, settings.scale_activation, settings.opacity_activation),
         n,
         [
             inputs.means,
@@ -86,7 +85,7 @@ def project(
             inputs.scales,
             inputs.opacities,
             cam,
-            eps2d,
+            settings.eps2d,
             tiles_x,
             tiles_y,
             result.means2d,
@@ -104,13 +103,11 @@ def project_backward(
     cam: wp.array,  # (1,) CameraParams
     proj: ProjectResult,
     raster_grads: wp.array,
-    absgrad: bool,
+    settings: RenderSettings,
     grads: GaussianGrads,
     means2d_grad: wp.array | None,
     means2d_absgrad: wp.array | None,
     frame: Frame,
-    eps2d: float = 0.3,
-    antialiased: bool = False,
     accumulate: bool = True,
     sh_v_means: wp.array | None = None,
 ):
@@ -120,12 +117,12 @@ def project_backward(
 
     ``sh_v_means``: (N,) vec3 from ``sh_ops.color_backward``, which has written the colour
     gradients; this adds its view-direction share of dL/dmeans. None: the colour
-    backward runs here, per Gaussian. With ``inputs.scale_activation`` /
+    backward runs here, per Gaussian. With ``settings.scale_activation`` /
     ``opacity_activation`` set, the scale / opacity gradients are w.r.t. the raw log-scales
     / logits."""
     frame.launch(
-        make_project_bwd(inputs.sh_coeffs, absgrad, antialiased, not accumulate, sh_v_means is not None,
-                         inputs.scale_activation, inputs.opacity_activation),
+        make_project_bwd(inputs.sh_coeffs, settings.absgrad, settings.antialiased, not accumulate,
+                         sh_v_means is not None, settings.scale_activation, settings.opacity_activation),
         inputs.count,
         [
             inputs.means,
@@ -134,7 +131,7 @@ def project_backward(
             inputs.colors,
             inputs.opacities,
             cam,
-            eps2d,
+            settings.eps2d,
             proj.radii,
             proj.splats,
             proj.rgb,

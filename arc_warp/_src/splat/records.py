@@ -117,9 +117,6 @@ class GaussianInputs:
     opacities: wp.array
     colors: wp.array
     sh_coeffs: int  # coefficients evaluated, (degree+1)^2; 0 for plain RGB
-    # how the projection reads scales / opacities (RenderSettings.scale_activation, ...)
-    scale_activation: str = "none"
-    opacity_activation: str = "none"
     # (settings, graph key part) of the last render of these inputs (render.py `_input_key`)
     graph_key: tuple | None = field(default=None, init=False, repr=False, compare=False)
 

@@ -345,12 +345,12 @@ def _read_total(flags: np.ndarray, workspace: Workspace, grid: tuple[int, int]) 
     return total
 
 
-def _forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int | None, settings: RenderSettings,
-             frame: Frame, outputs: dict, input_key, exact: bool = False) -> tuple[RenderOutput, _Pending | None]:
-    """Queues one camera's render (see :func:`_prepare_forward`) and returns its output
-    and what :func:`_settle` checks (None if the total was read back first)."""
-    key, stages, finish = _prepare_forward(inputs, camera, index, settings, frame, outputs, input_key, exact=exact)
-    return finish(None if key is None else _replay_together("forward", [(frame, key, stages)])[0])
+def _render_exact(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int | None,
+                  settings: RenderSettings, frame: Frame, outputs: dict) -> RenderOutput:
+    """One camera's render queued kernel by kernel, its sort sized by the total read back
+    first (see :func:`_prepare_forward`)."""
+    _, _, finish = _prepare_forward(inputs, camera, index, settings, frame, outputs, None, exact=True)
+    return finish(None)[0]
 
 
 def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int | None,
@@ -400,8 +400,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
         flags = frame.array("flags", 1 + len(BAD_SLOTS), wp.int32, zero=True)
         params = cam if index is None else device_camera_params(camera, index, flags, frame)
         arena = frame if own_arena else None
-        proj = project(inputs, params, settings.eps2d, *grid, flags, frame, means2d, radii, settings.antialiased,
-                       arena)
+        proj = project(inputs, params, settings, *grid, flags, frame, means2d, radii, arena)
         if n == 0:
             return params, _unbound(proj, inputs), None, None
         compute_colors(inputs, params, proj, flags, frame)  # flags bad colours before the readback
@@ -516,8 +515,7 @@ def _settle(queued: list, workspace: Workspace) -> None:
             continue
         total = _read_total(p.host_flags, workspace, (out._bins.tiles_x, out._bins.tiles_y))
         if total > p.sort_size:
-            redone, _ = _forward(out._inputs, out.camera, out.camera_index, out.settings, out._frame, targets,
-                                 None, exact=True)
+            redone = _render_exact(out._inputs, out.camera, out.camera_index, out.settings, out._frame, targets)
             for field in dataclasses.fields(RenderOutput):
                 setattr(out, field.name, getattr(redone, field.name))
         else:
@@ -599,26 +597,18 @@ def render_gaussians_backward(
         check_grads(grads, inputs)
     if means2d_grad is not None:
         check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (inputs.count,), device)
-    backward_checked(out, v_color, v_alpha, v_depth, v_expected, grads, accumulate, means2d_grad)
-    return grads
-
-
-def backward_checked(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.array | None,
-                     v_depth: wp.array | None, v_expected: wp.array | None, grads: GaussianGrads,
-                     accumulate: bool, means2d_grad: wp.array | None) -> None:
-    """:func:`render_gaussians_backward` from arguments it has checked: cotangents shaped
-    like ``out``'s images or None (zero), ``grads`` matching the inputs, ``means2d_grad``
-    (N,) wp.vec2 or None (``out.means2d_grad``)."""
     backwards_checked([out], [(v_color, v_alpha, v_depth, v_expected)], grads, accumulate, [means2d_grad])
+    return grads
 
 
 def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: GaussianGrads, accumulate: bool,
                       means2d_grads: list) -> None:
-    """:func:`backward_checked` of the C renders of one call (also the torch bridge's
-    entry), in order, into one ``grads``: the first adds with ``accumulate`` (or writes),
-    the others add. ``cotangents`` holds per render (color, alpha, depth,
-    expected_depth), each an array or None; ``means2d_grads`` per render an array or
-    None. With graphs, consecutive backwards with graph keys go through one
+    """:func:`render_gaussians_backward` of the C renders of one call from arguments it
+    has checked (also the torch bridge's entry), in order, into one ``grads`` matching the
+    inputs: the first adds with ``accumulate`` (or writes), the others add.
+    ``cotangents`` holds per render (color, alpha, depth, expected_depth), each shaped
+    like the render's images or None (zero); ``means2d_grads`` per render an (N,) wp.vec2
+    or None (``out.means2d_grad``). With graphs, consecutive backwards with graph keys go through one
     ``Frame.replay`` (:func:`_replay_together`)."""
     batch = []
     for i, (out, cot, means2d_grad) in enumerate(zip(outs, cotangents, means2d_grads)):
@@ -635,7 +625,7 @@ def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: 
 def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.array | None,
                       v_depth: wp.array | None, v_expected: wp.array | None, grads: GaussianGrads,
                       accumulate: bool, means2d_grad: wp.array | None) -> tuple:
-    """One render's backward (arguments as :func:`backward_checked`), prepared but not
+    """One render's backward (arguments as :func:`backwards_checked`, one render's), prepared but not
     queued: ``(frame, key, queue)``; ``queue(None)`` queues it, for a ``Frame.replay`` by
     ``key`` unless ``key`` is None (no graphs, or ``"deterministic"``, which reads the
     exact total)."""
@@ -666,9 +656,7 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
         )
         sh_v_means = color_backward(inputs, cam, proj, raster_grads, settings.absgrad, grads.colors,
                                     settings.reduce, threshold, frame, accumulate)
-        project_backward(
-            inputs, cam, proj, raster_grads, settings.absgrad, grads, means2d_grad,
-            absgrad, frame, settings.eps2d, settings.antialiased, accumulate, sh_v_means
-        )
+        project_backward(inputs, cam, proj, raster_grads, settings, grads, means2d_grad, absgrad, frame, accumulate,
+                         sh_v_means)
 
     return frame, key, queue_backward

@@ -31,8 +31,7 @@ def check_inputs(means, quats, scales, opacities, colors, settings: RenderSettin
         if (degree + 1) ** 2 > k:
             raise ValueError(f"sh_degree {degree} needs {(degree + 1) ** 2} SH coefficients, colors has {k}")
         sh_coeffs = (degree + 1) ** 2
-    return GaussianInputs(means, quats, scales, opacities, colors, sh_coeffs, settings.scale_activation,
-                          settings.opacity_activation)
+    return GaussianInputs(means, quats, scales, opacities, colors, sh_coeffs)
 
 
 _ZERO_QUAT_SLOT = BAD_SLOTS.index("quats (zero norm)") + 1
