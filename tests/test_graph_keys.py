@@ -257,3 +257,32 @@ def test_a_plan_is_not_repeated_with_a_changed_sort_size(rng, monkeypatch):
         render_gaussians(*arrays, cam, settings, ws)
     assert ws.sort_size(grid) < kept and ws.allocations == allocations
     assert False in repeats[1:], repeats
+
+
+def test_a_backward_without_intersections_is_not_replayed_for_one_with(rng, monkeypatch):
+    """A render with no intersection skips the rasteriser backward; a later render of the
+    same key (same pointers and kept sort size, new values) that has intersections must
+    not replay that backward: its gradients are those of kernel-by-kernel launches."""
+    replays = []
+    emulate_graphs(monkeypatch, replays)
+    settings = RenderSettings(sh_degree=1, reduce="atomic")
+    s, cam, arrays = _one_view(rng)
+    opacities = arrays[3].numpy().copy()
+    cot = wp.array(rng.normal(size=(s.height, s.width, 3)), dtype=wp.vec3, device="cpu")
+    ws = Workspace("cpu")
+    ws.graphs = True
+    render_gaussians(*arrays, cam, settings, ws)  # reads its total back: the kept sort size
+    arrays[3].zero_()  # every Gaussian culled: no intersection, the same keys
+    for _ in range(3):
+        out = render_gaussians(*arrays, cam, settings, ws)
+        assert out._bins.n_isects == 0
+        render_gaussians_backward(out, cot)
+        del out  # one frame, whose graphs the next step replays
+    assert "backward" in replays, replays
+    arrays[3].assign(opacities)
+    out = render_gaussians(*arrays, cam, settings, ws)
+    assert out._bins.n_isects > 0
+    got = render_gaussians_backward(out, cot)
+    want = render_gaussians_backward(render_gaussians(*arrays, cam, settings, Workspace("cpu")), cot)
+    for name in NAMES:
+        np.testing.assert_array_equal(getattr(got, name).numpy(), getattr(want, name).numpy(), err_msg=name)

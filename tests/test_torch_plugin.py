@@ -451,7 +451,8 @@ def test_cuda_side_stream_matches_default_stream(rng):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_cameras_stay_on_the_device(rng):
     """viewmats/Ks on the GPU are read there (DeviceCameras, no host copy) and render like
-    the same cameras given on the host; a NaN in them raises ValueError."""
+    the same cameras given on the host; a NaN in them raises ValueError (from the backward
+    of a render with grad, whose checks are deferred there, or from the render)."""
     scene = random_scene(rng, n=64, width=48, height=32, sh_degree=2)
     results = []
     for where in ("cuda", "cpu"):
@@ -465,6 +466,9 @@ def test_cuda_cameras_stay_on_the_device(rng):
     viewmats, ks = cameras_of(scene, device="cuda")
     viewmats[0, 0, 0] = float("nan")
     with pytest.raises(ValueError, match="viewmat/K"):
+        colors, _, _ = render(params_of(scene, device="cuda"), scene, viewmats, ks)
+        colors.sum().backward()
+    with pytest.raises(ValueError, match="viewmat/K"), torch.no_grad():
         render(params_of(scene, device="cuda"), scene, viewmats, ks)
 
 

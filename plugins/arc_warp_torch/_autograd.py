@@ -18,7 +18,7 @@ import torch
 import warp as wp
 
 from arc_warp import Camera, DeviceCameras, GaussianGrads, RenderSettings, Workspace
-from arc_warp._src.splat.render import backwards_checked, render_checked
+from arc_warp._src.splat.render import backwards_checked, render_checked, settle_deferred
 from arc_warp._src.splat.validate import check_inputs
 
 _NO_SCOPE = contextlib.nullcontext()  # reusable: entering it does nothing
@@ -47,16 +47,31 @@ class RenderContext:
       from a private torch memory pool (`outputs`), so from step to step they reuse the
       same few blocks whatever else the loop allocates, and the graphs keep matching.
 
+    - ``defer_checks`` (default: on CUDA): a render whose inputs require grad does not
+      wait for the device. Its checks, which read the device's flags (bad inputs, and
+      whether the intersections fit the sort size kept from earlier renders), run in its
+      backward, after the backward is queued, so the host never blocks in a training step
+      and queues the next work while the device runs. A bad input then raises the
+      forward's ValueError from ``loss.backward()``; a render that overflowed the kept
+      size (its intersections grew by over 25% since the last renders) is rendered again
+      exactly into its images and its backward redone, with a RuntimeWarning, since the
+      loss saw the first image (the farthest Gaussians of some tiles left out). Renders
+      without grad (and ``reduce="deterministic"``) are checked before they return, as
+      with ``defer_checks=False``. A render whose backward never runs is checked at the
+      start of the next render.
+
     ``rasterization`` and ``GaussianRasterizer`` take ``context=``; ``None`` uses
     :func:`default_context` of the tensors' device.
     """
 
     def __init__(self, device, threshold: Optional[int] = None,
-                 pool_release_fraction: Optional[float] = 0.5, graphs: bool = True):
+                 pool_release_fraction: Optional[float] = 0.5, graphs: bool = True,
+                 defer_checks: Optional[bool] = None):
         wp.init()
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
+        self.defer_checks = self.device.type == "cuda" if defer_checks is None else bool(defer_checks)
         wdev = wp.device_from_torch(self.device)
         if (pool_release_fraction is not None and wdev.is_cuda and wdev.is_mempool_supported
                 and wp.get_mempool_release_threshold(wdev) == 0):
@@ -441,7 +456,7 @@ class _RenderGaussians(torch.autograd.Function):
     the others add."""
 
     @staticmethod
-    def forward(ctx, context, cameras, settings, depths, means2d_out, sink, sink_tensor,
+    def forward(ctx, context, cameras, settings, depths, defer, means2d_out, sink, sink_tensor,
                 means, quats, scales, opacities, colors):
         ctx.set_materialize_grads(False)
         context.release_finished()  # frames of finished steps serve this render
@@ -470,8 +485,8 @@ class _RenderGaussians(torch.autograd.Function):
         else:
             pairs = [(cam, None) for cam in cameras]
         with context.stream():
-            # all C cameras queued before the one wait that checks them
-            outs = render_checked(checked, pairs, settings, context.workspace, targets)
+            # all C cameras queued before the one wait that checks them (or none: defer)
+            outs = render_checked(checked, pairs, settings, context.workspace, targets, defer)
         ctx.mark_non_differentiable(radii)
         returned = images if depths else images[:2]
         # Saved only so torch raises if anything the Warp backward reads was modified in place;
@@ -500,11 +515,11 @@ class _RenderGaussians(torch.autograd.Function):
         with torch.no_grad() if grad_mode else _NO_SCOPE:
             grads, means2d_grad = _warp_backward(ctx.context, ctx.outs, saved[:5], ctx.sink, cotangents)
         needed = ctx.needs_input_grad
-        result = [None] * 7  # context, cameras, settings, depths, means2d_out, sink, sink_tensor
-        if ctx.sink is not None and needed[6]:
-            result[6] = _guarded(means2d_grad) if guard else means2d_grad
+        result = [None] * 8  # context, cameras, settings, depths, defer, means2d_out, sink, sink_tensor
+        if ctx.sink is not None and needed[7]:
+            result[7] = _guarded(means2d_grad) if guard else means2d_grad
         for i, g in enumerate(grads):
-            result.append(None if not needed[7 + i] else _guarded(g) if guard else g)
+            result.append(None if not needed[8 + i] else _guarded(g) if guard else g)
         return tuple(result)
 
 
@@ -529,20 +544,27 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
     with context.stream():
         output_grads = [g if g is None or (g.dtype is torch.float32 and g.is_contiguous())
                         else g.to(torch.float32).contiguous() for g in output_grads]
-        # the first camera writes every entry (accumulate=False), so nothing is zeroed for
-        # C = 1; later cameras add, into their own zeroed means2d slices
-        if batched is not None and c > 1:
-            batched[1:].zero_()
         key = ("backward", *(t.data_ptr() for t in torch_grads), None if batched is None else batched.data_ptr(),
                *(None if g is None else g.data_ptr() for g in output_grads), c, n, inputs[4].shape, outs[0].alpha.shape)
         into, m2d_grads, cotangents = context._memoized(
             key, lambda: _backward_views(context, torch_grads, batched, output_grads, c))
-        for out, m2d_grad in zip(outs[1:], m2d_grads[1:]):  # each camera's own buffers
-            if m2d_grad is None:
-                out.means2d_grad.zero_()
-            if out.means2d_absgrad is not None:
-                out.means2d_absgrad.zero_()
-        backwards_checked(outs, cotangents, into, False, m2d_grads)
+        for attempt in range(2):
+            # the first camera writes every entry (accumulate=False), so nothing is zeroed for
+            # C = 1; later cameras add, into their own zeroed means2d slices
+            if batched is not None and c > 1:
+                batched[1:].zero_()
+            for out, m2d_grad in zip(outs[1:], m2d_grads[1:]):  # each camera's own buffers
+                if m2d_grad is None:
+                    out.means2d_grad.zero_()
+                if out.means2d_absgrad is not None:
+                    out.means2d_absgrad.zero_()
+            backwards_checked(outs, cotangents, into, False, m2d_grads)
+            # the forward's deferred checks, once the backward is queued (the host waits for
+            # nothing the device has not done long since); a render they redid needs its
+            # backward again (every camera's, since the first writes what the others add to)
+            redone = settle_deferred(context.workspace)
+            if attempt or not any(out is r for r in redone for out in outs):
+                break
     if sink is None:
         return torch_grads, None
     target = sink.tensor
@@ -615,8 +637,12 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     if not isinstance(cameras, DeviceCameras):
         cameras = tuple(cameras)
     means2d_out = means2d_out.detach()
+    # checked in the backward, after it is queued, when one can run (RenderContext notes)
+    defer = (context.defer_checks and settings.reduce != "deterministic" and torch.is_grad_enabled()
+             and (means.requires_grad or quats.requires_grad or scales.requires_grad or opacities.requires_grad
+                  or colors.requires_grad))
     apply = _RenderGaussians.apply if torch._C._are_functorch_transforms_active() else _APPLY
-    *images, radii = apply(context, cameras, settings, depths, means2d_out, sink, sink_tensor,
+    *images, radii = apply(context, cameras, settings, depths, defer, means2d_out, sink, sink_tensor,
                            means, quats, scales, opacities, colors)
     if not depths:
         images += [None, None]

@@ -191,7 +191,11 @@ def rasterization(
             "width", "height", "n_cameras": ints.
 
     Raises:
-        TypeError / ValueError: wrong types, dtypes, shapes, devices or options.
+        TypeError / ValueError: wrong types, dtypes, shapes, devices or options, before
+            anything is queued. ValueError for non-finite values (and zero quaternions,
+            invalid CUDA cameras), found by the device: before the call returns, or, for
+            a render with grad on CUDA, from its backward (``RenderContext.defer_checks``:
+            the forward then never waits for the device).
 
     Gradients flow to means, quats, scales, opacities, colors and backgrounds (to the raw
     tensors passed, whatever the activations). Double backward (differentiating these

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
+import weakref
 from typing import NamedTuple
 
 import numpy as np
@@ -150,18 +152,24 @@ def render_gaussians(
 
 
 def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettings, workspace: Workspace,
-                   per_camera: list) -> list[RenderOutput]:
+                   per_camera: list, defer: bool = False) -> list[RenderOutput]:
     """The renders of :func:`render_gaussians` from arguments it has checked (also the
     torch bridge's entry, which checks its tensors itself): ``cameras`` as
     (Camera, None) or (DeviceCameras, index) pairs, ``per_camera`` one dict of valid
     output arrays by name per camera. All cameras are queued before the one wait that
     checks them (:func:`_settle`); with graphs, consecutive cameras with graph keys go
     through one ``Frame.replay`` (:func:`_replay_together`). A call that repeats one whose
-    cameras all replayed one kept graph is repeated from its :class:`_RenderPlan`."""
+    cameras all replayed one kept graph is repeated from its :class:`_RenderPlan`.
+
+    ``defer``: renders queued with the kept sort size are not waited for here; their
+    checks run in :func:`settle_deferred`, which the caller runs after queueing their
+    backward (the torch bridge does), and which this function runs first on every call
+    (so it never returns before the checks of an earlier call's renders)."""
+    settle_deferred(workspace)
     input_key = _input_key(inputs, settings) if workspace.graphs else None
     for plan in workspace.render_plans:
         if plan.matches(input_key, cameras, settings, per_camera):
-            outs = plan.repeat(inputs, settings)
+            outs = plan.repeat(inputs, settings, defer)
             if outs is not None:
                 return outs
     queued, batch, replayed = [], [], []
@@ -190,7 +198,7 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
         workspace.release_with(out, frame)
         queued.append((out, pending, targets))
     flush()
-    _settle(queued, workspace)
+    _settle(queued, workspace, defer)
     if len(replayed) == 1 and len(replayed[0]) == len(cameras):
         _RenderPlan.keep(workspace, input_key, cameras, settings, per_camera, replayed[0], queued)
     return [out for out, _, _ in queued]
@@ -239,10 +247,11 @@ class _RenderPlan:
                 and all(cam is kept[0] and index == kept[1] for (cam, index), kept in zip(cameras, self.cameras))
                 and per_camera == self.per_camera)
 
-    def repeat(self, inputs: GaussianInputs, settings: RenderSettings) -> list[RenderOutput] | None:
+    def repeat(self, inputs: GaussianInputs, settings: RenderSettings, defer: bool) -> list[RenderOutput] | None:
         """The call's outputs for ``inputs`` (those of :meth:`matches`), queued and settled
-        again; None if it cannot be repeated (a frame is leased, the workspace allocated,
-        a kept sort size changed): the caller then prepares the call as usual."""
+        again (or their checks deferred, ``render_checked``'s ``defer``); None if it cannot
+        be repeated (a frame is leased, the workspace allocated, a kept sort size changed):
+        the caller then prepares the call as usual."""
         workspace = self.workspace
         if (workspace.allocations != self.allocations or not workspace.is_free(self.frames)
                 or any(workspace.sort_size(grid) != size for grid, size in self.sizes)):
@@ -251,12 +260,13 @@ class _RenderPlan:
         workspace.lease(self.frames)
         queued = []
         for kept, frame, pending, targets in zip(self.outputs, self.frames, self.pending, self.per_camera):
-            # its n_isects is this render's
-            out = replaced(kept, _bins=replaced(kept._bins), _inputs=inputs, settings=settings)
+            # its n_isects is this render's (the sort size until settled)
+            out = replaced(kept, _bins=replaced(kept._bins, n_isects=pending.sort_size), _inputs=inputs,
+                           settings=settings)
             _track_images(out)
             workspace.release_with(out, frame)
             queued.append((out, pending, targets))
-        _settle(queued, workspace)
+        _settle(queued, workspace, defer)
         return [out for out, _, _ in queued]
 
 
@@ -333,6 +343,7 @@ class _Pending(NamedTuple):
     host_flags: np.ndarray  # host copy of the render's flags (slot 0: intersection total)
     event: wp.Event | None  # recorded after the copy (None on the CPU)
     sort_size: int  # the size the sort was queued with
+    grid: tuple[int, int]  # (tiles_x, tiles_y) of the image, whose kept sort size the total updates
 
 
 def _read_total(flags: np.ndarray, workspace: Workspace, grid: tuple[int, int]) -> int:
@@ -442,7 +453,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
         if replayed is not None:
             params, proj, host_flags, rastered = replayed
             proj = bound(proj)
-            pending = _Pending(frame.host_numpy(host_flags), event, sort_size)
+            pending = _Pending(frame.host_numpy(host_flags), event, sort_size, grid)
         else:
             size = sort_size
             params, proj, depth, host_flags = queue_count()
@@ -455,7 +466,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
                         wp.synchronize_event(event)  # the one host sync of this render
                     size = _read_total(frame.host_numpy(host_flags), workspace, grid)
                 else:
-                    pending = _Pending(frame.host_numpy(host_flags), event, size)
+                    pending = _Pending(frame.host_numpy(host_flags), event, size, grid)
             rastered = queue_raster(proj, depth, size)
         bins, images, means2d_absgrad = rastered
         bins = replaced(bins)  # its n_isects is this render's
@@ -498,28 +509,61 @@ def _unbound(proj: ProjectResult, inputs: GaussianInputs) -> ProjectResult:
     return replaced(proj, means2d=None, radii=None, rgb=None if inputs.sh_coeffs == 0 else proj.rgb)
 
 
-def _settle(queued: list, workspace: Workspace) -> None:
+def _settle(queued: list, workspace: Workspace, defer: bool = False) -> list[RenderOutput]:
     """Checks the renders queued without a sync, after all of them are queued: one wait for
     the last flags copy (work on one stream is ordered, so the earlier copies are done
     too; the device meanwhile runs the queued sorts and rasterisers), then per render the
     input flags (ValueError) and the intersection total. A total over the sort size it was
     queued with re-renders that camera with the total read back first (rare: the kept size
-    has 25% headroom over recent totals); otherwise the exact total replaces the size."""
+    has 25% headroom over recent totals); otherwise the exact total replaces the size.
+    Returns the outputs re-rendered. ``queued`` holds (output, pending, targets) per render;
+    an output of None (collected before a deferred check) only has its flags and total
+    checked. ``defer`` keeps them for :func:`settle_deferred` instead."""
     pending = [p for _, p, _ in queued if p is not None]
     if not pending:
-        return
+        return []
+    if defer:
+        workspace.deferred.extend((weakref.ref(out), p, targets) for out, p, targets in queued if p is not None)
+        return []
     if pending[-1].event is not None:
         wp.synchronize_event(pending[-1].event)
+    redone = []
     for out, p, targets in queued:
         if p is None:
             continue
-        total = _read_total(p.host_flags, workspace, (out._bins.tiles_x, out._bins.tiles_y))
+        total = _read_total(p.host_flags, workspace, p.grid)
+        if out is None:
+            continue
         if total > p.sort_size:
-            redone = _render_exact(out._inputs, out.camera, out.camera_index, out.settings, out._frame, targets)
+            exact = _render_exact(out._inputs, out.camera, out.camera_index, out.settings, out._frame, targets)
             for field in dataclasses.fields(RenderOutput):
-                setattr(out, field.name, getattr(redone, field.name))
+                setattr(out, field.name, getattr(exact, field.name))
+            redone.append(out)
         else:
             out._bins.n_isects = total
+    return redone
+
+
+def settle_deferred(workspace: Workspace) -> list[RenderOutput]:
+    """Runs the checks of the renders queued with ``render_checked(defer=True)`` whose checks
+    have not run yet, as :func:`_settle` would have run them in the call (a ValueError for
+    bad inputs; a render that overflowed its kept sort size is rendered again, exactly,
+    into the same arrays, with a RuntimeWarning: whatever read its images before, a
+    loss for instance, saw the farthest Gaussians of some tiles left out). The wait is
+    for the flags copy of the last of them, normally long done. Returns the outputs
+    re-rendered (a backward queued before for one of them must be run again)."""
+    if not workspace.deferred:
+        return []
+    entries, workspace.deferred = workspace.deferred, []
+    redone = _settle([(ref(), p, targets) for ref, p, targets in entries], workspace)
+    if redone:
+        warnings.warn(
+            f"arc_warp: {len(redone)} render(s) queued with the kept intersection capacity overflowed it (the "
+            "intersections grew by over 25% since the last renders); they were rendered again exactly when "
+            "checked, after their images had been handed out: a loss computed from them saw the farthest "
+            "Gaussians of some tiles left out. RenderContext(defer_checks=False) checks every render before "
+            "it returns.", RuntimeWarning, stacklevel=2)
+    return redone
 
 
 def _grads_into(frame: Frame, inputs: GaussianInputs, own_grads: bool, zero: bool = True) -> GaussianGrads:
@@ -640,7 +684,8 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
     threshold = settings.threshold if settings.threshold is not None else frame._workspace.threshold
     key = None
     if out._key is not None and settings.reduce != "deterministic":  # deterministic reads the exact total
-        key = GraphKey((out._key, threshold, accumulate,
+        # a render without intersections skips the rasteriser backward (raster_backward)
+        key = GraphKey((out._key, out._bins.n_isects == 0, threshold, accumulate,
                         *(signature(v) for v in (v_color, v_alpha, v_depth, v_expected)),
                         *(signature(g) for g in (grads.means, grads.quats, grads.scales, grads.opacities, grads.colors)),
                         signature(means2d_grad), signature(out.means2d_absgrad)))

@@ -313,6 +313,9 @@ class Workspace:
         # render calls that replayed a kept graph, newest first, to repeat without their
         # preparation (render.py `_RenderPlan`); at most RENDER_PLANS
         self.render_plans: list = []
+        # (weak reference to the output, pending check, output arrays) of renders queued with
+        # their checks deferred (render.py `render_checked(defer=True)`, `settle_deferred`)
+        self.deferred: list = []
         self._sort_sizes: dict[tuple[int, int], list] = {}  # grid -> [size, recent totals]
         self._views: dict[tuple, wp.array] = {}  # (pointer, dtype, shape) -> non-owning view
         self._capture_stream = None
