@@ -296,6 +296,9 @@ class Workspace:
             into a CUDA graph the second time and replayed after (``Frame.replay``): one
             graph launch instead of a dozen kernel launches and their Python. False
             (``graphs=False``) always launches kernel by kernel; always False on the CPU.
+        deferred: the pending checks of renders queued without waiting for the device
+            (the torch bridge's ``defer_checks``), run by ``render.settle_deferred``: in
+            their backward, or at the start of the next render on this workspace.
     """
 
     def __init__(self, device=None, threshold: int | None = None, replay: bool = True, graphs: bool = True):
