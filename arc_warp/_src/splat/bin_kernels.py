@@ -1,27 +1,13 @@
 """Tile binning: Gaussians in depth order, one tile key per Gaussian-tile overlap written in
-that order, and per-tile ranges of the (stably) tile-sorted keys."""
+that order, and per-tile ranges of the (stably) tile-sorted keys. The depth keys are
+written by the projection (``project_kernels.project_one``)."""
 
 import warp as wp
 
-from arc_warp._src.splat.geometry_funcs import Splat2D, float_bits, footprint, row_span, tile_bbox
+from arc_warp._src.splat.geometry_funcs import Splat2D, footprint, row_span, tile_bbox
 
+# depth key of a Gaussian without tiles (sorts after every depth's float bits)
 INT32_MAX = 2**31 - 1
-
-
-@wp.kernel(enable_backward=False)
-def depth_keys(
-    splats: wp.array(dtype=Splat2D),
-    tiles_per_gauss: wp.array(dtype=wp.int32),
-    keys: wp.array(dtype=wp.int32),
-    order: wp.array(dtype=wp.int32),
-):
-    """Sort key of Gaussian ``i``: its depth's float bits (depth > near > 0, so they order
-    like the depth), or INT32_MAX for Gaussians without tiles (their splats are unset)."""
-    i = wp.tid()
-    keys[i] = INT32_MAX
-    if tiles_per_gauss[i] > 0:
-        keys[i] = float_bits(splats[i].geom[3])
-    order[i] = i
 
 
 @wp.kernel(enable_backward=False)
