@@ -4,8 +4,8 @@ into a sort of a given size and sort them stably by tile.
 The projection (``project``) writes the tile counts and the depth sort's keys and
 identity order into scratch carved here (:func:`forward_scratch`); the binning sorts by
 depth, gathers the counts in that order and scans them (:func:`count_intersections`),
-then writes the tile keys, pads them with the filler tile past the total and sorts them
-by tile (:func:`sort_intersections`).
+then writes the tile keys, with the filler tile past the total, and sorts them by tile
+(:func:`sort_intersections`).
 
 The sort size comes either from reading the total back (one host sync) or, without any
 sync, from the workspace's capacity kept from earlier renders; the caller reads the total
@@ -14,7 +14,7 @@ back after everything is queued and re-renders on the rare overflow (``render``)
 import warp as wp
 import warp.utils
 
-from arc_warp._src.splat.bin_kernels import copy_last, gather_counts, pad_keys, tile_ranges, write_keys
+from arc_warp._src.splat.bin_kernels import copy_last, gather_counts, tile_ranges, write_keys
 from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, TILE_SIZE
 from arc_warp._src.splat.records import BinResult, DepthOrder, ProjectResult
 from arc_warp._src.splat.validate import check_intersections
@@ -90,7 +90,7 @@ def sort_intersections(
     ``sort_size`` entries are sorted: the total read back (``flags[0]`` after
     :func:`count_intersections`), or a capacity chosen before the total is known; entries
     past the total are padded with the filler tile, entries past ``sort_size`` are
-    dropped (the caller re-renders then). A size too large for one sort raises
+    dropped (the caller re-renders then); ``write_keys`` writes both. A size too large for one sort raises
     ValueError before anything is allocated. The sort's keys and Gaussian ids have room
     for at least ``reserve`` entries, so a size that varies a little between steps reuses
     them: ``reserve`` (the workspace's kept size) already has 25% headroom, so they get no
@@ -121,7 +121,6 @@ def sort_intersections(
             [depth.order, proj.splats, proj.radii, proj.tiles_per_gauss, depth.cum_tiles, tiles_x, tiles_y,
              sort_size, keys, gauss_ids],
         )
-        frame.launch(pad_keys, sort_size, [depth.cum_tiles, n_tiles, keys])
         # tile ids and the filler tile n_tiles
         wp.utils.radix_sort_pairs(keys, gauss_ids, sort_size, 0, n_tiles.bit_length())
         frame.launch(tile_ranges, sort_size, [keys, sort_size, ranges])
