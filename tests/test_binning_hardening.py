@@ -13,7 +13,7 @@ from arc_warp._src.splat.geometry_funcs import ALPHA_MIN, RADIUS_MAX, TILE_SIZE,
 
 from test_splat_reference import (  # noqa: E402
     arc_grads, arc_outputs, assert_forward_close, assert_grads_close, cotangents, reference,
-    reference_grads, render_arc, robust_scene, torch_params,
+    reference_grads, render_arc, robust_scene, torch_params, warp_inputs,
 )
 
 
@@ -242,6 +242,56 @@ def test_tile_lists_are_front_to_back(rng, device):
         assert got == sorted(got, key=lambda g: (depth[g], g))
         ties += len(got) - len(set(depth[got].tolist()))
     assert ties > 10
+
+
+def test_projection_writes_the_depth_sort_and_write_keys_pads(rng):
+    # The projection writes the depth keys (INT32_MAX without tiles) and the identity
+    # order, and write_keys the filler tile from the total up to the sort size: no passes
+    # of their own. Their scratch is zeroed first, so an entry left unwritten reads as the
+    # nearest depth, Gaussian 0 or tile 0 and shows in the order or the ranges.
+    from arc_warp._src.splat.bin_kernels import INT32_MAX
+    from arc_warp._src.splat.bin_ops import count_intersections, forward_scratch_bytes, sort_intersections, tile_grid
+    from arc_warp._src.splat.project_ops import camera_params, project
+    from arc_warp._src.splat.validate import check_inputs
+
+    scene = elongated_scene(rng)
+    scene.means[:] = np.round(scene.means * 4) / 4  # depth ties
+    scene.opacities[::7] = 0.001  # culled
+    settings = arc_warp.RenderSettings()
+    inputs = check_inputs(*warp_inputs(scene, "cpu").values(), settings)
+    cam = camera_params(arc_warp.Camera(scene.fx, scene.fy, scene.cx, scene.cy, scene.width, scene.height,
+                                        world_to_camera=scene.world_to_camera), "cpu")
+    n, grid = inputs.count, tile_grid(scene.width, scene.height)
+    ws = arc_warp.Workspace("cpu")
+    ws.observe_total(grid, 4000)  # a kept sort size, which the arena's room covers
+    sort_size = ws.sort_size(grid)
+    frame = ws.acquire()
+    frame.shared.scratch(forward_scratch_bytes(n, sort_size), wp.uint8, zero=True)
+    flags = frame.array("flags", 8, wp.int32, zero=True)
+    proj = project(inputs, cam, settings, *grid, flags, frame, wp.empty(n, dtype=wp.vec2, device="cpu"),
+                   wp.empty(n, dtype=wp.vec2i, device="cpu"))
+
+    tiles = proj.tiles_per_gauss.numpy().copy()
+    radii = proj.radii.numpy()[:, 0]
+    bits = np.asarray(proj.splats.numpy()["geom"], np.float32)[:, 3].view(np.int32)
+    keys = np.where(tiles > 0, bits, INT32_MAX)
+    assert (radii == 0).any() and ((tiles == 0) & (radii > 0)).any()  # culled; footprint off every tile
+    assert len(set(keys[tiles > 0].tolist())) < np.count_nonzero(tiles)  # ties
+    order = np.argsort(keys, kind="stable")
+    depth = count_intersections(proj, flags, frame)
+    np.testing.assert_array_equal(depth.order.numpy()[:n], order)
+    np.testing.assert_array_equal(depth.cum_tiles.numpy(), np.cumsum(tiles[order]))
+    total = int(tiles.sum())
+    assert flags.numpy()[0] == total and total > 2 * n and sort_size - total > 4 * n  # pads past the depth keys
+
+    bins = sort_intersections(proj, depth, sort_size, *grid, frame)
+    ranges, ids = bins.tile_ranges.numpy(), bins.gauss_ids.numpy()
+    listed = ranges[ranges[:, 1] > ranges[:, 0]]
+    assert listed[0, 0] == 0 and listed[-1, 1] == total and np.all(listed[1:, 0] == listed[:-1, 1])
+    np.testing.assert_array_equal(np.bincount(ids[:total], minlength=n), tiles)
+    rank = np.argsort(order)
+    for s, e in listed:
+        assert np.all(np.diff(rank[ids[s:e]]) > 0)  # front to back
 
 
 def test_image_too_large_to_index_is_refused():

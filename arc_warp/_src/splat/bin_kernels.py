@@ -1,27 +1,13 @@
 """Tile binning: Gaussians in depth order, one tile key per Gaussian-tile overlap written in
-that order, and per-tile ranges of the (stably) tile-sorted keys."""
+that order, and per-tile ranges of the (stably) tile-sorted keys. The depth keys are
+written by the projection (``project_kernels.project_one``)."""
 
 import warp as wp
 
-from arc_warp._src.splat.geometry_funcs import Splat2D, float_bits, footprint, row_span, tile_bbox
+from arc_warp._src.splat.geometry_funcs import Splat2D, footprint, row_span, tile_bbox
 
+# depth key of a Gaussian without tiles (sorts after every depth's float bits)
 INT32_MAX = 2**31 - 1
-
-
-@wp.kernel(enable_backward=False)
-def depth_keys(
-    splats: wp.array(dtype=Splat2D),
-    tiles_per_gauss: wp.array(dtype=wp.int32),
-    keys: wp.array(dtype=wp.int32),
-    order: wp.array(dtype=wp.int32),
-):
-    """Sort key of Gaussian ``i``: its depth's float bits (depth > near > 0, so they order
-    like the depth), or INT32_MAX for Gaussians without tiles (their splats are unset)."""
-    i = wp.tid()
-    keys[i] = INT32_MAX
-    if tiles_per_gauss[i] > 0:
-        keys[i] = float_bits(splats[i].geom[3])
-    order[i] = i
 
 
 @wp.kernel(enable_backward=False)
@@ -55,11 +41,19 @@ def write_keys(
 ):
     """Tile keys of the ``j``-th Gaussian in depth order, for the tiles ``count_tiles``
     counted, in the same ``row_span`` walk; writes exactly ``tiles_per_gauss[i]`` entries
-    (a shortfall, which the shared walk rules out, would get tile ``tiles_x * tiles_y``,
-    which sorts last and belongs to no range). Entries from ``capacity`` on are dropped:
-    the sort was sized before the total was known, and the host re-renders when the
-    total it reads back exceeds ``capacity``."""
+    (a shortfall, which the shared walk rules out, would get the filler tile
+    ``tiles_x * tiles_y``, which sorts last and belongs to no range). Entries from
+    ``capacity`` on are dropped: the sort was sized before the total was known, and the
+    host re-renders when the total it reads back exceeds ``capacity``. The entries from
+    the total up to ``capacity`` get the filler tile, so the sort puts only real keys
+    ahead of them; the N threads share them in a grid-stride loop (one launch less)."""
     j = wp.tid()
+    filler = tiles_x * tiles_y
+    n = cum_tiles.shape[0]
+    pad = cum_tiles[n - 1] + wp.int64(j)
+    while pad < wp.int64(capacity):
+        keys[int(pad)] = filler
+        pad += wp.int64(n)
     i = order[j]
     count = wp.int64(tiles_per_gauss[i])
     start = cum_tiles[j] - count
@@ -80,19 +74,9 @@ def write_keys(
                 gauss_ids[k] = i
             k += 1
     while k < end:
-        keys[k] = tiles_x * tiles_y
+        keys[k] = filler
         gauss_ids[k] = i
         k += 1
-
-
-@wp.kernel(enable_backward=False)
-def pad_keys(cum_tiles: wp.array(dtype=wp.int64), filler: int, keys: wp.array(dtype=wp.int32)):
-    """Key ``filler`` (the tile past the last, which sorts last and belongs to no range) for
-    the entries past the intersection total, so a sort sized before the total was known
-    sorts only real keys ahead of them."""
-    i = wp.tid()
-    if wp.int64(i) >= cum_tiles[cum_tiles.shape[0] - 1]:
-        keys[i] = filler
 
 
 @wp.kernel(enable_backward=False)

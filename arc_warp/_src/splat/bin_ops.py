@@ -1,6 +1,12 @@
 """Tile binning: depth-order the Gaussians, count overlaps, write tile keys front to back
 into a sort of a given size and sort them stably by tile.
 
+The projection (``project``) writes the tile counts and the depth sort's keys and
+identity order into scratch carved here (:func:`forward_scratch`); the binning sorts by
+depth, gathers the counts in that order and scans them (:func:`count_intersections`),
+then writes the tile keys, with the filler tile past the total, and sorts them by tile
+(:func:`sort_intersections`).
+
 The sort size comes either from reading the total back (one host sync) or, without any
 sync, from the workspace's capacity kept from earlier renders; the caller reads the total
 back after everything is queued and re-renders on the rare overflow (``render``)."""
@@ -8,7 +14,7 @@ back after everything is queued and re-renders on the rare overflow (``render``)
 import warp as wp
 import warp.utils
 
-from arc_warp._src.splat.bin_kernels import copy_last, depth_keys, gather_counts, pad_keys, tile_ranges, write_keys
+from arc_warp._src.splat.bin_kernels import copy_last, gather_counts, tile_ranges, write_keys
 from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, TILE_SIZE
 from arc_warp._src.splat.records import BinResult, DepthOrder, ProjectResult
 from arc_warp._src.splat.validate import check_intersections
@@ -32,36 +38,45 @@ def tile_grid(width: int, height: int) -> tuple[int, int]:
 
 def forward_scratch_bytes(n: int, sort_size: int = 0) -> int:
     """Bytes of the forward's stage of the scratch arena (``Frame.scratch``) for ``n``
-    Gaussians: the int32 tile counts (``project``), then :func:`count_intersections`'
-    int32 depth order and int64 scan, then its int32 depth keys, whose room the tile
-    sort's int32 keys take over (:func:`sort_intersections`, for a sort of ``sort_size``);
-    both radix sorts need room for twice their count; each part aligned."""
+    Gaussians (:func:`forward_scratch`): the int32 tile counts, the int32 depth order,
+    the int64 scan, then the int32 depth keys, whose room the tile sort's int32 keys take
+    over (:func:`sort_intersections`, for a sort of ``sort_size``); both radix sorts need
+    room for twice their count; each part aligned."""
     return (4 + 8 + 8) * n + 8 * max(n, sort_size) + 4 * SCRATCH_ALIGN
 
 
-def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame, arena: Frame | None = None) -> DepthOrder:
-    """Depth order of the Gaussians and the int64 scan of their tile counts in that order.
-
-    ``flags[0]`` receives the intersection total (saturated at 2^31 - 1), so one readback
-    of ``flags`` returns the sort size together with the input-check flags. Scratch comes
-    from the forward's stage of ``arena``'s scratch arena (None: ``frame.shared``), after
-    the tile counts (``project`` with the same ``arena``): it is valid until the next
-    stage takes the arena (the render's backward, or the next render for the shared one).
-    """
-    n = proj.radii.shape[0]
-    arena = frame.shared if arena is None else arena
+def forward_scratch(arena: Frame, n: int, sort_size: int) -> tuple[wp.array, DepthOrder]:
+    """The forward's stage of ``arena``'s scratch arena for ``n`` Gaussians, started with
+    room for a tile sort of ``sort_size`` too (:func:`forward_scratch_bytes`): the (N,)
+    int32 tile counts and the :class:`DepthOrder` parts, all of which ``project`` writes
+    first (counts, depth keys, identity order). Valid until the next stage takes the
+    arena (the render's backward, or the next render for the shared one)."""
+    tiles_per_gauss = arena.scratch(n, wp.int32, room=forward_scratch_bytes(n, sort_size))
     # radix_sort_pairs works in place and needs room for 2 * count; the keys go last, where
     # sort_intersections' keys replace them
-    order = arena.scratch(2 * n, wp.int32, after=proj.tiles_per_gauss)
+    order = arena.scratch(2 * n, wp.int32, after=tiles_per_gauss)
     cum_tiles = arena.scratch(n, wp.int64, after=order)
     keys = arena.scratch(2 * n, wp.int32, after=cum_tiles)
-    frame.launch(depth_keys, n, [proj.splats, proj.tiles_per_gauss, keys, order])
+    return tiles_per_gauss, DepthOrder(order=order, cum_tiles=cum_tiles, keys=keys)
+
+
+def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame, arena: Frame | None = None) -> DepthOrder:
+    """Depth order of the Gaussians and the int64 scan of their tile counts in that order:
+    ``proj.depth``, whose keys and identity order ``project`` wrote, sorted and scanned.
+
+    ``flags[0]`` receives the intersection total (saturated at 2^31 - 1), so one readback
+    of ``flags`` returns the sort size together with the input-check flags. The scratch
+    is the one ``project`` carved (:func:`forward_scratch`), so ``arena`` is not read: it
+    stays for callers that pass the one they gave ``project``.
+    """
+    n = proj.radii.shape[0]
+    depth = proj.depth
     # stable: equal depths keep index order; the positive keys need 31 bits
-    wp.utils.radix_sort_pairs(keys, order, n, 0, 31)
-    frame.launch(gather_counts, n, [order, proj.tiles_per_gauss, cum_tiles])
-    wp.utils.array_scan(cum_tiles, cum_tiles, inclusive=True)  # in place (cub and the CPU scan allow it)
-    frame.launch(copy_last, 1, [cum_tiles, flags])
-    return DepthOrder(order=order, cum_tiles=cum_tiles)
+    wp.utils.radix_sort_pairs(depth.keys, depth.order, n, 0, 31)
+    frame.launch(gather_counts, n, [depth.order, proj.tiles_per_gauss, depth.cum_tiles])
+    wp.utils.array_scan(depth.cum_tiles, depth.cum_tiles, inclusive=True)  # in place (cub and the CPU scan allow it)
+    frame.launch(copy_last, 1, [depth.cum_tiles, flags])
+    return depth
 
 
 def sort_intersections(
@@ -75,7 +90,7 @@ def sort_intersections(
     ``sort_size`` entries are sorted: the total read back (``flags[0]`` after
     :func:`count_intersections`), or a capacity chosen before the total is known; entries
     past the total are padded with the filler tile, entries past ``sort_size`` are
-    dropped (the caller re-renders then). A size too large for one sort raises
+    dropped (the caller re-renders then); ``write_keys`` writes both. A size too large for one sort raises
     ValueError before anything is allocated. The sort's keys and Gaussian ids have room
     for at least ``reserve`` entries, so a size that varies a little between steps reuses
     them: ``reserve`` (the workspace's kept size) already has 25% headroom, so they get no
@@ -106,7 +121,6 @@ def sort_intersections(
             [depth.order, proj.splats, proj.radii, proj.tiles_per_gauss, depth.cum_tiles, tiles_x, tiles_y,
              sort_size, keys, gauss_ids],
         )
-        frame.launch(pad_keys, sort_size, [depth.cum_tiles, n_tiles, keys])
         # tile ids and the filler tile n_tiles
         wp.utils.radix_sort_pairs(keys, gauss_ids, sort_size, 0, n_tiles.bit_length())
         frame.launch(tile_ranges, sort_size, [keys, sort_size, ranges])

@@ -17,6 +17,7 @@ from arc_warp._src.splat.geometry_funcs import (
     G_XY,
     CameraParams,
     Splat2D,
+    float_bits,
     footprint,
     fov_limits,
     grad_vector,
@@ -28,6 +29,7 @@ from arc_warp._src.splat.geometry_funcs import (
     row_span,
     tile_bbox,
 )
+from arc_warp._src.splat.bin_kernels import INT32_MAX
 from arc_warp._src.splat.sh_kernels import make_clear_colors, make_color_vjp
 from arc_warp._src.splat.validate_kernels import nonfinite3
 
@@ -96,11 +98,13 @@ def make_project_fwd(antialiased: bool, scale_activation: str = "none", opacity_
         splats: wp.array(dtype=Splat2D),
         radii: wp.array(dtype=wp.vec2i),
         tiles_per_gauss: wp.array(dtype=wp.int32),
+        depth_keys: wp.array(dtype=wp.int32),
+        order: wp.array(dtype=wp.int32),
         bad: wp.array(dtype=wp.int32),
     ):
         # the camera is read from device memory, so cameras on the device need no host copy
         project_one(wp.tid(), means, quats, scales, opacities, cams[0], eps2d, tiles_x, tiles_y, means2d,
-                    splats, radii, tiles_per_gauss, bad, wp.static(antialiased),
+                    splats, radii, tiles_per_gauss, depth_keys, order, bad, wp.static(antialiased),
                     wp.static(scale_activation == "exp"), wp.static(opacity_activation == "sigmoid"))
 
     return project_fwd
@@ -121,6 +125,8 @@ def project_one(
     splats: wp.array(dtype=Splat2D),
     radii: wp.array(dtype=wp.vec2i),
     tiles_per_gauss: wp.array(dtype=wp.int32),
+    depth_keys: wp.array(dtype=wp.int32),
+    order: wp.array(dtype=wp.int32),
     bad: wp.array(dtype=wp.int32),
     antialiased: bool,  # a compile-time constant (wp.static) in each kernel variant
     exp_scales: bool,  # scales are log-scales (compile-time, as antialiased)
@@ -135,6 +141,11 @@ def project_one(
     Huge but finite covariances are inverted after scaling, and radii are clamped at
     ``RADIUS_MAX`` before the int cast, so such a Gaussian covers the whole image; a
     covariance that overflows float32 (NaN/Inf entries) is culled.
+
+    Also writes the depth sort's inputs (``bin_ops.count_intersections`` sorts them), so
+    that takes no pass of its own: ``order[i] = i`` and the key, the depth's float bits
+    (depth >= near > 0, so they order like the depth), or ``INT32_MAX`` for a Gaussian
+    without tiles (culled, or its footprint reaches none), which sorts last.
     """
     mean = means[i]
     quat = quats[i]
@@ -161,6 +172,8 @@ def project_one(
     radii[i] = wp.vec2i(0, 0)
     means2d[i] = wp.vec2(0.0, 0.0)  # culled entries read 0 (here, not in a separate memset launch)
     tiles_per_gauss[i] = 0
+    depth_keys[i] = INT32_MAX
+    order[i] = i
     p = cam.rot * mean + cam.trans
     if not (p[2] >= cam.near and p[2] <= cam.far and opacity >= ALPHA_MIN):
         return
@@ -213,7 +226,10 @@ def project_one(
     geom = wp.vec4(xy[0], xy[1], opacity, p[2])
     radii[i] = radius
     # at most the grid's tile count (< 2^23, bin_ops.MAX_TILES): exact in an int32
-    tiles_per_gauss[i] = wp.int32(count_tiles(geom, conic, radius, tiles_x, tiles_y))
+    tiles = wp.int32(count_tiles(geom, conic, radius, tiles_x, tiles_y))
+    tiles_per_gauss[i] = tiles
+    if tiles > 0:
+        depth_keys[i] = float_bits(geom[3])
     means2d[i] = xy
     splats[i] = Splat2D(geom, conic)
 

@@ -4,7 +4,7 @@ import numpy as np
 import warp as wp
 
 from arc_warp._src.camera import Camera, DeviceCameras
-from arc_warp._src.splat.bin_ops import forward_scratch_bytes
+from arc_warp._src.splat.bin_ops import forward_scratch
 from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
 from arc_warp._src.splat.project_kernels import camera_from_matrices, make_project_bwd, make_project_fwd
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
@@ -55,13 +55,15 @@ def project(
     radii: wp.array,  # (N,) vec2i, output
     arena: Frame | None = None,
 ) -> ProjectResult:
-    """Screen-space splats, radii and tile counts; flags non-finite inputs in ``bad``.
+    """Screen-space splats, radii and tile counts, and the depth sort's keys and identity
+    order (``ProjectResult.depth``); flags non-finite inputs in ``bad``.
 
-    The backward's state comes from ``frame``; the tile counts, read only by the binning
-    of this render, start the forward's stage of the scratch arena of ``arena`` (None:
-    ``frame.shared``, whose arena the renders of a call take in turn; a render whose
-    binning waits for other renders' counts passes its own ``frame``); the shared arena's
-    room also covers the tile sort's keys at the workspace's kept sort size.
+    The backward's state comes from ``frame``; the tile counts and depth order, read only
+    by the binning of this render, are the forward's stage of the scratch arena of
+    ``arena`` (``bin_ops.forward_scratch``; None: ``frame.shared``, whose arena the
+    renders of a call take in turn; a render whose binning waits for other renders'
+    counts passes its own ``frame``); the shared arena's room also covers the tile sort's
+    keys at the workspace's kept sort size.
     ``means2d`` and ``radii`` are the caller's outputs.
     From ``settings``: ``eps2d``, ``antialiased`` (splat opacities carry the 2D filter's
     compensation) and ``scale_activation`` / ``opacity_activation``, which pick the kernel
@@ -69,12 +71,14 @@ def project(
     arena = frame.shared if arena is None else arena
     n = inputs.count
     sort_size = frame._workspace.sort_size((tiles_x, tiles_y)) if arena is frame.shared else None
+    tiles_per_gauss, depth = forward_scratch(arena, n, sort_size or 0)
     result = ProjectResult(
         means2d=means2d,
         splats=frame.array("splats", n, Splat2D),  # culled entries are never read
         radii=radii,
-        tiles_per_gauss=arena.scratch(n, wp.int32, room=forward_scratch_bytes(n, sort_size or 0)),
+        tiles_per_gauss=tiles_per_gauss,
         rgb=inputs.colors if inputs.sh_coeffs == 0 else frame.array("rgb", n, wp.vec3),
+        depth=depth,
     )
     frame.launch(
         make_project_fwd(settings.antialiased, settings.scale_activation, settings.opacity_activation),
@@ -92,6 +96,8 @@ def project(
             result.splats,
             result.radii,
             result.tiles_per_gauss,
+            depth.keys,
+            depth.order,
             bad,
         ],
     )

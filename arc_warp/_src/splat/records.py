@@ -138,14 +138,18 @@ class ProjectResult:
     radii: wp.array  # (N,) vec2i, (0, 0) = culled
     tiles_per_gauss: wp.array  # (N,) int32, tiles the footprint reaches (scratch: forward only)
     rgb: wp.array  # (N,) vec3, colour fed to the rasteriser
+    depth: DepthOrder  # keys and identity order written; sorted and scanned by bin_ops.count_intersections
 
 
 @dataclass
 class DepthOrder:
-    """Gaussians in depth order with their tile counts scanned in that order (private)."""
+    """Gaussians in depth order with their tile counts scanned in that order (private;
+    scratch: forward only). The projection writes ``keys`` and the identity ``order``,
+    ``bin_ops.count_intersections`` sorts them and fills ``cum_tiles``."""
 
-    order: wp.array  # (>= N,) int32, Gaussian ids front to back (culled ones last)
-    cum_tiles: wp.array  # (N,) int64, inclusive scan of tiles_per_gauss[order] (scratch: forward only)
+    order: wp.array  # (2N,) int32, Gaussian ids front to back (those without tiles last); 2N: sort room
+    cum_tiles: wp.array  # (N,) int64, inclusive scan of tiles_per_gauss[order]
+    keys: wp.array  # (2N,) int32, depth's float bits, INT32_MAX without tiles (bin_kernels); 2N: sort room
 
 
 @dataclass
