@@ -60,14 +60,13 @@ def forward_scratch(arena: Frame, n: int, sort_size: int) -> tuple[wp.array, Dep
     return tiles_per_gauss, DepthOrder(order=order, cum_tiles=cum_tiles, keys=keys)
 
 
-def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame, arena: Frame | None = None) -> DepthOrder:
+def count_intersections(proj: ProjectResult, flags: wp.array, frame: Frame) -> DepthOrder:
     """Depth order of the Gaussians and the int64 scan of their tile counts in that order:
     ``proj.depth``, whose keys and identity order ``project`` wrote, sorted and scanned.
 
     ``flags[0]`` receives the intersection total (saturated at 2^31 - 1), so one readback
     of ``flags`` returns the sort size together with the input-check flags. The scratch
-    is the one ``project`` carved (:func:`forward_scratch`), so ``arena`` is not read: it
-    stays for callers that pass the one they gave ``project``.
+    is the one ``project`` carved (:func:`forward_scratch`).
     """
     n = proj.radii.shape[0]
     depth = proj.depth

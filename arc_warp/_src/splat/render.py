@@ -415,7 +415,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
         if n == 0:
             return params, _unbound(proj, inputs), None, None
         compute_colors(inputs, params, proj, flags, frame)  # flags bad colours before the readback
-        depth = count_intersections(proj, flags, frame, arena)
+        depth = count_intersections(proj, flags, frame)
         host_flags = frame.host_array("host_flags", flags.shape[0], wp.int32)
         wp.copy(host_flags, flags)
         return params, _unbound(proj, inputs), depth, host_flags
