@@ -65,8 +65,9 @@ def test_an_overflow_found_in_the_backward_is_rendered_and_differentiated_again(
 
 
 def test_a_render_with_grad_defers_its_checks_to_its_backward(rng):
-    """With ``defer_checks`` the forward of a render that will be differentiated keeps its
-    checks (one per camera) and its backward runs them; a render without grad runs its own."""
+    """With ``defer_checks`` the forward of a render that will be differentiated, of the
+    same tensors as the previous render, keeps its checks (one per camera) and its
+    backward runs them; a render without grad, or of new tensors, runs its own."""
     scene = random_scene(rng, n=40, width=32, height=24, sh_degree=1)
     p = params_of(scene)
     vm, ks = _views(scene, 2, "cpu")
@@ -80,6 +81,12 @@ def test_a_render_with_grad_defers_its_checks_to_its_backward(rng):
     with torch.no_grad():
         rasterization(*(p[k] for k in PARAMS), vm, ks, scene.width, scene.height, context=context)
     assert not context.workspace.deferred
+    # new tensors (a densification's): checked in the forward, whose totals may have jumped
+    q = {k: p[k].detach().clone().requires_grad_(True) for k in PARAMS}
+    colors, alphas, _ = rasterization(*(q[k] for k in PARAMS), vm, ks, scene.width, scene.height, context=context)
+    assert not context.workspace.deferred
+    colors, alphas, _ = rasterization(*(q[k] for k in PARAMS), vm, ks, scene.width, scene.height, context=context)
+    assert len(context.workspace.deferred) == 2
 
 
 def test_a_bad_input_raises_in_the_backward_or_the_next_render(rng):

@@ -47,11 +47,13 @@ class RenderContext:
       from a private torch memory pool (`outputs`), so from step to step they reuse the
       same few blocks whatever else the loop allocates, and the graphs keep matching.
 
-    - ``defer_checks`` (default: on CUDA): a render whose inputs require grad does not
-      wait for the device. Its checks, which read the device's flags (bad inputs, and
-      whether the intersections fit the sort size kept from earlier renders), run in its
-      backward, after the backward is queued, so the host never blocks in a training step
-      and queues the next work while the device runs. A bad input then raises the
+    - ``defer_checks`` (default: on CUDA): a render whose inputs require grad and are the
+      same tensors (the same memory) as the previous render's, as in a training loop
+      between densifications, does not wait for the device. Its checks, which read the
+      device's flags (bad inputs, and whether the intersections fit the sort size kept
+      from earlier renders), run in its backward, after the backward is queued, so the
+      host never blocks in a training step and queues the next work while the device
+      runs. New tensors (a new N, another scene) are checked before the render returns. A bad input then raises the
       forward's ValueError from ``loss.backward()``; a render that overflowed the kept
       size (its intersections grew by over 25% since the last renders) is rendered again
       exactly into its images and its backward redone, with a RuntimeWarning, since the

@@ -161,12 +161,21 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
     through one ``Frame.replay`` (:func:`_replay_together`). A call that repeats one whose
     cameras all replayed one kept graph is repeated from its :class:`_RenderPlan`.
 
-    ``defer``: renders queued with the kept sort size are not waited for here; their
-    checks run in :func:`settle_deferred`, which the caller runs after queueing their
-    backward (the torch bridge does), and which this function runs first on every call
-    (so it never returns before the checks of an earlier call's renders)."""
+    ``defer``: if ``inputs`` are the workspace's previous call's (the same memory, shapes
+    and settings: a training loop's steady state, whose kept sort size has 25% headroom over
+    the same Gaussians' totals one step before), renders queued with the kept sort size
+    are not waited for here; their checks run in :func:`settle_deferred`, which the
+    caller runs after queueing their backward (the torch bridge does), and which this
+    function runs first on every call (so it never returns before the checks of an
+    earlier call's renders). Other inputs (new Gaussians, after a densification for
+    instance, whose totals may jump) are checked here."""
     settle_deferred(workspace)
     input_key = _input_key(inputs, settings) if workspace.graphs else None
+    if defer:
+        same = input_key if input_key is not None else (tuple(signature(a) for a in inputs.arrays), settings)
+        defer, workspace.last_input_key = same == workspace.last_input_key, same
+    else:
+        workspace.last_input_key = None
     for plan in workspace.render_plans:
         if plan.matches(input_key, cameras, settings, per_camera):
             outs = plan.repeat(inputs, settings, defer)

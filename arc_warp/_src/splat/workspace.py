@@ -297,8 +297,9 @@ class Workspace:
             graph launch instead of a dozen kernel launches and their Python. False
             (``graphs=False``) always launches kernel by kernel; always False on the CPU.
         deferred: the pending checks of renders queued without waiting for the device
-            (the torch bridge's ``defer_checks``), run by ``render.settle_deferred``: in
-            their backward, or at the start of the next render on this workspace.
+            (the torch bridge's ``defer_checks``, for inputs the same as the previous
+            call's), run by ``render.settle_deferred``: in their backward, or at the start
+            of the next render on this workspace.
     """
 
     def __init__(self, device=None, threshold: int | None = None, replay: bool = True, graphs: bool = True):
@@ -319,6 +320,9 @@ class Workspace:
         # (weak reference to the output, pending check, output arrays) of renders queued with
         # their checks deferred (render.py `render_checked(defer=True)`, `settle_deferred`)
         self.deferred: list = []
+        # the inputs (pointers, shapes) and settings of the last render call that could defer
+        # its checks (render.py `render_checked`)
+        self.last_input_key = None
         self._sort_sizes: dict[tuple[int, int], list] = {}  # grid -> [size, recent totals]
         self._views: dict[tuple, wp.array] = {}  # (pointer, dtype, shape) -> non-owning view
         self._capture_stream = None
