@@ -383,3 +383,31 @@ def test_image_fit_beats_flat_colour():
     # Measured: flat colour 12.1 dB, the fit 18.0 dB after 60 steps and higher after 100;
     # 4 dB above the best flat colour needs a working fit.
     assert result.psnr > flat + 4.0, (flat, result.history)
+
+
+def test_deferred_checks_train_as_checked_renders(tiny_dataset, tmp_path, monkeypatch):
+    """The training loop with the torch bridge's deferred checks (the default on CUDA,
+    forced on here) ends with bitwise the parameters of the loop that checks every render
+    before it returns, through densifications, an opacity reset, evaluations and an SH
+    degree change: steady steps defer their checks to their backward, a step after a
+    densification (new tensors) checks in its forward, and nothing overflows."""
+    import warnings
+
+    from arc_warp_torch import _autograd
+
+    checked = Trainer(tiny_dataset, _tiny_cfg(), tmp_path / "checked")
+    checked.train()
+    context = _autograd.default_context(torch.device("cpu"))
+    monkeypatch.setattr(context, "defer_checks", True)
+    deferred = []
+    settle = _autograd.settle_deferred
+    monkeypatch.setattr(_autograd, "settle_deferred",
+                        lambda workspace: (deferred.append(len(workspace.deferred)), settle(workspace))[1])
+    run = Trainer(tiny_dataset, _tiny_cfg(), tmp_path / "deferred")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        run.train()
+    assert not [w for w in caught if "overflowed" in str(w.message)]
+    assert sum(deferred) > 0 and 0 in deferred, deferred  # some steps deferred, not all
+    for name in checked.params:
+        assert torch.equal(checked.params[name], run.params[name]), name
