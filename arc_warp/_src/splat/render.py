@@ -169,7 +169,11 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
     function runs first on every call (so it never returns before the checks of an
     earlier call's renders). Other inputs (new Gaussians, after a densification for
     instance, whose totals may jump) are checked here."""
-    settle_deferred(workspace)
+    try:
+        settle_deferred(workspace)
+    except ValueError as e:
+        raise ValueError(f"{e} (found in an earlier render on this workspace, whose checks were deferred to a "
+                         "backward that did not run)") from e
     input_key = _input_key(inputs, settings) if workspace.graphs else None
     if defer:
         same = input_key if input_key is not None else (tuple(signature(a) for a in inputs.arrays), settings)
