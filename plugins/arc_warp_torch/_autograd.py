@@ -53,14 +53,14 @@ class RenderContext:
       device's flags (bad inputs, and whether the intersections fit the sort size kept
       from earlier renders), run in its backward, after the backward is queued, so the
       host never blocks in a training step and queues the next work while the device
-      runs. New tensors (a new N, another scene) are checked before the render returns. A bad input then raises the
-      forward's ValueError from ``loss.backward()``; a render that overflowed the kept
-      size (its intersections grew by over 25% since the last renders) is rendered again
-      exactly into its images and its backward redone, with a RuntimeWarning, since the
-      loss saw the first image (the farthest Gaussians of some tiles left out). Renders
-      without grad (and ``reduce="deterministic"``) are checked before they return, as
-      with ``defer_checks=False``. A render whose backward never runs is checked at the
-      start of the next render.
+      runs. A bad input then raises the forward's ValueError from ``loss.backward()``; a
+      render that overflowed the kept size (its intersections grew by over 25% since the
+      last renders) is rendered again exactly into its images and its backward redone,
+      with a RuntimeWarning, since the loss saw the first image (the farthest Gaussians
+      of some tiles left out). A render whose backward never runs is checked at the start
+      of the next render. New tensors (a new N, another scene), renders without grad and
+      ``reduce="deterministic"`` are checked before the render returns, as with
+      ``defer_checks=False``.
 
     ``rasterization`` and ``GaussianRasterizer`` take ``context=``; ``None`` uses
     :func:`default_context` of the tensors' device.
