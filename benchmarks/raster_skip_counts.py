@@ -26,7 +26,7 @@ import warp as wp
 import arc_warp
 from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, TILE_SIZE, Splat2D
 from arc_warp._src.splat.raster_batch_funcs import splat_quad
-from arc_warp._src.splat.raster_kernels import SUB_COLS, SUB_H, SUB_W, subtile_mask
+from arc_warp._src.splat.raster_kernels import SUB_H, SUB_W, subtile_mask, tile_pixel
 
 WIDTH, HEIGHT = 1920, 1080
 WARPS = BLOCK_PIXELS // 32
@@ -42,14 +42,12 @@ def count_warp_entries(
     counts: wp.array2d(dtype=wp.int32),  # (n_tiles * 8, 2): entries walked, entries with the bit
 ):
     i = wp.tid()
-    tile = i // WARPS
-    sub = i - tile * WARPS
+    tp = tile_pixel(i * 32, tiles_x)  # lane 0 of warp i: its block's top-left pixel
+    tile, sub, x0, y0 = tp.tile, tp.sub, tp.x, tp.y
     height = last_ids.shape[0]
     width = last_ids.shape[1]
     col0 = (tile % tiles_x) * TILE_SIZE
     row0 = (tile // tiles_x) * TILE_SIZE
-    x0 = col0 + (sub % SUB_COLS) * SUB_W
-    y0 = row0 + (sub // SUB_COLS) * SUB_H
     warp_last = int(-1)
     for dy in range(SUB_H):
         for dx in range(SUB_W):

@@ -46,14 +46,20 @@ def smooth_scene(rng, device, requires_grad=False, sh=True):
     return gaussians(means, scales, opacities, colors, quats, device, requires_grad), camera(20, 14)
 
 
+def _in_view(rng, n, cam, margin, px_range):
+    """(means, scales) of ``n`` Gaussians at depths 2-6 whose centres project within
+    ``margin`` pixels of ``cam``'s image, with std-devs of ``px_range`` pixels there."""
+    z = rng.uniform(2.0, 6.0, n)
+    u = rng.uniform(-margin, cam.width + margin, n)
+    v = rng.uniform(-margin, cam.height + margin, n)
+    means = np.column_stack([(u - cam.cx) * z / cam.fx, (v - cam.cy) * z / cam.fy, z])
+    return means, rng.uniform(*px_range, (n, 3)) * z[:, None] / cam.fx
+
+
 def random_scene(rng, n, width, height, device, requires_grad=False, sh_degree=2):
     """Gaussians whose centres project near the image, 1-8 px wide, mixed opacities."""
     cam = camera(width, height, focal=25.0)
-    z = rng.uniform(2.0, 6.0, n)
-    u = rng.uniform(-4, width + 4, n)
-    v = rng.uniform(-4, height + 4, n)
-    means = np.column_stack([(u - cam.cx) * z / cam.fx, (v - cam.cy) * z / cam.fy, z])
-    scales = rng.uniform(1.0, 8.0, (n, 3)) * z[:, None] / cam.fx
+    means, scales = _in_view(rng, n, cam, 4, (1.0, 8.0))
     colors = rng.normal(0.0, 0.4, (n, (sh_degree + 1) ** 2, 3))
     colors[:, 0] += 1.0
     arrays = gaussians(means, scales, rng.uniform(0.2, 0.99, n), colors, rng.normal(size=(n, 4)), device,
@@ -455,11 +461,7 @@ def small_splat_scene(rng, n, width, height, device):
     """Gaussians 0.2-1.5 px wide all over the image, opaque enough to composite: most
     reach a few of a tile's 8x4 warp blocks, and some, between two pixel centres, none."""
     cam = camera(width, height, focal=25.0)
-    z = rng.uniform(2.0, 6.0, n)
-    u = rng.uniform(-1, width + 1, n)
-    v = rng.uniform(-1, height + 1, n)
-    means = np.column_stack([(u - cam.cx) * z / cam.fx, (v - cam.cy) * z / cam.fy, z])
-    scales = rng.uniform(0.2, 1.5, (n, 3)) * z[:, None] / cam.fx
+    means, scales = _in_view(rng, n, cam, 1, (0.2, 1.5))
     colors = rng.uniform(0.0, 1.0, (n, 3))
     return gaussians(means, scales, rng.uniform(0.3, 0.99, n), colors, rng.normal(size=(n, 4)), device), cam
 

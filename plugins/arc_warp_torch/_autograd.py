@@ -550,7 +550,8 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
                *(None if g is None else g.data_ptr() for g in output_grads), c, n, inputs[4].shape, outs[0].alpha.shape)
         into, m2d_grads, cotangents = context._memoized(
             key, lambda: _backward_views(context, torch_grads, batched, output_grads, c))
-        for attempt in range(2):
+
+        def queue():
             # the first camera writes every entry (accumulate=False), so nothing is zeroed for
             # C = 1; later cameras add, into their own zeroed means2d slices
             if batched is not None and c > 1:
@@ -561,12 +562,13 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
                 if out.means2d_absgrad is not None:
                     out.means2d_absgrad.zero_()
             backwards_checked(outs, cotangents, into, False, m2d_grads)
-            # the forward's deferred checks, once the backward is queued (the host waits for
-            # nothing the device has not done long since); a render they redid needs its
-            # backward again (every camera's, since the first writes what the others add to)
-            redone = settle_deferred(context.workspace)
-            if attempt or not any(out is r for r in redone for out in outs):
-                break
+
+        queue()
+        # the forward's deferred checks, once the backward is queued (the host waits for
+        # nothing the device has not done long since); a render they redid needs its
+        # backward again (every camera's, since the first writes what the others add to)
+        if any(out is r for r in settle_deferred(context.workspace) for out in outs):
+            queue()
     if sink is None:
         return torch_grads, None
     target = sink.tensor

@@ -87,17 +87,17 @@ def sort_intersections(
     ``tile << 32 | depth`` keys, but radix passes over ~log2(tiles) bits, not 32 more).
 
     ``sort_size`` entries are sorted: the total read back (``flags[0]`` after
-    :func:`count_intersections`), or a capacity chosen before the total is known; entries
-    past the total are padded with the filler tile, entries past ``sort_size`` are
-    dropped (the caller re-renders then); ``write_keys`` writes both. A size too large for one sort raises
-    ValueError before anything is allocated. The sort's keys and Gaussian ids have room
-    for at least ``reserve`` entries, so a size that varies a little between steps reuses
-    them: ``reserve`` (the workspace's kept size) already has 25% headroom, so they get no
-    more on top. The ids are a buffer of ``frame`` (the backward reads them); the keys,
-    read only here, are scratch of ``frame.shared``'s arena: in the forward's stage, over
-    the depth keys, when the counts are there too (``arena`` as given to
-    :func:`count_intersections`, None or ``frame.shared``), else in a stage of their own
-    (a batched camera's counts are in its own frame's arena).
+    :func:`count_intersections`), or a capacity chosen before the total is known;
+    entries past the total are padded with the filler tile, entries past ``sort_size``
+    are dropped (the caller re-renders then); ``write_keys`` writes both. A size too
+    large for one sort raises ValueError before anything is allocated. The sort's keys
+    and Gaussian ids have room for at least ``reserve`` entries, so a size that varies a
+    little between steps reuses them: ``reserve`` (the workspace's kept size) already
+    has 25% headroom, so they get no more on top. The ids are a buffer of ``frame`` (the
+    backward reads them); the keys, read only here, are scratch of ``frame.shared``'s
+    arena: in the forward's stage, over the depth keys, when the counts are there too
+    (``arena`` as given to ``project``, None or ``frame.shared``), else in a stage of
+    their own (a batched camera's counts are in its own frame's arena).
     ``BinResult.n_isects`` is ``sort_size`` until the caller sets the exact total.
     """
     n_tiles = tiles_x * tiles_y

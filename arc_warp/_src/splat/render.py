@@ -246,7 +246,7 @@ class _RenderPlan:
         # before any backward, so their means2d_grad is still to be made (zeroed) per render
         plan.outputs = [replaced(out, _inputs=None) for out, _, _ in queued]
         plan.pending = [pending for _, pending, _ in queued]
-        plan.sizes = [((out._bins.tiles_x, out._bins.tiles_y), p.sort_size) for out, p, _ in queued]
+        plan.sizes = [(p.grid, p.sort_size) for p in plan.pending]
         plans = workspace.render_plans
         plans[:] = [p for p in plans if not (p.frames == frames and p.matches(input_key, cameras, settings, per_camera))]
         plans.insert(0, plan)
