@@ -21,6 +21,11 @@ it reports, as medians after warm-up:
   that wait (the user's activations, loss and torch's autograd engine excluded), per
   synchronised step and per step of the loop (where the host runs ahead of the device
   without a sync between steps, as in training: its caches and clocks stay warm);
+- forward / backward "with the host hidden" (CUDA only): the same calls queued behind a
+  5 ms spin kernel (``torch.cuda._sleep``), timed from the end of the spin: the device
+  time of the call when the host has queued it ahead, as in a training loop, without the
+  host's latency before its first launch. A library that waits for the device inside
+  the call (Faster-GS's count readbacks) shows the host work after each wait;
 - peak MiB: the device memory a torch-Adam training step holds at once, the same work
   for every library, read after its torch-Adam steps (before arc_warp's and Faster-GS's
   own optimizers run), by phase: the larger of (forward + backward: torch's
@@ -70,6 +75,7 @@ Smoke test on the CPU (tiny scene, arc only, host-time table)::
 """
 
 import argparse
+import functools
 import json
 import sys
 import time
@@ -345,6 +351,8 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps, warp_before):
     row = {"forward_ms": float(np.median(fwd)), "backward_ms": float(np.median(bwd)),
            "host_ms": float(np.median(host)), "wait_ms": float(np.median(wait)),
            "arc_host_ms": float(np.median(arc_host))}
+    if cuda:
+        row.update(_host_hidden(lib, params, viewmats, ks, target, reps))
     for kind in lib.optimizers:
         opt = _optimizer(kind, params)
 
@@ -381,6 +389,50 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps, warp_before):
 def _visible_guess(params):
     """Rows in front of the camera (the benchmark's stand-in for radii > 0)."""
     return params["means"].detach()[:, 2] > 0.01
+
+
+SPIN_MS = 5.0  # longer than any library's host time to queue one forward or backward
+
+
+@functools.cache
+def _spin_cycles_per_ms() -> float:
+    """``torch.cuda._sleep`` cycles per ms on the current device (timed once)."""
+    cycles = 10_000_000
+    torch.cuda._sleep(cycles)  # warm-up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / start.elapsed_time(end)
+
+
+def _behind_spin(call):
+    """Device ms of ``call()`` queued behind a SPIN_MS spin kernel, from the spin's end
+    (see the module notes), and its result."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(SPIN_MS * _spin_cycles_per_ms()))
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    result = call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end), result
+
+
+def _host_hidden(lib, params, viewmats, ks, target, reps):
+    """Median forward and backward ms with the host hidden behind a spin (module notes)."""
+    fwd, bwd = [], []
+    for i in range(reps + 3):
+        ms, img = _behind_spin(lambda: lib.render(params, viewmats, ks))
+        loss = (img - target).abs().mean()
+        bms, _ = _behind_spin(loss.backward)
+        for p in params.values():
+            p.grad = None
+        if i >= 3:
+            fwd.append(ms)
+            bwd.append(bms)
+    return {"forward_hidden_ms": float(np.median(fwd)), "backward_hidden_ms": float(np.median(bwd))}
 
 
 def bench_optimizer(n, device, reps):
@@ -565,6 +617,12 @@ def main(argv=None) -> int:
                           f"{cell('wait_ms') if arc else '-'} | {cell('arc_host_ms') if arc else '-'} | "
                           f"{cell('arc_host_loop_ms') if arc else '-'} | {row['peak_mib']:.0f} |",
                           flush=True)
+    hidden = [r for r in rows if "forward_hidden_ms" in r]
+    if hidden:
+        print("\n| N | regime | C | library | forward ms, host hidden | backward ms, host hidden |\n|---|---|---|---|---|---|")
+        for r in hidden:
+            print(f"| {r['n']} | {r['regime']} | {r['cameras']} | {r['library']} | {r['forward_hidden_ms']:.3f} | "
+                  f"{r['backward_hidden_ms']:.3f} |")
     optim = {}
     if not args.no_optim and "arc" in args.libs:
         print("\n| N | torch Adam ms | fused Adam ms | sparse Adam (50 % visible) ms |\n|---|---|---|---|")
