@@ -62,13 +62,25 @@ class RenderContext:
       ``reduce="deterministic"`` are checked before the render returns, as with
       ``defer_checks=False``.
 
+    - ``release_workspace`` (default False): the workspace's buffers come from torch's
+      caching allocator (``arc_warp.Workspace``'s ``allocator``), and once a render's
+      backward can no longer run (torch freed its saved tensors: after a backward without
+      retain_graph, or when the render is dropped), its frame's and the shared render
+      scratch's memory goes back to torch, so the optimizer step that follows can use it
+      (at 1M Gaussians, 1080p, a torch-Adam step's peak drops from 1261 to 1180 MiB). The
+      next render takes it back as one block per frame. The cost is speed: where torch
+      hands back other addresses (it does, when the optimizer step reused the memory),
+      the render's CUDA graphs cannot be replayed and it launches kernel by kernel
+      (BENCHMARKS.md, 0.9.1). The default keeps the buffers in Warp's pool for the
+      context's life.
+
     ``rasterization`` and ``GaussianRasterizer`` take ``context=``; ``None`` uses
     :func:`default_context` of the tensors' device.
     """
 
     def __init__(self, device, threshold: Optional[int] = None,
                  pool_release_fraction: Optional[float] = 0.5, graphs: bool = True,
-                 defer_checks: Optional[bool] = None):
+                 defer_checks: Optional[bool] = None, release_workspace: bool = False):
         wp.init()
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -78,7 +90,8 @@ class RenderContext:
         if (pool_release_fraction is not None and wdev.is_cuda and wdev.is_mempool_supported
                 and wp.get_mempool_release_threshold(wdev) == 0):
             wp.set_mempool_release_threshold(wdev, pool_release_fraction)
-        self.workspace = Workspace(wdev, threshold, graphs=graphs)
+        self.workspace = Workspace(wdev, threshold, graphs=graphs,
+                                   allocator=self._allocate if release_workspace else None)
         self._pool = torch.cuda.MemPool() if self.workspace.graphs else None
         self._wdevice = wdev
         self._streams = {}  # torch CUDA stream handle -> wp.Stream
@@ -92,6 +105,12 @@ class RenderContext:
         self._pooling = False  # inside `outputs()`
         self.cameras = {}  # host camera values and image size -> arc_warp.Camera (bounded)
         self._intrinsics = {}  # (fx, fy, cx, cy) -> [1, 3, 3] device K (bounded)
+
+    def _allocate(self, nbytes: int):
+        """The workspace's allocator (``release_workspace``): ``nbytes`` of torch memory on
+        this device and torch's current stream, as (pointer, the tensor holding it)."""
+        t = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return t.data_ptr(), t
 
     def camera(self, fx, fy, cx, cy, width, height, world_to_camera, near, far) -> Camera:
         """The Camera of these values, made (and validated) once: a training loop revisits
@@ -496,6 +515,8 @@ class _RenderGaussians(torch.autograd.Function):
         marker = torch.empty(0)
         ctx.save_for_backward(*inputs, *returned, marker)
         ctx.saved_marker = weakref.ref(marker)
+        if context.workspace.allocator is not None:  # hand the frames' memory back then (release_workspace)
+            weakref.finalize(marker, context.workspace.release, [out._frame for out in outs])
         ctx.outs, ctx.sink, ctx.context = outs, sink, context
         if any(t.requires_grad for t in inputs):
             context.track(ctx)

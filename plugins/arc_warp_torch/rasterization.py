@@ -244,13 +244,14 @@ def rasterization(
                                 absgrad=absgrad and need_grad, antialiased=rasterize_mode == "antialiased",
                                 scale_activation=scale_activation, opacity_activation=opacity_activation)
     # The projected means are written straight into the leaf that receives their gradient;
-    # it and the render's outputs come from one scope of the context's output pool.
+    # it comes from the context's output pool, as the render's outputs do (the render itself
+    # runs outside: its workspace may allocate from torch's default pool).
     with context.outputs():
         means2d = means.new_empty((c, n, 2)).requires_grad_(need_grad)
-        sink = None
-        if need_grad:
-            sink = Means2dSink(means2d, absgrad_owner=means2d if absgrad else None)
-        r = render_batch(*inputs, cameras, settings, sink, means2d, context, depths=render_mode != "RGB")
+    sink = None
+    if need_grad:
+        sink = Means2dSink(means2d, absgrad_owner=means2d if absgrad else None)
+    r = render_batch(*inputs, cameras, settings, sink, means2d, context, depths=render_mode != "RGB")
 
     alphas = r.alpha[..., None]
     channels = []

@@ -266,8 +266,11 @@ class _RenderPlan:
         be repeated (a frame is leased, the workspace allocated, a kept sort size changed):
         the caller then prepares the call as usual."""
         workspace = self.workspace
-        if (workspace.allocations != self.allocations or not workspace.is_free(self.frames)
-                or any(workspace.sort_size(grid) != size for grid, size in self.sizes)):
+        if not workspace.is_free(self.frames):
+            return None
+        workspace.restore(self.frames)  # memory handed back after their last backward (Workspace.allocator)
+        if workspace.allocations != self.allocations or any(workspace.sort_size(grid) != size
+                                                             for grid, size in self.sizes):
             return None
         self.frames[0].launch_graph(self.graph)
         workspace.lease(self.frames)
@@ -307,6 +310,9 @@ def _replay_together(kind: str, prepared: list) -> list:
     never reused), instead of C graph launches and C lookups."""
     if not prepared:
         return []
+    # every frame's memory back before a capture (Frame.restore allocates): the first
+    # frame's Frame.replay restores, but a render's stages would restore the others inside it
+    prepared[0][0]._workspace.restore([frame for frame, _, _ in prepared[1:]])
 
     def queue():
         results = [None] * len(prepared)

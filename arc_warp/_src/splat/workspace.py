@@ -16,6 +16,8 @@ _REPACK = object()  # signature of an argument that is always repacked (structs,
 SORT_HISTORY = 64  # renders whose intersection totals set the sort size kept for the next
 SORT_SLACK = 4096  # entries added to every kept sort size, so small scenes rarely overflow
 GRAPHS_PER_FRAME = 24  # CUDA graphs a frame keeps (least recently used dropped first)
+# the shared frame's buffers a render leaves nothing in for a later call (Workspace.release)
+SHARED_SCRATCH = ("scratch", "entry_grads")
 SCRATCH_ALIGN = 256  # byte alignment of each part carved from the scratch arena (Frame.scratch)
 # render calls a workspace keeps to repeat: a loop that holds the previous output while
 # rendering alternates two frames and two output blocks of the torch bridge's pool
@@ -77,6 +79,12 @@ class Frame:
         self._seen: collections.OrderedDict = collections.OrderedDict()  # keys queued once without allocating
         self._numpy: dict = {}  # (pointer, shape, dtype) of a host buffer -> its numpy view
         self._retired = None  # the arena a part outgrew, alive until the next stage (see scratch)
+        # with Workspace.allocator: what holds each buffer's memory, by name (by the frozenset
+        # of its buffers' names for the block of a restore), and {name: bytes} of the
+        # buffers whose memory was handed back
+        self._owners: dict = {}
+        self._released: dict = {}
+        self._keep: set = set()  # names of buffers never handed back (zeros_once)
 
     @property
     def device(self):
@@ -88,11 +96,19 @@ class Frame:
         and whether it is new."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = _PYTHON_DTYPES.get(dtype, dtype)
+        if name in self._released:
+            self.restore()
         a = self._arrays.get(name)
         if a is None or a.shape != shape or a.dtype != dtype:
-            a = self._arrays[name] = self._workspace._allocate(shape, dtype, zero_new, host)
+            a = self._arrays[name] = self._allocate(name, shape, dtype, zero_new, host)
             return a, True
         return a, False
+
+    def _allocate(self, name: str, shape: tuple, dtype, zero: bool, host: bool = False) -> wp.array:
+        a, owner = self._workspace._allocate(shape, dtype, zero, host)
+        if owner is not None:
+            self._owners[name] = owner
+        return a
 
     def array(self, name: str, shape, dtype, zero: bool = False) -> wp.array:
         """The buffer ``name`` with exactly ``shape`` and ``dtype``; ``zero`` memsets it."""
@@ -102,8 +118,55 @@ class Frame:
         return a
 
     def zeros_once(self, name: str, shape, dtype) -> wp.array:
-        """A read-only zero buffer: zeroed when allocated, never written afterwards."""
+        """A read-only zero buffer: zeroed when allocated, never written afterwards (and
+        never handed back by :meth:`release`)."""
+        self._keep.add(name)
         return self._buffer(name, shape, dtype, True)[0]
+
+    def release(self, names=None) -> None:
+        """Hand the memory of this frame's device buffers (those of ``names``; None: all
+        but its host and zeros_once buffers) back to the workspace's ``allocator`` (no-op
+        without one); their contents are lost. They come back, as one block, when one of
+        them is next used (:meth:`restore`): release only buffers that nothing reads before
+        writing them again (the torch bridge releases a render's once its backward can no
+        longer run). Work already queued on the allocator's stream still reads them safely:
+        a stream-ordered allocator (torch's) hands the memory out again only to work queued
+        after it."""
+        if self._workspace.allocator is None:
+            return
+        device = self._workspace.device
+        for name, a in self._arrays.items():
+            if (a.device == device and name not in self._keep and name not in self._released
+                    and (names is None or name in names)):
+                self._released[name] = a.capacity
+                self._owners.pop(name, None)
+        for key in [k for k in self._owners if isinstance(k, frozenset) and k <= self._released.keys()]:
+            del self._owners[key]  # a restored block none of whose buffers is in use
+        self._retired = None
+
+    def restore(self) -> None:
+        """Take back the memory :meth:`release` handed back, as one block; a buffer at its
+        old address keeps its array (so kept graphs, launches and views stay valid), and if
+        any moved, the workspace's ``allocations`` count changes (kept graphs are not
+        replayed). No-op unless released."""
+        released, self._released = self._released, {}
+        if not released:
+            return
+        offsets, total = {}, 0
+        for name, nbytes in released.items():
+            offsets[name] = total
+            total += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        workspace = self._workspace
+        base, self._owners[frozenset(released)] = workspace.allocator(total)
+        moved = False
+        for name, offset in offsets.items():
+            a = self._arrays[name]
+            if a.ptr != base + offset:
+                self._arrays[name] = wp.array(ptr=base + offset, dtype=a.dtype, shape=a.shape, capacity=a.capacity,
+                                              device=workspace.device)
+                moved = True
+        if moved:
+            workspace.allocations += 1
 
     def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
         """``wp.launch(kernel, dim, inputs=args)`` on the current stream, prepared once per
@@ -148,6 +211,13 @@ class Frame:
         launch instead of ``queue()``'s Python and launches; the result stored with the
         graph is returned again, so it must not refer to anything outside the key.
         ``key=None``, a CPU device or ``Workspace.graphs`` False just call ``queue()``."""
+        # memory handed back comes back before the key (a buffer that moved changes the
+        # allocation count) and before any capture (an allocation inside one would break it)
+        self._workspace.restore((self,))
+        return self._replay(key, queue)
+
+    def _replay(self, key, queue):
+        """:meth:`replay` once the memory is back: run, capture or replay ``queue``."""
         workspace = self._workspace
         if key is None or not workspace.graphs:
             return queue()
@@ -192,7 +262,9 @@ class Frame:
 
     def host_array(self, name: str, shape, dtype) -> wp.array:
         """A host buffer ``name`` that device copies into without blocking (page-locked on
-        CUDA; on the CPU the host is the device)."""
+        CUDA; on the CPU the host is the device); never handed back by :meth:`release`
+        (deferred checks read it later)."""
+        self._keep.add(name)
         return self._buffer(name, shape, dtype, False, host=True)[0]
 
     def host_numpy(self, a: wp.array):
@@ -214,10 +286,12 @@ class Frame:
         """A 1D buffer ``name`` of at least ``count`` entries (grown to 1.5x ``count``, or
         exactly ``count`` without ``headroom``; never shrunk), for sizes that vary from
         call to call such as the tile-sort buffers."""
+        if name in self._released:
+            self.restore()
         a = self._arrays.get(name)
         if a is None or a.shape[0] < count or a.dtype != dtype:
-            a = self._workspace._allocate((max(count + count // 2 if headroom else count, 1),), dtype, False)
-            self._arrays[name] = a
+            a = self._arrays[name] = self._allocate(name, (max(count + count // 2 if headroom else count, 1),),
+                                                    dtype, False)
         return a
 
     def scratch(self, shape, dtype, after: wp.array | None = None, room: int = 0, zero: bool = False) -> wp.array:
@@ -239,12 +313,14 @@ class Frame:
         size = wp.types.type_size_in_bytes(dtype)
         for d in shape:
             size *= d
+        if "scratch" in self._released:
+            self.restore()
         arena = self._arrays.get("scratch")
         if after is None:
             offset = 0
             self._retired = None
             if arena is None or arena.capacity < max(room, size):
-                arena = self._arrays["scratch"] = self._workspace._allocate((max(room, size, 1),), wp.uint8, False)
+                arena = self._arrays["scratch"] = self._allocate("scratch", (max(room, size, 1),), wp.uint8, False)
         else:
             offset = -(-(after.ptr - arena.ptr + after.capacity) // SCRATCH_ALIGN) * SCRATCH_ALIGN
             if offset + size > arena.capacity:
@@ -253,16 +329,16 @@ class Frame:
                                        f"{arena.capacity}-byte arena; the stage's first part must ask for more room")
                 # moving the earlier parts would take a copy; their readers are queued before
                 # the next stage, which drops the old arena (freed in stream order)
-                self._retired = arena
-                arena = self._arrays["scratch"] = self._workspace._allocate((room,), wp.uint8, False)
+                self._retired = (arena, self._owners.get("scratch"))
+                arena = self._arrays["scratch"] = self._allocate("scratch", (room,), wp.uint8, False)
         view = self._workspace.view(arena.ptr + offset, dtype, shape)
         if zero:
             view.zero_()
         return view
 
     def buffers(self) -> list[tuple[str, wp.array]]:
-        """(name, array) of every buffer this frame holds."""
-        return list(self._arrays.items())
+        """(name, array) of every buffer this frame holds (none of those it released)."""
+        return [(name, a) for name, a in self._arrays.items() if name not in self._released]
 
 
 class Workspace:
@@ -296,14 +372,23 @@ class Workspace:
             into a CUDA graph the second time and replayed after (``Frame.replay``): one
             graph launch instead of a dozen kernel launches and their Python. False
             (``graphs=False``) always launches kernel by kernel; always False on the CPU.
+        allocator: ``None`` (Warp's pool holds every buffer for the workspace's life), or a
+            callable ``nbytes -> (pointer, owner)`` giving device memory held while
+            ``owner`` is referenced, from an allocator outside Warp's (the torch bridge
+            passes torch's caching allocator): then :meth:`release` hands the memory of
+            finished renders back to it between steps, for the caller's other work (an
+            optimizer step) to reuse, and their next use takes it back. The allocator must
+            be stream-ordered on the stream the work runs on, as torch's is.
         deferred: the pending checks of renders queued without waiting for the device
             (the torch bridge's ``defer_checks``, for inputs the same as the previous
             call's), run by ``render.settle_deferred``: in their backward, or at the start
             of the next render on this workspace.
     """
 
-    def __init__(self, device=None, threshold: int | None = None, replay: bool = True, graphs: bool = True):
+    def __init__(self, device=None, threshold: int | None = None, replay: bool = True, graphs: bool = True,
+                 allocator=None):
         self.device = wp.get_device(device)
+        self.allocator = allocator
         self.replay = replay
         self.graphs = bool(graphs and replay and self.device.is_cuda)
         self.threshold = resolve_threshold(self.device, threshold)
@@ -327,12 +412,36 @@ class Workspace:
         self._views: dict[tuple, wp.array] = {}  # (pointer, dtype, shape) -> non-owning view
         self._capture_stream = None
 
-    def _allocate(self, shape: tuple, dtype, zero: bool, host: bool = False) -> wp.array:
+    def _allocate(self, shape: tuple, dtype, zero: bool, host: bool = False) -> tuple[wp.array, object]:
+        """A new buffer and what holds its memory (None: the array itself)."""
         self.allocations += 1
         maker = wp.zeros if zero else wp.empty
-        if host and self.device.is_cuda:
-            return maker(shape, dtype=dtype, device="cpu", pinned=True)
-        return maker(shape, dtype=dtype, device=self.device)
+        if host:
+            return maker(shape, dtype=dtype, device="cpu", pinned=self.device.is_cuda), None
+        if self.allocator is None:
+            return maker(shape, dtype=dtype, device=self.device), None
+        nbytes = wp.types.type_size_in_bytes(dtype)
+        for d in shape:
+            nbytes *= d
+        ptr, owner = self.allocator(max(nbytes, 1))
+        a = wp.array(ptr=ptr, dtype=dtype, shape=shape, device=self.device)
+        if zero:
+            a.zero_()
+        return a, owner
+
+    def release(self, frames) -> None:
+        """Hand back the memory of ``frames`` (renders whose backward can no longer run)
+        and of the shared frame's render scratch (``Frame.release``) to the ``allocator``;
+        no-op without one. The shared frame's other buffers stay: the mesh ops keep state
+        in some of theirs from call to call."""
+        for frame in frames:
+            frame.release()
+        self._shared.release(SHARED_SCRATCH)
+
+    def restore(self, frames) -> None:
+        """Take back the memory of ``frames`` and of the shared frame (``Frame.restore``)."""
+        for frame in (*frames, self._shared):
+            frame.restore()
 
     @property
     def shared(self) -> Frame:
