@@ -492,3 +492,24 @@ def test_cuda_cameras_of_the_last_call_are_rechecked_where_they_can_change(rng):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     with pytest.raises(ValueError, match="camera gradients"):
         render(p, scene, viewmats.requires_grad_(True), ks)
+
+
+def test_rgb_mode_allocates_and_writes_no_depth_images(rng):
+    """render_mode="RGB" renders the same colours, alphas and gradients as "RGB+D" (whose
+    depth channel is the depth sum), but its images' block holds 4 planes (colour, alpha),
+    not 6: the depth images are neither allocated nor written."""
+    scene = random_scene(rng, n=30, width=24, height=18, sh_degree=1)
+    got = {}
+    for mode in ("RGB", "RGB+D"):
+        p = params_of(scene)
+        colors, alphas, _ = render(p, scene, render_mode=mode)
+        weights = torch.linspace(0.0, 1.0, 3 * scene.height * scene.width).view(1, scene.height, scene.width, 3)
+        ((colors[..., :3] * weights).sum() + alphas.sum()).backward()
+        got[mode] = colors.detach(), alphas.detach(), {k: p[k].grad for k in PARAMS}, colors
+    rgb, rgbd = got["RGB"], got["RGB+D"]
+    assert (rgbd[0][..., 3] > 0).any()
+    torch.testing.assert_close(rgb[0], rgbd[0][..., :3], rtol=0, atol=0)
+    torch.testing.assert_close(rgb[1], rgbd[1], rtol=0, atol=0)
+    for k in PARAMS:
+        torch.testing.assert_close(rgb[2][k], rgbd[2][k], rtol=0, atol=0, msg=k)
+    assert rgb[3].untyped_storage().nbytes() == 4 * scene.height * scene.width * 4

@@ -470,8 +470,9 @@ class _RenderGaussians(torch.autograd.Function):
     """(means, quats, scales, opacities, colors) -> (color, alpha, depth, expected_depth,
     radii), or without the two depth images when `depths` is False (fewer outputs: less
     autograd bookkeeping per call), for C cameras of one size, written into tensors
-    allocated once per call (the four images are views of one block, which lives while
-    any of them does; the depth images are written either way); the projected means go
+    allocated once per call (the images are views of one block, which lives while any of
+    them does; without `depths` the depth images are neither allocated nor written); the
+    projected means go
     into `means2d_out`. Backward runs the core backward of the C cameras
     (`backwards_checked`) into one gradient buffer: the first camera writes every entry,
     the others add."""
@@ -485,18 +486,21 @@ class _RenderGaussians(torch.autograd.Function):
         size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
         h, w = size.height, size.width
         with context.outputs():
-            # the four images are views of one allocation: one allocator call, not four
+            # the images are views of one allocation: one allocator call, not four; without
+            # depths the depth images are empty, which the rasteriser leaves unwritten
             plane = c * h * w
-            block = means.new_empty(6 * plane)
+            block = means.new_empty((6 if depths else 4) * plane)
+            depth_images = ((block.as_strided((c, h, w), (h * w, w, 1), k * plane) for k in (4, 5)) if depths
+                            else (block.as_strided((c, 0, 0), (0, 0, 0)),) * 2)
             images = (block.as_strided((c, h, w, 3), (3 * h * w, 3 * w, 3, 1)),
-                      *(block.as_strided((c, h, w), (h * w, w, 1), k * plane) for k in (3, 4, 5)))
+                      block.as_strided((c, h, w), (h * w, w, 1), 3 * plane), *depth_images)
             radii = torch.empty((c, n, 2), dtype=torch.int32, device=means.device)
         inputs = (means, quats, scales, opacities, colors)
         # one lookup by every pointer and size the Warp views depend on (the images' layout
         # in their block is fixed by c, h, w)
         key = ("forward", means.data_ptr(), quats.data_ptr(), scales.data_ptr(), opacities.data_ptr(),
                colors.data_ptr(), colors.shape, settings.sh_degree, block.data_ptr(), means2d_out.data_ptr(),
-               radii.data_ptr(), c, h, w)
+               radii.data_ptr(), c, h, w, depths)
         checked, targets = context._memoized(key, lambda: (
             context.inputs(inputs, settings),
             context.per_camera((*images, means2d_out, radii), (*IMAGE_DTYPES, wp.vec2, wp.vec2i),

@@ -286,11 +286,12 @@ def raster_fwd(
         alpha_out = 1.0 - t
         out_color[y, x] = rgb + t * background
         out_alpha[y, x] = alpha_out
-        out_depth[y, x] = depth
-        expected = float(0.0)
-        if alpha_out > 0.0:
-            expected = depth / alpha_out
-        out_expected_depth[y, x] = expected
+        if out_depth.shape[0] > 0:  # (0, 0) depth images: not wanted (the torch bridge's RGB mode)
+            out_depth[y, x] = depth
+            expected = float(0.0)
+            if alpha_out > 0.0:
+                expected = depth / alpha_out
+            out_expected_depth[y, x] = expected
         out_final_t[y, x] = t
         out_last[y, x] = last
 
@@ -447,12 +448,11 @@ def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = F
                 v_alpha_px = v_alpha_img[y, x]
             if v_depth_img.shape[0] > 0:
                 v_depth_px = v_depth_img[y, x]
-            # expected depth = depth / alpha, folded into the depth and alpha gradients
+            # expected depth = depth / alpha, folded into the depth and alpha gradients (only
+            # with its cotangent: without one the depth image may be (0, 0), never written)
             alpha_out = 1.0 - t_final
-            if alpha_out > 0.0:
-                v_ed = float(0.0)
-                if v_expected_img.shape[0] > 0:
-                    v_ed = v_expected_img[y, x]
+            if alpha_out > 0.0 and v_expected_img.shape[0] > 0:
+                v_ed = v_expected_img[y, x]
                 v_depth_px += v_ed / alpha_out
                 v_alpha_px -= v_ed * depth_img[y, x] / (alpha_out * alpha_out)
         # d(output)/d(alpha_i) terms that do not depend on i: alpha and background

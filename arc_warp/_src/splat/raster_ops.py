@@ -19,7 +19,8 @@ def rasterize(
     """Composites the binned splats front to back into (H, W) images.
 
     ``outputs`` holds the caller's (H, W) ``color``, ``alpha``, ``depth`` and
-    ``expected_depth`` arrays; the backward's state comes from ``frame``."""
+    ``expected_depth`` arrays (the two depth images may be (0, 0): not written; the
+    backward then must get no depth cotangents); the backward's state comes from ``frame``."""
     shape = (height, width)
     images = RasterImages(
         color=outputs["color"],
