@@ -43,8 +43,8 @@ Libraries are imported if available and skipped otherwise: ``arc`` (arc_warp_tor
 ``arc_fused`` the same as ``arc`` on the raw parameters: raw quaternions, log-scales and
 logit-opacities passed with ``scales_activation="exp"``, ``opacities_activation="sigmoid"``,
 so the projection kernel applies exp / sigmoid / normalisation and torch runs none of them;
-``arc_fused_release`` the same with ``RenderContext(release_workspace=True)``: the
-workspace's memory goes back to torch between steps),
+``arc_fused_keep`` the same with ``RenderContext(release_workspace=False)``: the
+workspace keeps its buffers in Warp's pool between steps),
 ``gsplat`` and ``gsplat_packed`` (gsplat's ``rasterization``; rows are labelled with its
 version, e.g. ``gsplat-1.6.0``; 1.5.3 and 1.6.0 share the module name, so each runs in
 its own process with its own PYTHONPATH) and ``fastergs`` (Faster-GS's
@@ -140,8 +140,8 @@ class Library(NamedTuple):
 def _renderers(libs, width, height):
     """({label: Library}, notes); labels carry peer versions, e.g. ``gsplat-1.6.0``."""
     out, notes = {}, []
-    for label, graphs, fused, release in (("arc", True, False, False), ("arc_nograph", False, False, False),
-                                          ("arc_fused", True, True, False), ("arc_fused_release", True, True, True)):
+    for label, graphs, fused, release in (("arc", True, False, None), ("arc_nograph", False, False, None),
+                                          ("arc_fused", True, True, None), ("arc_fused_keep", True, True, False)):
         if label not in libs:
             continue
         from arc_warp_torch import RenderContext, rasterization
@@ -551,7 +551,7 @@ def main(argv=None) -> int:
     ap.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=["small", "large"])
     ap.add_argument("--cameras", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--libs", nargs="+", default=["arc", "gsplat", "gsplat_packed", "fastergs"],
-                    choices=["arc", "arc_nograph", "arc_fused", "arc_fused_release", "gsplat", "gsplat_packed",
+                    choices=["arc", "arc_nograph", "arc_fused", "arc_fused_keep", "gsplat", "gsplat_packed",
                              "fastergs"])
     ap.add_argument("--width", type=int, default=1920)
     ap.add_argument("--height", type=int, default=1080)

@@ -12,6 +12,7 @@ import warp as wp
 
 torch = pytest.importorskip("torch", reason="arc_warp_torch needs torch")
 
+import arc_warp._src.splat.workspace as workspace_module  # noqa: E402
 from arc_warp_torch import RenderContext, rasterization  # noqa: E402
 from conftest import random_scene  # noqa: E402
 from test_deferred_checks import _step, _views  # noqa: E402
@@ -57,6 +58,34 @@ class _Owner:
 
     def __del__(self):
         self.allocator.give_back(self.block)
+
+
+@pytest.fixture(autouse=True)
+def _release_small_frames(request, monkeypatch):
+    """These scenes are tiny: release their frames whatever their size (but in the test of
+    that size limit)."""
+    if "size_limit" not in request.node.name:
+        monkeypatch.setattr(workspace_module, "RELEASE_MIN_BYTES", 0)
+
+
+def test_frames_under_the_size_limit_are_kept(rng, monkeypatch):
+    """A frame whose buffers sum to less than RELEASE_MIN_BYTES keeps them (small blocks
+    rarely come back at their address from a caching allocator); over it, they go."""
+    scene = random_scene(rng, n=30, width=24, height=20, sh_degree=0)
+    vm, ks = _views(scene, 1, "cpu")
+    allocator = PoisoningAllocator()
+    context = _context(allocator)
+    p = params_of(scene)
+    colors = rasterization(*(p[k] for k in PARAMS), vm, ks, scene.width, scene.height, context=context)[0]
+    colors.sum().backward()
+    held = context.workspace.nbytes()
+    assert 0 < held < workspace_module.RELEASE_MIN_BYTES and allocator.live > 0
+    for limit, live in ((held + 1, True), (0, False)):
+        monkeypatch.setattr(workspace_module, "RELEASE_MIN_BYTES", limit)
+        colors = rasterization(*(p[k] for k in PARAMS), vm, ks, scene.width, scene.height, context=context)[0]
+        colors.sum().backward()
+        del colors
+        assert (allocator.live > 0) == live, limit
 
 
 def _context(allocator, defer=True):

@@ -62,17 +62,17 @@ class RenderContext:
       ``reduce="deterministic"`` are checked before the render returns, as with
       ``defer_checks=False``.
 
-    - ``release_workspace`` (default False): the workspace's buffers come from torch's
+    - ``release_workspace`` (default: on CUDA): the workspace's buffers come from torch's
       caching allocator (``arc_warp.Workspace``'s ``allocator``), and once a render's
       backward can no longer run (torch freed its saved tensors: after a backward without
       retain_graph, or when the render is dropped), its frame's and the shared render
-      scratch's memory goes back to torch, so the optimizer step that follows can use it
-      (at 1M Gaussians, 1080p, a torch-Adam step's peak drops from 1261 to 1180 MiB). The
-      next render takes it back as one block per frame. The cost is speed: where torch
-      hands back other addresses (it does, when the optimizer step reused the memory),
-      the render's CUDA graphs cannot be replayed and it launches kernel by kernel
-      (BENCHMARKS.md, 0.9.1). The default keeps the buffers in Warp's pool for the
-      context's life.
+      scratch's memory goes back to torch (blocks of 4 MiB or more), so the optimizer step
+      that follows can use it: a training step's peak is that of its larger phase, not
+      their sum. The next render takes it back as one block per frame. A steady loop gets
+      the same addresses back after a few steps, so its CUDA graphs replay; where torch
+      hands out other addresses (after a densification, say), the renders of the same
+      key launch kernel by kernel until a graph of the new addresses is captured. False
+      keeps the buffers in Warp's pool for the context's life.
 
     ``rasterization`` and ``GaussianRasterizer`` take ``context=``; ``None`` uses
     :func:`default_context` of the tensors' device.
@@ -80,7 +80,7 @@ class RenderContext:
 
     def __init__(self, device, threshold: Optional[int] = None,
                  pool_release_fraction: Optional[float] = 0.5, graphs: bool = True,
-                 defer_checks: Optional[bool] = None, release_workspace: bool = False):
+                 defer_checks: Optional[bool] = None, release_workspace: Optional[bool] = None):
         wp.init()
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is None:
@@ -90,8 +90,8 @@ class RenderContext:
         if (pool_release_fraction is not None and wdev.is_cuda and wdev.is_mempool_supported
                 and wp.get_mempool_release_threshold(wdev) == 0):
             wp.set_mempool_release_threshold(wdev, pool_release_fraction)
-        self.workspace = Workspace(wdev, threshold, graphs=graphs,
-                                   allocator=self._allocate if release_workspace else None)
+        release = self.device.type == "cuda" if release_workspace is None else bool(release_workspace)
+        self.workspace = Workspace(wdev, threshold, graphs=graphs, allocator=self._allocate if release else None)
         self._pool = torch.cuda.MemPool() if self.workspace.graphs else None
         self._wdevice = wdev
         self._streams = {}  # torch CUDA stream handle -> wp.Stream

@@ -18,6 +18,9 @@ SORT_SLACK = 4096  # entries added to every kept sort size, so small scenes rare
 GRAPHS_PER_FRAME = 24  # CUDA graphs a frame keeps (least recently used dropped first)
 # the shared frame's buffers a render leaves nothing in for a later call (Workspace.release)
 SHARED_SCRATCH = ("scratch", "entry_grads")
+# Frame.release keeps buffers that sum to less: small blocks share an allocator's pool with
+# many small tensors, so they rarely come back at their address, and saving them is moot
+RELEASE_MIN_BYTES = 4 << 20
 SCRATCH_ALIGN = 256  # byte alignment of each part carved from the scratch arena (Frame.scratch)
 # render calls a workspace keeps to repeat: a loop that holds the previous output while
 # rendering alternates two frames and two output blocks of the torch bridge's pool
@@ -126,8 +129,8 @@ class Frame:
     def release(self, names=None) -> None:
         """Hand the memory of this frame's device buffers (those of ``names``; None: all
         but its host and zeros_once buffers) back to the workspace's ``allocator`` (no-op
-        without one); their contents are lost. They come back, as one block, when one of
-        them is next used (:meth:`restore`): release only buffers that nothing reads before
+        without one, or for less than ``RELEASE_MIN_BYTES`` in all); their contents are
+        lost. They come back, as one block, when one of them is next used (:meth:`restore`): release only buffers that nothing reads before
         writing them again (the torch bridge releases a render's once its backward can no
         longer run). Work already queued on the allocator's stream still reads them safely:
         a stream-ordered allocator (torch's) hands the memory out again only to work queued
@@ -135,11 +138,14 @@ class Frame:
         if self._workspace.allocator is None:
             return
         device = self._workspace.device
-        for name, a in self._arrays.items():
-            if (a.device == device and name not in self._keep and name not in self._released
-                    and (names is None or name in names)):
-                self._released[name] = a.capacity
-                self._owners.pop(name, None)
+        chosen = [(name, a.capacity) for name, a in self._arrays.items()
+                  if a.device == device and name not in self._keep and name not in self._released
+                  and (names is None or name in names)]
+        if sum(nbytes for _, nbytes in chosen) < RELEASE_MIN_BYTES:
+            return
+        for name, nbytes in chosen:
+            self._released[name] = nbytes
+            self._owners.pop(name, None)
         for key in [k for k in self._owners if isinstance(k, frozenset) and k <= self._released.keys()]:
             del self._owners[key]  # a restored block none of whose buffers is in use
         self._retired = None
