@@ -34,7 +34,10 @@ it reports, as medians after warm-up:
   for arc_warp only, less its memory in use before the library's runs (a repeated step
   allocates no Warp arrays, so what it holds after a step is its peak in the step; the
   pool's own high-water mark spans the whole process, earlier N and libraries included).
-  Each term bounds what is live in its phase. The JSON also keeps ``peak_sum_mib``, torch's
+  Each term bounds what is live in its phase. Torch memory that earlier runs left
+  allocated (another library's caches, say) is taken off: ``memory_allocated`` before the
+  library's parameters are made, less the target image (part of every library's step),
+  so a library's peak does not depend on which ran before it. The JSON also keeps ``peak_sum_mib``, torch's
   peak over all the runs plus Warp's high-water mark (0.5's figure: it adds two peaks that
   never coincide).
 
@@ -328,7 +331,7 @@ def _optimizer(kind, params):
     return SparseGaussianAdam(groups, lr=0.0, eps=1e-15, bias_correction=True)
 
 
-def bench_library(lib, raw, viewmats, ks, target, device, reps, warp_before):
+def bench_library(lib, raw, viewmats, ks, target, device, reps, before):
     """Median forward / backward / step times (one step per optimizer of ``lib``), host
     time per forward + backward, ms; peak memory of the runs up to the torch-Adam steps
     (see the module notes), MiB."""
@@ -384,8 +387,8 @@ def bench_library(lib, raw, viewmats, ks, target, device, reps, warp_before):
                     step()
             row["loop_ms"] = tl.device_ms() / reps
             row["arc_host_loop_ms"] = (_ARC_HOST[0] - _WAITS[0]) / reps
-            row["peak_sum_mib"] = _peak_mib(device, warp_before)
-            row.update(_phase_peak_mib(lib, params, opt, viewmats, ks, target, device, warp_before))
+            row["peak_sum_mib"] = _peak_mib(device, before)
+            row.update(_phase_peak_mib(lib, params, opt, viewmats, ks, target, device, before))
     return row
 
 
@@ -468,12 +471,16 @@ def _peak_reset(device):
     torch.cuda.reset_peak_memory_stats(device)
 
 
-def _phase_peak_mib(lib, params, opt, viewmats, ks, target, device, warp_before):
+def _phase_peak_mib(lib, params, opt, viewmats, ks, target, device, before):
     """One torch-Adam step measured by phase (see the module notes), MiB: ``peak_mib``, the
-    larger of ``peak_forward_backward_mib`` and ``peak_adam_mib``."""
+    larger of ``peak_forward_backward_mib`` and ``peak_adam_mib``. ``before``: (torch
+    bytes earlier runs left allocated, Warp bytes in use before the library's runs or
+    None)."""
     if device.type != "cuda":
         return {"peak_mib": float("nan")}
     import warp as wp
+
+    torch_before, warp_before = before
 
     def warp_in_use():
         if warp_before is None:
@@ -486,22 +493,23 @@ def _phase_peak_mib(lib, params, opt, viewmats, ks, target, device, warp_before)
     torch.cuda.synchronize(device)
     # Warp's memory in use stands for its peak: a repeated step allocates no Warp arrays
     # (tests/test_workspace.py), and the pool's high-water mark spans the whole process
-    forward_backward = (torch.cuda.max_memory_allocated(device) + warp_in_use()) / 2**20
+    forward_backward = (torch.cuda.max_memory_allocated(device) - torch_before + warp_in_use()) / 2**20
     _peak_reset(device)
     opt.step()
     torch.cuda.synchronize(device)
-    optimizer = (torch.cuda.max_memory_allocated(device) + warp_in_use()) / 2**20
+    optimizer = (torch.cuda.max_memory_allocated(device) - torch_before + warp_in_use()) / 2**20
     opt.zero_grad(set_to_none=True)
     return {"peak_mib": max(forward_backward, optimizer), "peak_forward_backward_mib": forward_backward,
             "peak_adam_mib": optimizer}
 
 
-def _peak_mib(device, warp_before):
+def _peak_mib(device, before):
     if device.type != "cuda":
         return float("nan")
     import warp as wp
 
-    torch_peak = torch.cuda.max_memory_allocated(device)
+    torch_before, warp_before = before
+    torch_peak = torch.cuda.max_memory_allocated(device) - torch_before
     warp_peak = 0 if warp_before is None else wp.get_mempool_used_mem_high(wp.device_from_torch(device)) - warp_before
     return (torch_peak + max(warp_peak, 0)) / 2**20
 
@@ -606,8 +614,11 @@ def main(argv=None) -> int:
                     # only arc_warp allocates from Warp's pool (None: count none of it)
                     warp_before = wp.get_mempool_used_mem_current(wp.device_from_torch(device)) \
                         if device.type == "cuda" and name.startswith("arc") else None
+                    # what earlier runs left allocated (the target image is this run's)
+                    torch_before = torch.cuda.memory_allocated(device) - target.nbytes if device.type == "cuda" else 0
                     try:
-                        row = bench_library(lib, raw, viewmats, ks, target, device, args.reps, warp_before)
+                        row = bench_library(lib, raw, viewmats, ks, target, device, args.reps,
+                                            (torch_before, warp_before))
                     except Exception as e:  # noqa: BLE001 - report, go on with the others
                         print(f"| {n} | {regime} | {c} | {name} | failed: {type(e).__name__}: {e} |")
                         continue
