@@ -173,18 +173,26 @@ def test_a_render_without_backward_hands_back_when_dropped(rng):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
-def test_the_core_workspace_releases_and_restores_frames(rng):
-    """Warp API: ``Workspace.release`` hands back a finished render's frame and the shared
-    scratch; the next render on the same workspace restores them and matches a workspace
-    without an allocator."""
-    from arc_warp import Camera, RenderSettings, Workspace, render_gaussians
+def _warp_scene(rng, n, width, height):
+    """(scene, its Camera, its five Warp input arrays on the CPU), SH degree 0."""
+    from arc_warp import Camera
 
-    scene = random_scene(rng, n=40, width=24, height=20, sh_degree=0)
+    scene = random_scene(rng, n=n, width=width, height=height, sh_degree=0)
     camera = Camera(scene.fx, scene.fy, scene.cx, scene.cy, scene.width, scene.height,
                     world_to_camera=scene.world_to_camera)
     arrays = [wp.array(getattr(scene, k), dtype=dt, device="cpu")
               for k, dt in zip(("means", "quats", "scales", "opacities", "colors"),
                                (wp.vec3, wp.vec4, wp.vec3, wp.float32, wp.vec3))]
+    return scene, camera, arrays
+
+
+def test_the_core_workspace_releases_and_restores_frames(rng):
+    """Warp API: ``Workspace.release`` hands back a finished render's frame and the shared
+    scratch; the next render on the same workspace restores them and matches a workspace
+    without an allocator."""
+    from arc_warp import RenderSettings, Workspace, render_gaussians
+
+    _, camera, arrays = _warp_scene(rng, 40, 24, 20)
     settings = RenderSettings(reduce="atomic")
     allocator = PoisoningAllocator(moving=True)
     released, kept = Workspace("cpu", allocator=allocator), Workspace("cpu")
@@ -302,15 +310,10 @@ def test_mesh_state_in_the_shared_frame_survives_a_release(rng):
     call; a splat render's release hands back only the render scratch, so a mesh
     rasterised on the same workspace after it matches a fresh call."""
     import arc_warp.mesh as mesh
-    from arc_warp import Camera, RenderSettings, Workspace, render_gaussians
+    from arc_warp import RenderSettings, Workspace, render_gaussians
     from mesh_scenes import random_mesh, wa
 
-    scene = random_scene(rng, n=30, width=24, height=20, sh_degree=0)
-    camera = Camera(scene.fx, scene.fy, scene.cx, scene.cy, scene.width, scene.height,
-                    world_to_camera=scene.world_to_camera)
-    arrays = [wp.array(getattr(scene, k), dtype=dt, device="cpu")
-              for k, dt in zip(("means", "quats", "scales", "opacities", "colors"),
-                               (wp.vec3, wp.vec4, wp.vec3, wp.float32, wp.vec3))]
+    _, camera, arrays = _warp_scene(rng, 30, 24, 20)
     pos, tri = random_mesh(rng, batch=1, n_tri=8, spread=0.5)
     allocator = PoisoningAllocator()
     ws = Workspace("cpu", allocator=allocator)
