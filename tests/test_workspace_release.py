@@ -132,6 +132,34 @@ def test_a_training_loop_that_hands_its_buffers_back_computes_the_same(rng, movi
         assert allocations[-1] == allocations[-3]
 
 
+def test_a_densification_between_released_steps_computes_the_same(rng):
+    """New, larger parameter tensors midway (a densification: every frame buffer changes
+    size) on a releasing context: each step's images and gradients equal a keeping
+    context's bitwise, and the memory is handed back after every backward."""
+    scene = random_scene(rng, n=40, width=32, height=24, sh_degree=1)
+    vm, ks = _views(scene, 1, "cpu")
+    weights = torch.tensor(rng.normal(size=(1, scene.height, scene.width, 3)), dtype=torch.float32)
+    allocator = PoisoningAllocator()
+    results = {}
+    for name, context in (("keep", _context(None)), ("release", _context(allocator))):
+        got = []
+        for step in range(6):
+            p = params_of(scene)
+            if step >= 3:  # 30 Gaussians cloned, moved a little
+                with torch.no_grad():
+                    p = {k: torch.cat([v, v[:30] + (0.02 if k == "means" else 0.0)]).requires_grad_()
+                         for k, v in p.items()}
+            got.append(_step(p, scene, vm, ks, context, weights))
+            if name == "release":
+                assert allocator.live == 0
+        results[name] = got
+    assert not torch.equal(results["keep"][2][0], results["keep"][3][0])  # the clones show
+    for (img_k, g_k), (img_r, g_r) in zip(results["keep"], results["release"]):
+        torch.testing.assert_close(img_r, img_k, rtol=0, atol=0)
+        for k in g_k:
+            torch.testing.assert_close(g_r[k], g_k[k], rtol=0, atol=0, msg=k)
+
+
 def test_buffers_stay_while_a_retained_graph_can_run_again(rng):
     """With retain_graph=True the render's frame keeps its memory, so a second backward
     gives the first one's gradients; once the graph is dropped the memory goes back."""
