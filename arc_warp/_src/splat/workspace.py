@@ -87,7 +87,7 @@ class Frame:
         # buffers whose memory was handed back
         self._owners: dict = {}
         self._released: dict = {}
-        self._keep: set = set()  # names of buffers never handed back (zeros_once)
+        self._keep: set = set()  # names of buffers never handed back (zeros_once, host_array)
 
     @property
     def device(self):
@@ -130,10 +130,11 @@ class Frame:
         """Hand the memory of this frame's device buffers (those of ``names``; None: all
         but its host and zeros_once buffers) back to the workspace's ``allocator`` (no-op
         without one, or for less than ``RELEASE_MIN_BYTES`` in all); their contents are
-        lost. They come back, as one block, when one of them is next used (:meth:`restore`): release only buffers that nothing reads before
-        writing them again (the torch bridge releases a render's once its backward can no
-        longer run). Work already queued on the allocator's stream still reads them safely:
-        a stream-ordered allocator (torch's) hands the memory out again only to work queued
+        lost. They come back, as one block, when one of them is next used
+        (:meth:`restore`): release only buffers that nothing reads before writing them
+        again (the torch bridge releases a render's once its backward can no longer run).
+        Work already queued on the allocator's stream still reads them safely: a
+        stream-ordered allocator (torch's) hands the memory out again only to work queued
         after it."""
         if self._workspace.allocator is None:
             return
