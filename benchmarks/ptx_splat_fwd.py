@@ -1,4 +1,4 @@
-"""Static cost of the splat forward's kernels (and, with ``--bwd``, the raster backward's) on sm_90, without a GPU.
+"""Static cost of the splat forward's kernels on sm_90, without a GPU (``--bwd``: the raster backward's too).
 
 Builds each kernel with Warp's NVRTC (``wp.compile_aot_module``) and prints the counts of
 ``ptx_mesh.py`` (PTX instructions, global loads, local memory, ``ptxas -v`` registers

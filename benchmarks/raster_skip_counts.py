@@ -8,7 +8,8 @@ render (projection, binning and forward on any device, the CPU included), per 32
 warp as on a GPU, by a kernel that calls ``subtile_mask`` itself.
 
 Scenes: ``small`` is bench_train_step's small regime (std-devs 0.3-1.5 px at the
-depth), ``bench_splat`` that benchmark's scene (both SH degree 3, 1920x1080).
+depth; needs torch), ``bench_splat`` that benchmark's scene (both SH degree 3,
+1920x1080), each drawn by its script.
 
 Usage::
 
@@ -65,26 +66,21 @@ def count_warp_entries(
     counts[i, 1] = hit
 
 
-def make_scene(kind: str, n: int, seed: int = 0):
-    """(arrays for render_gaussians, camera) of bench_train_step's small regime or bench_splat's scene."""
-    rng = np.random.default_rng(seed)
-    f = 0.5 * WIDTH / np.tan(np.radians(30.0))
-    z = rng.uniform(2.0, 12.0, n)
-    u, v = rng.uniform(0, WIDTH, n), rng.uniform(0, HEIGHT, n)
-    means = np.stack([(u - WIDTH / 2) / f * z, (v - HEIGHT / 2) / f * z, z], 1)
-    if kind == "small":
-        scales = np.exp(rng.uniform(np.log(0.3), np.log(1.5), (n, 3))) * z[:, None] / f
-        opacities = rng.uniform(0.05, 0.95, n)
-    else:
-        scales = np.exp(rng.uniform(np.log(0.004), np.log(0.025), (n, 3))) * (1e6 / n) ** (1 / 3)
-        opacities = rng.uniform(0.05, 1.0, n)
-    quats = rng.standard_normal((n, 4))
-    quats /= np.linalg.norm(quats, axis=1, keepdims=True)
-    sh = np.zeros((n, 16, 3))
-    sh[:, 0] = rng.uniform(-1.5, 1.5, (n, 3))
-    sh[:, 1:] = rng.standard_normal((n, 15, 3)) * 0.15
-    cam = arc_warp.Camera(f, f, WIDTH / 2, HEIGHT / 2, WIDTH, HEIGHT)
-    return [np.float32(a) for a in (means, quats, scales, opacities, sh)], cam
+def make_scene(kind: str, n: int):
+    """(arrays for render_gaussians, camera): bench_train_step's small-regime scene (its
+    raw parameters activated) or bench_splat's scene, drawn by those scripts."""
+    if kind == "bench_splat":
+        import bench_splat
+
+        scene = bench_splat.make_scene(n)
+        return [scene[k] for k in ("means", "quats", "scales", "opacities", "sh")], scene["camera"]
+    import bench_train_step  # needs torch
+
+    raw, _, ks = bench_train_step.make_scene(n, "small", WIDTH, HEIGHT, 1)
+    quats = raw["quats"] / raw["quats"].norm(dim=1, keepdim=True)
+    arrays = [raw["means"], quats, raw["log_scales"].exp(), raw["logit_opacities"].sigmoid(), raw["sh"]]
+    k = ks[0].tolist()
+    return [a.numpy() for a in arrays], arc_warp.Camera(k[0][0], k[1][1], k[0][2], k[1][2], WIDTH, HEIGHT)
 
 
 def main(argv=None):

@@ -472,10 +472,9 @@ class _RenderGaussians(torch.autograd.Function):
     autograd bookkeeping per call), for C cameras of one size, written into tensors
     allocated once per call (the images are views of one block, which lives while any of
     them does; without `depths` the depth images are neither allocated nor written); the
-    projected means go
-    into `means2d_out`. Backward runs the core backward of the C cameras
-    (`backwards_checked`) into one gradient buffer: the first camera writes every entry,
-    the others add."""
+    projected means go into `means2d_out`. Backward runs the core backward of the C
+    cameras (`backwards_checked`) into one gradient buffer: the first camera writes every
+    entry, the others add."""
 
     @staticmethod
     def forward(ctx, context, cameras, settings, depths, defer, means2d_out, sink, sink_tensor,

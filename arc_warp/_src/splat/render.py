@@ -671,8 +671,8 @@ def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: 
     inputs: the first adds with ``accumulate`` (or writes), the others add.
     ``cotangents`` holds per render (color, alpha, depth, expected_depth), each shaped
     like the render's images or None (zero); ``means2d_grads`` per render an (N,) wp.vec2
-    or None (``out.means2d_grad``). With graphs, consecutive backwards with graph keys go through one
-    ``Frame.replay`` (:func:`_replay_together`)."""
+    or None (``out.means2d_grad``). With graphs, consecutive backwards with graph keys go
+    through one ``Frame.replay`` (:func:`_replay_together`)."""
     batch = []
     for i, (out, cot, means2d_grad) in enumerate(zip(outs, cotangents, means2d_grads)):
         frame, key, queue = _prepare_backward(out, *cot, grads, accumulate or i > 0, means2d_grad)
@@ -688,8 +688,8 @@ def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: 
 def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.array | None,
                       v_depth: wp.array | None, v_expected: wp.array | None, grads: GaussianGrads,
                       accumulate: bool, means2d_grad: wp.array | None) -> tuple:
-    """One render's backward (arguments as :func:`backwards_checked`, one render's), prepared but not
-    queued: ``(frame, key, queue)``; ``queue(None)`` queues it, for a ``Frame.replay`` by
+    """One render's backward (arguments as :func:`backwards_checked`, one render's),
+    prepared but not queued: ``(frame, key, queue)``; ``queue(None)`` queues it, for a ``Frame.replay`` by
     ``key`` unless ``key`` is None (no graphs, or ``"deterministic"``, which reads the
     exact total)."""
     inputs = out._inputs

@@ -82,10 +82,10 @@ class Frame:
         self._seen: collections.OrderedDict = collections.OrderedDict()  # keys queued once without allocating
         self._numpy: dict = {}  # (pointer, shape, dtype) of a host buffer -> its numpy view
         self._retired = None  # the arena a part outgrew, alive until the next stage (see scratch)
-        # with Workspace.allocator: what holds each buffer's memory, by name (by the frozenset
-        # of its buffers' names for the block of a restore), and {name: bytes} of the
-        # buffers whose memory was handed back
+        # with Workspace.allocator: what holds each buffer's memory, by name; what holds each
+        # block of a restore, by its buffers' names; {name: bytes} of the buffers handed back
         self._owners: dict = {}
+        self._blocks: dict[frozenset, object] = {}
         self._released: dict = {}
         self._keep: set = set()  # names of buffers never handed back (zeros_once, host_array)
 
@@ -147,8 +147,8 @@ class Frame:
         for name, nbytes in chosen:
             self._released[name] = nbytes
             self._owners.pop(name, None)
-        for key in [k for k in self._owners if isinstance(k, frozenset) and k <= self._released.keys()]:
-            del self._owners[key]  # a restored block none of whose buffers is in use
+        for names in [k for k in self._blocks if k <= self._released.keys()]:
+            del self._blocks[names]  # a restored block none of whose buffers is in use
         self._retired = None
 
     def restore(self) -> None:
@@ -164,7 +164,7 @@ class Frame:
             offsets[name] = total
             total += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
         workspace = self._workspace
-        base, self._owners[frozenset(released)] = workspace.allocator(total)
+        base, self._blocks[frozenset(released)] = workspace.allocator(total)
         moved = False
         for name, offset in offsets.items():
             a = self._arrays[name]
