@@ -2,7 +2,8 @@
 
 1. Parity: every reduce mode against ``atomic`` and a float64 numpy reference, on
    scatter_add index patterns and on the probe kernel.
-2. Calibration: prints the threshold T measured for this GPU and its timing table.
+2. Calibration: prints the thresholds measured for this GPU (the uniform one and the
+   keyed one) and their timing tables.
 3. Timing: the synthetic gradient-accumulation kernel (blocks of 256 threads walking
    a list of targets, K=9 values per (lane, target)) for every mode and the floor
    (no atomics), over active-lane fractions p and target counts, once with the
@@ -141,6 +142,13 @@ def main(argv=None) -> int:
     print(f"  {'warp':>10} " + " ".join(f"{t:9.4f}" for t in cal.warp_ms))
     for t, times in zip(cal.candidates, cal.arc_ms):
         print(f"  {'arc T=%d' % t:>10} " + " ".join(f"{x:9.4f}" for x in times) + f"   {cal.worst_ratio(t):.3f}")
+    print(f"# keyed threshold T = {cal.keyed_threshold}: keyed probe ms (four float4 adds per pixel, one plan) "
+          "per lanes per key; T = 33 is compiled as atomic")
+    print(f"  {'':>10} " + " ".join(f"g={g:<7d}" for g in cal.keyed_groups) + "   worst")
+    print(f"  {'atomic':>10} " + " ".join(f"{t:9.4f}" for t in cal.keyed_atomic_ms))
+    print(f"  {'warp':>10} " + " ".join(f"{t:9.4f}" for t in cal.keyed_warp_ms))
+    for t, times in zip(cal.keyed_candidates, cal.keyed_arc_ms):
+        print(f"  {'arc T=%d' % t:>10} " + " ".join(f"{x:9.4f}" for x in times) + f"   {cal.keyed_worst_ratio(t):.3f}")
 
     par = parity(device)
     worst = max(r["vs_atomic"] for r in par)

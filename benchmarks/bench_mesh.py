@@ -10,9 +10,12 @@ the very same tensors:
 * ``chain``: a 100k-triangle sphere at 1024^2: rasterize, interpolate with
   derivatives, texture (2048^2, mipmapped), antialias, forward and backward.
 
-Timed with CUDA events after warm-up, medians; backward modes atomic / warp / arc
-(and ``floor``: the backward without gradient accumulation), nvdiffrast 0.4 when
-``import nvdiffrast.torch`` works. Agreement with nvdiffrast: max |image difference|
+Timed with CUDA events after warm-up, medians, each variant's calls back to back in
+three rounds whose variant order rotates; backward modes atomic / warp / arc (and ``floor``: the backward without
+gradient accumulation), nvdiffrast 0.4 when ``import nvdiffrast.torch`` works. Each
+call is timed twice: as a user's call on an idle device (its host work included), and
+as device time (queued behind a spin kernel, timed from the spin's end: the host work is
+hidden, as in a loop that queues ahead). Agreement with nvdiffrast: max |image difference|
 and gradient cosine similarity. ``--smoke`` runs tiny sizes on the CPU (host timing)
 to check the script itself.
 
@@ -43,25 +46,58 @@ except ImportError:  # peers are optional
     nvdr = None
 
 
-def timed(fn, reps: int, warmup: int = 3) -> float:
-    """Median milliseconds of ``fn()`` (CUDA events on the current stream; host clock on CPU)."""
-    for _ in range(warmup):
-        fn()
-    cuda = torch.cuda.is_available() and DEVICE.type == "cuda"
-    out = []
-    for _ in range(reps):
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            out.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(out)
+SPIN_MS = 3.0
+"""Length of the spin kernel a host-hidden timing queues first (longer than any call's host work)."""
+
+
+def _spin_cycles_per_ms() -> float:
+    """``torch.cuda._sleep`` cycles per ms on the current device (timed once per run)."""
+    if "cycles" not in _SPIN:
+        torch.cuda._sleep(1_000_000)  # warm-up
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        torch.cuda._sleep(10_000_000)
+        end.record()
+        end.synchronize()
+        _SPIN["cycles"] = 10_000_000 / start.elapsed_time(end)
+    return _SPIN["cycles"]
+
+
+_SPIN = {}
+
+
+def timed_all(fns: dict, reps: int, hidden: bool = False, rounds: int = 3) -> dict:
+    """Median milliseconds of each ``fns[key]()`` over ``reps`` calls, made in ``rounds``
+    rounds: in each round every variant runs one untimed call and then its share of the
+    timed calls back to back (as a user's loop calls one mode), the variants' order
+    rotated from round to round (drift falls on all alike). CUDA events around the call
+    on the current stream, the device idle before it; ``hidden``: the call is queued
+    behind a SPIN_MS spin kernel and timed from the spin's end, i.e. its device time with
+    its host work done while the device was busy (as in a loop that queues ahead). On the
+    CPU the host clock (no ``hidden``)."""
+    keys = list(fns)
+    cuda = DEVICE.type == "cuda"
+    rounds = max(1, min(rounds, reps))
+    times = {k: [] for k in keys}
+    for rnd in range(rounds):
+        for k in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
+            fns[k]()
+            for _ in range(reps // rounds + (rnd < reps % rounds)):
+                if cuda:
+                    torch.cuda.synchronize()
+                    if hidden:
+                        torch.cuda._sleep(int(SPIN_MS * _spin_cycles_per_ms()))
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    fns[k]()
+                    end.record()
+                    end.synchronize()
+                    times[k].append(start.elapsed_time(end))
+                else:
+                    t0 = time.perf_counter()
+                    fns[k]()
+                    times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -93,31 +129,39 @@ def sphere(n_tri: int, device):
 
 def run_pair(name, make, inputs, reps, results):
     """Times forward and backward of ``make(lib, reduce)`` (returns the output) for each mode
-    and nvdiffrast; checks agreement. ``inputs``: tensors whose gradients are compared."""
-    row = {}
+    and nvdiffrast, interleaved, as a user's call (host included, the device idle before
+    it) and as device time (host hidden); checks agreement. ``inputs``: tensors whose
+    gradients are compared."""
+    row, fwds, bwds = {}, {}, {}
     g = None
     ref = {}
     libs = [("ours", m) for m in MODES] + ([("nvdiffrast", None)] if nvdr is not None else [])
     for lib, mode in libs:
-        module = ours if lib == "ours" else nvdr
-        fwd = lambda: make(module, mode)  # noqa: E731
-        with torch.no_grad():
-            t_fwd = timed(fwd, reps)
+        key = lib if mode is None else f"{lib}_{mode}"
+        fwds[key] = fwd = lambda module=(ours if lib == "ours" else nvdr), mode=mode: make(module, mode)  # noqa: E731
         out = fwd()
         if g is None:
             g = torch.randn_like(out)
         grads = torch.autograd.grad(out, inputs, g, retain_graph=True, allow_unused=True)
-        t_bwd = timed(lambda: torch.autograd.grad(out, inputs, g, retain_graph=True, allow_unused=True), reps)
-        key = lib if mode is None else f"{lib}_{mode}"
-        row[key] = {"forward_ms": t_fwd, "backward_ms": t_bwd}
+        bwds[key] = lambda out=out: torch.autograd.grad(out, inputs, g, retain_graph=True, allow_unused=True)  # noqa: E731
+        row[key] = {}
         if mode == "arc":
             ref = {"out": out.detach(), "grads": grads}
         if lib == "nvdiffrast" and ref:
             row[key]["max_abs_image_diff"] = float((out.detach() - ref["out"]).abs().max())
             row[key]["grad_cosine"] = [cosine(a, b) for a, b in zip(ref["grads"], grads)
                                        if a is not None and b is not None]
-        print(f"{name:9s} {key:18s} fwd {t_fwd:8.3f} ms  bwd {t_bwd:8.3f} ms  {row[key].get('grad_cosine', '')}",
-              flush=True)
+    with torch.no_grad():
+        t_fwd = timed_all(fwds, reps)
+        t_fwd_dev = timed_all(fwds, reps, hidden=True) if DEVICE.type == "cuda" else {}
+    t_bwd = timed_all(bwds, reps)
+    t_bwd_dev = timed_all(bwds, reps, hidden=True) if DEVICE.type == "cuda" else {}
+    for key in row:
+        row[key].update(forward_ms=t_fwd[key], backward_ms=t_bwd[key], forward_device_ms=t_fwd_dev.get(key),
+                        backward_device_ms=t_bwd_dev.get(key))
+        dev = (f"  device fwd {t_fwd_dev[key]:8.3f} ms  bwd {t_bwd_dev[key]:8.3f} ms" if t_fwd_dev else "")
+        print(f"{name:9s} {key:18s} fwd {t_fwd[key]:8.3f} ms  bwd {t_bwd[key]:8.3f} ms{dev}  "
+              f"{row[key].get('grad_cosine', '')}", flush=True)
     results[name] = row
 
 

@@ -20,6 +20,8 @@ def record(name: str, threshold: int = 6, **kw) -> cal.Calibration:
     fields = dict(
         device_name=name, threshold=threshold, densities=(1.0, 0.25), candidates=(2, 6),
         atomic_ms=(1.0, 2.0), warp_ms=(1.5, 2.5), arc_ms=((1.2, 2.2), (0.9, 1.9)),
+        keyed_threshold=33, keyed_groups=(16, 1), keyed_candidates=(8, 33), keyed_atomic_ms=(1.0, 1.0),
+        keyed_warp_ms=(0.8, 3.0), keyed_arc_ms=((0.85, 1.02), (1.0, 1.0)),
         warp_version=wp.config.version, date="2025-01-01", arc_warp_version=arc_warp.__version__,
     )
     fields.update(kw)

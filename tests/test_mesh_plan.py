@@ -93,3 +93,31 @@ def test_bad_input_after_a_plan_still_raises(rng):
         mesh.rasterize(wa(pos), wa(f.astype(np.float32)), (8, 8), workspace=ws, out=out)
     with pytest.raises(ValueError, match=r"out\[0\] \(rast\): expected shape"):
         mesh.rasterize(wa(pos), wa(f, wp.int32), (8, 8), workspace=ws, out=(out[0][:1], out[1]))
+
+
+@pytest.mark.parametrize("keyed", [7, 33])
+def test_mesh_backwards_use_the_keyed_threshold(rng, monkeypatch, keyed):
+    """The mesh backwards read the workspace's keyed threshold (not the splat renderer's);
+    at 33 (never reduce) `arc` is compiled as `atomic`, with atomic's results."""
+    from arc_warp._src.mesh import antialias_ops, interp_ops, raster_ops, texture_ops
+
+    compiled = []
+    for module, name in ((texture_ops, "make_tex_bwd"), (interp_ops, "make_interp_bwd"),
+                         (raster_ops, "make_raster_bwd"), (antialias_ops, "make_aa_bwd")):
+        make = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda mode, *a, _make=make: compiled.append(mode) or _make(mode, *a))
+    ws = Workspace("cpu")
+    ws.threshold, ws.keyed_threshold = 31, keyed  # 31: no other argument of these launches
+    seed = int(rng.integers(1 << 30))
+    got = chain(np.random.default_rng(seed), (12, 16), ws)
+    assert compiled and set(compiled) == {"arc" if keyed < 33 else "atomic"}
+    launches = []
+    launch = plan_module.Plan.launch
+    monkeypatch.setattr(plan_module.Plan, "launch", lambda self, kernel, dim, inputs, *a, **k:
+                        launches.append(inputs) or launch(self, kernel, dim, inputs, *a, **k))
+    chain(np.random.default_rng(seed), (12, 16), ws)
+    assert any(keyed in inputs for inputs in launches), "the keyed T is a kernel argument"
+    assert not any(31 in inputs for inputs in launches), "the splat renderer's T reached a mesh kernel"
+    want = chain(np.random.default_rng(seed), (12, 16), Workspace("cpu", threshold=keyed))
+    for k, (a, b) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6, err_msg=f"result {k}")

@@ -347,6 +347,13 @@ def test_threshold_resolution(monkeypatch):
     assert choose_threshold((2, 4, 8), atomic, warp, arc) == 4
     # Ties go to the smaller total time.
     assert choose_threshold((2, 4), (1.0, 1.0), (1.0, 1.0), ((1.0, 1.0), (0.5, 1.0))) == 4
+    # The keyed rule: within the tolerance of the safest, the fastest in total. Never
+    # reducing (33) is safest by 2%, reducing at 8 halves the contended case's time.
+    atomic, warp = (1.0, 1.0), (1.2, 3.0)  # 16 lanes per key, then 1
+    arc = ((0.5, 1.02), (1.0, 1.0))
+    assert choose_threshold((8, 33), atomic, warp, arc) == 33
+    assert choose_threshold((8, 33), atomic, warp, arc, tolerance=0.03) == 8
+    assert choose_threshold((8, 33), atomic, warp, ((0.5, 1.1), (1.0, 1.0)), tolerance=0.03) == 33
 
 
 def test_calibration_cache_roundtrip(monkeypatch, tmp_path):
@@ -354,12 +361,40 @@ def test_calibration_cache_roundtrip(monkeypatch, tmp_path):
 
     monkeypatch.setenv("ARC_WARP_CACHE_DIR", str(tmp_path))
     entry = cal.Calibration(
-        "Fake GPU", 4, (1.0, 0.25), (2, 4), (9.0, 2.0), (1.0, 1.0), ((1.2, 1.1), (1.0, 0.9)), wp.config.version, "2026-01-01"
+        "Fake GPU", 4, (1.0, 0.25), (2, 4), (9.0, 2.0), (1.0, 1.0), ((1.2, 1.1), (1.0, 0.9)),
+        8, (16, 1), (8, 33), (1.0, 1.0), (0.8, 3.0), ((0.85, 1.02), (1.0, 1.0)), wp.config.version, "2026-01-01"
     )
     cal._store(entry)
     assert cal._load("Fake GPU") == entry
     assert entry.worst_ratio(4) == pytest.approx(1.0 / 1.0)
+    assert entry.keyed_worst_ratio(8) == pytest.approx(0.8 / 0.85)
     assert cal._load("Other GPU") is None
+
+
+@pytest.mark.parametrize("group", [8, 1])
+def test_keyed_probe_modes_agree_on_emulated_warps(group):
+    # The keyed calibration workload: four float4 texel adds per pixel, `group` lanes per key.
+    from arc_warp._src.arc.probe import KEYED_ROW, launch_keyed_probe
+
+    outs = {}
+    with cpu_blocks(True):
+        for mode in ("atomic", "warp", "serial", "arc"):
+            dest = wp.zeros(KEYED_ROW * KEYED_ROW, dtype=wp.vec4, device=DEVICE)
+            launch_keyed_probe(mode, dest, n_threads=512, group=group, seed=3, threshold=4)
+            outs[mode] = dest.numpy()
+    touched = np.count_nonzero(outs["atomic"].any(axis=1))
+    assert touched == 2 * (512 // group + 1), "the 2x2 texels of consecutive keys along one row"
+    for mode in ("warp", "serial", "arc"):
+        np.testing.assert_allclose(outs[mode], outs["atomic"], atol=ATOL, err_msg=mode)
+
+
+def test_kernel_mode_compiles_a_never_reducing_arc_as_atomic():
+    from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD, MAX_THRESHOLD, kernel_mode
+
+    assert kernel_mode("arc", MAX_THRESHOLD) == "atomic"
+    assert kernel_mode("arc", MAX_THRESHOLD - 1) == "arc"
+    assert kernel_mode("warp", MAX_THRESHOLD) == "warp"
+    assert arc_warp.resolve_threshold("cpu", keyed=True) == FALLBACK_THRESHOLD
 
 
 def test_probe_kernel_modes_agree_on_emulated_warps():

@@ -93,6 +93,7 @@ class RenderContext:
         release = self.device.type == "cuda" if release_workspace is None else bool(release_workspace)
         self.workspace = Workspace(wdev, threshold, graphs=graphs, allocator=self._allocate if release else None)
         self._pool = torch.cuda.MemPool() if self.workspace.graphs else None
+        self._pool_scope = _PoolScope(self) if self._pool is not None else None
         self._wdevice = wdev
         self._streams = {}  # torch CUDA stream handle -> wp.Stream
         self._torch_views = {}  # (pointer, shape, dtype) of a workspace array -> torch tensor
@@ -279,7 +280,7 @@ class RenderContext:
         once."""
         if self._pool is None or self._pooling:
             return _NO_SCOPE
-        return _PoolScope(self)
+        return self._pool_scope
 
     def torch_view(self, a: wp.array) -> torch.Tensor:
         """Torch view of a workspace array (cached: workspace arrays live as long as it)."""
@@ -309,22 +310,39 @@ def _current_stream_handle(index: int) -> int:
     return _RAW_STREAM(index) if _RAW_STREAM is not None else torch.cuda.current_stream(index).cuda_stream
 
 
-class _PoolScope:
-    """Allocates a context's outputs in its private pool for a block (`RenderContext.outputs`)."""
+# The three C calls of torch.cuda.use_mem_pool: that generator context manager and its
+# device lookup cost several us per render; a build without them uses it instead.
+_POOL_CALLS = tuple(getattr(torch._C, name, None) for name in (
+    "_cuda_beginAllocateCurrentThreadToPool", "_cuda_endAllocateToPool", "_cuda_releasePool"))
+if None in _POOL_CALLS:
+    _POOL_CALLS = None
 
-    __slots__ = ("context", "scope")
+
+class _PoolScope:
+    """Allocates a context's outputs in its private pool for a block (`RenderContext.outputs`;
+    one per context, never nested: `outputs` enters it only outside it)."""
+
+    __slots__ = ("context", "pool_key", "scope")
 
     def __init__(self, context):
         self.context = context
+        self.pool_key = (context.device.index, context._pool.id)
 
     def __enter__(self):
-        self.scope = torch.cuda.use_mem_pool(self.context._pool, self.context.device)
-        self.scope.__enter__()
+        if _POOL_CALLS is not None:
+            _POOL_CALLS[0](*self.pool_key)
+        else:
+            self.scope = torch.cuda.use_mem_pool(self.context._pool, self.context.device)
+            self.scope.__enter__()
         self.context._pooling = True
 
     def __exit__(self, *exc):
         self.context._pooling = False
-        return self.scope.__exit__(*exc)
+        if _POOL_CALLS is None:
+            return self.scope.__exit__(*exc)
+        _POOL_CALLS[1](*self.pool_key)
+        _POOL_CALLS[2](*self.pool_key)
+        return False
 
 
 class _StreamScope:

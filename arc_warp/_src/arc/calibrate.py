@@ -1,15 +1,29 @@
-"""Self-calibration of the ARC threshold T, cached per GPU name.
+"""Self-calibration of the ARC thresholds, cached per GPU name.
 
 T is the number of valid lanes of a warp at and above which ``arc`` reduces in the
 warp instead of issuing raw atomics. The best T depends on the GPU (shuffle and
-issue throughput against L2 atomic throughput) and on how crowded the L2 is, so it
-is measured on the objective itself: the synthetic gradient kernel of
-:mod:`arc_warp._src.arc.probe` runs at a ladder of active-lane densities
-(:data:`DENSITIES`) in ``atomic``, in ``warp`` and in ``arc`` for every candidate T
-(:data:`CANDIDATES`), and T is the candidate whose worst ratio against the better
-of ``atomic`` and ``warp`` is highest. Results are cached in memory and in a JSON
-file (``$ARC_WARP_CACHE_DIR/calibration.json``, default ``~/.cache/arc_warp``), keyed
-by GPU name and valid only for the arc_warp and Warp versions that measured them.
+issue throughput against L2 atomic throughput), on how crowded the L2 is and on what
+one raw atomic carries, so it is measured on the objective itself, for the two ways
+kernels accumulate:
+
+- ``threshold``, for warps whose lanes share one target (``uniform_index``: the splat
+  rasteriser) and for ``accumulator`` / ``scatter_add``: the synthetic gradient kernel
+  of :mod:`arc_warp._src.arc.probe` (K=9 floats per add) runs at a ladder of
+  active-lane densities (:data:`DENSITIES`) in ``atomic``, in ``warp`` and in ``arc``
+  for every candidate T (:data:`CANDIDATES`), and T is the candidate whose worst ratio
+  against the better of ``atomic`` and ``warp`` is highest;
+- ``keyed_threshold``, for kernels whose lanes aim at different targets and plan once
+  per thread (``keyed_plan``: the mesh backwards): the keyed probe (four float4 texel
+  adds per pixel) runs at a ladder of lanes per key (:data:`KEYED_GROUPS`), and among
+  the candidates (:data:`KEYED_CANDIDATES`, including 33: never reduce) whose worst
+  ratio is within :data:`KEYED_TOLERANCE` of the best, the fastest in total wins. A
+  float4 atomic carries four floats, so where float4 atomics exist (sm_90) the warp
+  reduction must replace more of them to pay, and on some GPUs it never does; T = 33
+  then makes ``arc`` compile as ``atomic`` (:func:`kernel_mode`).
+
+Results are cached in memory and in a JSON file
+(``$ARC_WARP_CACHE_DIR/calibration.json``, default ``~/.cache/arc_warp``), keyed by GPU
+name and valid only for the arc_warp and Warp versions that measured them.
 
 Calibration launches and synchronises kernels, so it must not run inside a CUDA graph
 capture or a timed step: call :func:`calibrate` (or :func:`resolve_threshold`) once at
@@ -28,7 +42,7 @@ import tempfile
 
 import warp as wp
 
-from .probe import VecK, launch_probe, make_params
+from .probe import KEYED_ROW, VecK, launch_keyed_probe, launch_probe, make_params
 from .timing import median_times_ms
 
 MIN_THRESHOLD = 1
@@ -43,6 +57,19 @@ CANDIDATES = (2, 3, 4, 5, 6, 8, 10, 12, 16)
 
 DENSITIES = (1.0, 0.25, 0.08, 1 / 32)
 """Fractions of active lanes at which :func:`calibrate` times the probe."""
+
+KEYED_CANDIDATES = (2, 4, 8, 12, 16, 24, MAX_THRESHOLD)
+"""Keyed thresholds tried by :func:`calibrate` (33: never reduce, compiled as ``atomic``)."""
+
+KEYED_GROUPS = (32, 16, 8, 4, 2, 1)
+"""Lanes per key at which :func:`calibrate` times the keyed probe (16: a texture
+magnified about 4x under an 8x4 warp; 1: minified)."""
+
+KEYED_TOLERANCE = 0.03
+"""Keyed candidates whose worst ratio is within this of the best count as equally safe;
+the fastest in total of them wins (a plan's few instructions cost ~1-3% where nothing
+reduces, which must not rule out a reduction that pays several times that where lanes
+share keys)."""
 
 _ENV_THRESHOLD = "ARC_WARP_THRESHOLD"
 _ENV_CACHE_DIR = "ARC_WARP_CACHE_DIR"
@@ -60,6 +87,10 @@ class Calibration:
         candidates: thresholds that were tried.
         atomic_ms / warp_ms: median probe time (ms) per density.
         arc_ms: median probe time (ms) per candidate (outer) and density (inner).
+        keyed_threshold: the chosen T of keyed plans, in ``[1, 33]``.
+        keyed_groups / keyed_candidates: lanes per key timed, keyed thresholds tried.
+        keyed_atomic_ms / keyed_warp_ms / keyed_arc_ms: the keyed probe's times, as above
+            per group size.
         warp_version: Warp version that measured it.
         date: ISO date of the measurement.
         arc_warp_version: arc_warp version that measured it, by default the running
@@ -73,6 +104,12 @@ class Calibration:
     atomic_ms: tuple[float, ...]
     warp_ms: tuple[float, ...]
     arc_ms: tuple[tuple[float, ...], ...]
+    keyed_threshold: int
+    keyed_groups: tuple[int, ...]
+    keyed_candidates: tuple[int, ...]
+    keyed_atomic_ms: tuple[float, ...]
+    keyed_warp_ms: tuple[float, ...]
+    keyed_arc_ms: tuple[tuple[float, ...], ...]
     warp_version: str
     date: str
     arc_warp_version: str = dataclasses.field(default_factory=lambda: _arc_warp_version())
@@ -80,6 +117,11 @@ class Calibration:
     def worst_ratio(self, candidate: int) -> float:
         """min over densities of best(atomic, warp) / arc for one candidate T."""
         return _worst_ratio(self.atomic_ms, self.warp_ms, self.arc_ms[self.candidates.index(candidate)])
+
+    def keyed_worst_ratio(self, candidate: int) -> float:
+        """min over group sizes of best(atomic, warp) / arc for one keyed candidate T."""
+        return _worst_ratio(self.keyed_atomic_ms, self.keyed_warp_ms,
+                            self.keyed_arc_ms[self.keyed_candidates.index(candidate)])
 
 
 def _worst_ratio(atomic_ms, warp_ms, arc_ms) -> float:
@@ -103,21 +145,28 @@ def _check_threshold(t, source: str) -> int:
     return t
 
 
-def choose_threshold(candidates, atomic_ms, warp_ms, arc_ms) -> int:
+def choose_threshold(candidates, atomic_ms, warp_ms, arc_ms, tolerance: float = 0.0) -> int:
     """The candidate T with the highest worst-case ratio best(atomic, warp) / arc.
 
     ``atomic_ms`` and ``warp_ms`` hold one time per density, ``arc_ms`` one row of
-    such times per candidate. Ties go to the smaller total time.
+    such times per candidate. Candidates whose worst ratio is within ``tolerance`` of
+    the highest tie; ties go to the smaller total time.
     """
-
-    def score(i):
-        return (_worst_ratio(atomic_ms, warp_ms, arc_ms[i]), -sum(arc_ms[i]))
-
-    return candidates[max(range(len(candidates)), key=score)]
+    worst = [_worst_ratio(atomic_ms, warp_ms, row) for row in arc_ms]
+    safe = [i for i in range(len(candidates)) if worst[i] >= max(worst) - tolerance]
+    return candidates[min(safe, key=lambda i: (sum(arc_ms[i]), -worst[i]))]
 
 
-def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targets_per_block: int = 32) -> Calibration:
-    """Times ``arc`` against ``atomic`` and ``warp`` on a CUDA ``device`` and picks T.
+def kernel_mode(mode: str, threshold: int) -> str:
+    """The mode a kernel is compiled in: ``atomic`` for ``arc`` at a threshold that never
+    reduces (above 32 lanes), so such a kernel carries no reduction code; else ``mode``."""
+    return "atomic" if mode == "arc" and threshold >= MAX_THRESHOLD else mode
+
+
+def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targets_per_block: int = 32,
+              keyed_threads: int = 1 << 20) -> Calibration:
+    """Times ``arc`` against ``atomic`` and ``warp`` on a CUDA ``device`` and picks both
+    thresholds (see the module notes).
 
     Takes about a second. The result is stored in the memory and file caches, so
     later :func:`resolve_threshold` calls reuse it.
@@ -142,6 +191,21 @@ def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targe
     atomic_ms = tuple(r["atomic"] for r in rows)
     warp_ms = tuple(r["warp"] for r in rows)
     arc_ms = tuple(tuple(r[t] for r in rows) for t in CANDIDATES)
+
+    texels = wp.zeros(KEYED_ROW * KEYED_ROW, dtype=wp.vec4, device=device)
+
+    def keyed(mode, group, t=1):
+        mode = kernel_mode(mode, t)  # as the mesh ops compile it
+        return lambda: launch_keyed_probe(mode, texels, keyed_threads, group, threshold=t)
+
+    keyed_rows = []
+    for g in KEYED_GROUPS:
+        fns = {"atomic": keyed("atomic", g), "warp": keyed("warp", g)}
+        fns.update({t: keyed("arc", g, t) for t in KEYED_CANDIDATES})
+        keyed_rows.append(median_times_ms(fns, device, warmup=2, reps=7))
+    keyed_atomic_ms = tuple(r["atomic"] for r in keyed_rows)
+    keyed_warp_ms = tuple(r["warp"] for r in keyed_rows)
+    keyed_arc_ms = tuple(tuple(r[t] for r in keyed_rows) for t in KEYED_CANDIDATES)
     result = Calibration(
         device_name=device.name,
         threshold=choose_threshold(CANDIDATES, atomic_ms, warp_ms, arc_ms),
@@ -150,6 +214,13 @@ def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targe
         atomic_ms=atomic_ms,
         warp_ms=warp_ms,
         arc_ms=arc_ms,
+        keyed_threshold=choose_threshold(KEYED_CANDIDATES, keyed_atomic_ms, keyed_warp_ms, keyed_arc_ms,
+                                         KEYED_TOLERANCE),
+        keyed_groups=KEYED_GROUPS,
+        keyed_candidates=KEYED_CANDIDATES,
+        keyed_atomic_ms=keyed_atomic_ms,
+        keyed_warp_ms=keyed_warp_ms,
+        keyed_arc_ms=keyed_arc_ms,
         warp_version=wp.config.version,
         date=datetime.date.today().isoformat(),
     )
@@ -204,12 +275,15 @@ def _load(device_name: str) -> Calibration | None:
         return None
 
 
-def resolve_threshold(device=None, override: int | None = None) -> int:
-    """The ARC threshold T to use on ``device``.
+def resolve_threshold(device=None, override: int | None = None, keyed: bool = False) -> int:
+    """The ARC threshold T to use on ``device``: for warps that share one target and
+    ``accumulator`` / ``scatter_add``, or (``keyed``) for kernels that plan with
+    ``keyed_plan`` (see the module notes).
 
     Order: ``override`` if given; else the ``ARC_WARP_THRESHOLD`` environment
-    variable; else, on the CPU, :data:`FALLBACK_THRESHOLD`; else the calibration for
-    this GPU name from the memory or file cache, running :func:`calibrate` on first use.
+    variable (both kinds); else, on the CPU, :data:`FALLBACK_THRESHOLD`; else the
+    calibration for this GPU name from the memory or file cache, running
+    :func:`calibrate` on first use.
 
     Call it (or :func:`calibrate`) once per GPU at setup: the first call on an
     uncalibrated GPU runs the calibration (about a second of kernel launches), which
@@ -239,4 +313,4 @@ def resolve_threshold(device=None, override: int | None = None) -> int:
         print(f"arc_warp: calibrating the ARC threshold for {device.name} (once per GPU) ...", file=sys.stderr)
         cached = calibrate(device)
     _memory_cache[device.name] = cached
-    return cached.threshold
+    return cached.keyed_threshold if keyed else cached.threshold

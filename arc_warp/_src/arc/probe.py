@@ -1,12 +1,17 @@
-"""A synthetic gradient-accumulation kernel: the workload of calibration and of arc_micro.
+"""Synthetic gradient-accumulation kernels: the workloads of calibration and of arc_micro.
 
-Blocks of 256 threads each walk a list of targets. For every (lane, target) an active
+The uniform probe (:func:`probe_kernel`): blocks of 256 threads each walk a list of targets. For every (lane, target) an active
 lane reads the target's parameters (2D mean, conic, opacity, colour: ``params[target]``)
 and computes K=9 gradient values the way a 3DGS backward does for one (pixel,
 Gaussian) pair (a conic falloff, its exponential, and the chain rule into mean,
 conic, opacity and colour), then adds them into ``dest[target]`` the way the chosen
 mode plans. Which lanes take part is set per warp either exactly
 (``active_lanes`` lanes of 32) or at random (fraction ``p_active``).
+
+The keyed probe (:func:`keyed_probe_kernel`): every thread is a pixel of a bilinear
+texture backward, four float4 adds into the 2x2 texels at one key, planned once per
+thread by that key (``keyed_plan``); ``group`` consecutive lanes share a key, as pixels
+of a magnified texture share texels (32: one texel per warp; 1: a minified texture).
 """
 
 import functools
@@ -14,7 +19,7 @@ import functools
 import numpy as np
 import warp as wp
 
-from .reduce_funcs import lane_adder, warp_plan, warp_reducer
+from .reduce_funcs import keyed_plan, lane_adder, planned_accumulator, warp_plan, warp_reducer
 
 K = 9
 VecK = wp.types.vector(K, wp.float32)
@@ -139,3 +144,48 @@ def launch_probe(
         device=dest.device,
         block_dim=BLOCK_DIM,
     )
+
+
+KEYED_ROW = wp.constant(1024)
+"""Texels per row of the keyed probe's target grid (``KEYED_ROW``² float4 texels: 16 MiB,
+a 1024² RGBA texture)."""
+
+
+@functools.cache
+def keyed_probe_kernel(mode: str):
+    """The keyed probe kernel for one reduction mode (cached): see the module notes."""
+    plan_fn = keyed_plan(mode)
+    add = planned_accumulator(wp.vec4, mode)
+
+    def keyed_probe(dest: wp.array(dtype=wp.vec4), group: int, seed: int, threshold: int):
+        tid = wp.tid()
+        lane = tid % 32
+        key = (tid // 32) * (32 // group) + lane // group
+        x = key % (KEYED_ROW - 1)
+        y = (key // (KEYED_ROW - 1)) % (KEYED_ROW - 1)
+        t = y * KEYED_ROW + x
+        rng = wp.rand_init(seed, tid)
+        fx = wp.randf(rng)
+        fy = wp.randf(rng)
+        d = wp.vec4(wp.randf(rng), wp.randf(rng), wp.randf(rng), 1.0)
+        planned = plan_fn(t, True, threshold)
+        add(dest, t, (1.0 - fx) * (1.0 - fy) * d, True, threshold, planned)
+        add(dest, t + 1, fx * (1.0 - fy) * d, True, threshold, planned)
+        add(dest, t + KEYED_ROW, (1.0 - fx) * fy * d, True, threshold, planned)
+        add(dest, t + KEYED_ROW + 1, fx * fy * d, True, threshold, planned)
+
+    return wp.kernel(keyed_probe, enable_backward=False, module="unique")
+
+
+def launch_keyed_probe(mode: str, dest: wp.array, n_threads: int, group: int, seed: int = 0,
+                       threshold: int = 1) -> None:
+    """Launches the keyed probe: ``n_threads`` pixels (a multiple of 256), ``group``
+    lanes per key (a divisor of 32), into ``dest``, (KEYED_ROW², ) wp.vec4 on a CUDA
+    device."""
+    if 32 % group or n_threads % BLOCK_DIM:
+        raise ValueError(f"group must divide 32 and n_threads be a multiple of {BLOCK_DIM}; "
+                         f"got {group}, {n_threads}")
+    if dest.shape[0] != KEYED_ROW * KEYED_ROW:
+        raise ValueError(f"dest must hold {KEYED_ROW}^2 texels; got {dest.shape[0]}")
+    wp.launch(keyed_probe_kernel(mode), dim=n_threads, inputs=[dest, group, seed, threshold],
+              device=dest.device, block_dim=BLOCK_DIM)

@@ -255,6 +255,10 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
         emulate = cpu_warp_emulation()
         lane = lane_id()
         pending = ballot(mask, valid)
+        if pending == 0 and not emulate:
+            # no lane adds (a planned warp's unused taps): the whole warp leaves together,
+            # before the match-any (emulated collectives sync the block: no early exit there)
+            return
         peers = 0
         if wp.static(mode == "serial" or (arc and not uniform_index)) or emulate:
             peers = match_any(mask, index) & pending

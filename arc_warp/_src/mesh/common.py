@@ -10,7 +10,7 @@ import functools
 import numpy as np
 import warp as wp
 
-from arc_warp._src.arc.calibrate import resolve_threshold
+from arc_warp._src.arc.calibrate import kernel_mode, resolve_threshold
 from arc_warp._src.arc.reduce_funcs import check_mode
 from arc_warp._src.splat.workspace import Workspace
 from arc_warp._src.tape import active_tape
@@ -33,15 +33,19 @@ def tiled_dim(batch: int, height: int, width: int) -> int:
 
 
 def reduce_settings(reduce: str, threshold: int | None, device, workspace=None) -> tuple[str, int]:
-    """(mode, threshold) of a ``reduce=`` keyword; only ``arc`` reads T: ``threshold`` if
-    given, else the workspace's (resolved when it was made), else the device's (which may
-    calibrate)."""
+    """(kernel mode, threshold) of a ``reduce=`` keyword; only ``arc`` reads T, the keyed
+    one (the mesh backwards plan per pixel with ``keyed_plan``): ``threshold`` if given,
+    else the workspace's (resolved when it was made), else the device's (which may
+    calibrate). ``arc`` at a T that never reduces (33, as calibrated on GPUs where
+    float4 atomics beat the warp reduction) is compiled as ``atomic``."""
     check_mode(reduce)
     if reduce != "arc":
         return reduce, 0
     if threshold is None and workspace is not None:
-        return reduce, workspace.threshold
-    return reduce, resolve_threshold(device, threshold)
+        t = workspace.keyed_threshold
+    else:
+        t = resolve_threshold(device, threshold, keyed=True)
+    return kernel_mode(reduce, t), t
 
 
 def chunking(n: int) -> tuple[int, int]:

@@ -147,7 +147,7 @@ def _signature(op: str, arrays: tuple, options: tuple, workspace) -> tuple[tuple
             ptrs.append(a.ptr)
         else:
             raise _Unkeyed
-    return (op, tuple(parts), _option(options), workspace.threshold), ptrs
+    return (op, tuple(parts), _option(options), workspace.keyed_threshold), ptrs
 
 
 def pair(out) -> tuple:

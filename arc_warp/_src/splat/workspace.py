@@ -362,15 +362,20 @@ class Workspace:
 
     Args:
         device: Warp device (default: the current one).
-        threshold: ARC threshold to use when ``RenderSettings.threshold`` is None;
-            ``None`` resolves the calibrated value of the device HERE, once (on a GPU
-            that was never calibrated this runs the calibration), so that no step ever
-            calibrates lazily (which would also break graph capture).
+        threshold: ARC threshold to use when ``RenderSettings.threshold`` (or a mesh op's
+            ``threshold``) is None, for both kinds of accumulation; ``None`` resolves the
+            device's calibrated values HERE, once (on a GPU that was never calibrated this
+            runs the calibration), so that no step ever calibrates lazily (which would
+            also break graph capture).
 
     Attributes:
         allocations: number of Warp arrays this workspace has allocated so far; a
             repeated forward + backward of one size leaves it unchanged.
-        threshold: the resolved ARC threshold.
+        threshold: the resolved ARC threshold of the splat renderer (warps that share one
+            target).
+        keyed_threshold: the resolved ARC threshold of the mesh ops' backwards (lanes
+            aiming at different targets, planned with ``keyed_plan``; see
+            ``arc_warp.resolve_threshold``).
         replay: False for a workspace used once (``render_gaussians`` without
             ``workspace=``): its launches go straight to ``wp.launch``, since preparing a
             launch for replay costs more host time than it saves on a single call.
@@ -399,6 +404,7 @@ class Workspace:
         self.replay = replay
         self.graphs = bool(graphs and replay and self.device.is_cuda)
         self.threshold = resolve_threshold(self.device, threshold)
+        self.keyed_threshold = resolve_threshold(self.device, threshold, keyed=True)
         self.allocations = 0
         self._free: list[Frame] = []
         self._shared = Frame(self)
