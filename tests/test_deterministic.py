@@ -124,12 +124,15 @@ def test_ten_backward_passes_are_bit_identical_on_gpu():
     # Against arc: float32 sums of up to ~1e5 per-pixel terms, in another order. Under
     # random cotangents quats and scales cancel heavily, and arc differs from ITSELF run to
     # run by up to ~1e-3 relative L2 (H200: atomic vs atomic 1.1e-3 quats, 1.5e-3 scales);
-    # deterministic must sit within that spread of arc.
-    arc, arc2 = _grads(arrays, cam, cots, "arc"), _grads(arrays, cam, cots, "arc")
-    for d, w, w2 in zip(first, arc, arc2):
-        d, w, w2 = (x.astype(np.float64) for x in (d, w, w2))
-        spread = np.linalg.norm(w2 - w) + 1e-6 * np.linalg.norm(w)
-        assert np.linalg.norm(d - w) <= 3.0 * spread
+    # deterministic must sit within that spread of arc: the largest of three runs' pairwise
+    # distances (one pair alone came out 3.3x closer than deterministic once), and at least
+    # 1e-3 of the norm. A wrong term differs by O(1) relative.
+    runs = [_grads(arrays, cam, cots, "arc") for _ in range(3)]
+    for k, d in enumerate(first):
+        d, ws = d.astype(np.float64), [r[k].astype(np.float64) for r in runs]
+        spread = max(np.linalg.norm(a - b) for i, a in enumerate(ws) for b in ws[i + 1:])
+        bound = max(3.0 * spread, 1e-3 * np.linalg.norm(ws[0]))
+        assert np.linalg.norm(d - ws[0]) <= bound, f"gradient {k}"
 
 
 @pytest.mark.gpu
