@@ -12,6 +12,7 @@ Usage::
     cd benchmarks && python profile_train_step.py --device cpu --n 200 --width 32 --height 32
     cd benchmarks && python profile_train_step.py --n 300000 --cprofile 100   # host by function
     cd benchmarks && python profile_train_step.py --n 300000 --host-breakdown 100
+    cd benchmarks && python profile_train_step.py --n 300000 --lib arc_fused --forward-host 300
 
 ``--host-breakdown N`` times N steps with ``time.perf_counter`` around the main parts of
 the torch path (the autograd Function's forward and backward, the core's render and
@@ -19,10 +20,19 @@ backward entries, argument checks, views, the stream scope, graph launches and t
 event wait) and prints the mean microseconds per step in each: nested parts are included
 in their callers, and the wait is a part of its own. Unlike cProfile it adds only one
 wrapper call per timed function.
+
+``--forward-host N`` times N steps, each after a device sync, with ``time.perf_counter``
+around the render call and around ``loss.backward()`` (mean host us of each call), and
+``wp.capture_launch`` (graph launches per step and their host us); then prints the node
+types of every CUDA graph launched (kernels, memsets, memory alloc/free nodes, ...),
+counted through the driver's ``cuGraphGetNodes``: the forward's pre-launch latency is
+Python plus one graph launch, whose cost grows with its nodes.
 """
 
 import argparse
 import cProfile
+import collections
+import ctypes
 import pstats
 import time
 
@@ -135,9 +145,64 @@ def _host_breakdown(step, reps):
     return {k: v / reps * 1e6 for k, v in spent.items()}
 
 
+# CUgraphNodeType values (cuda.h) -> names, for --forward-host
+_NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: "empty", 6: "wait_event",
+               7: "event_record", 8: "ext_sem_signal", 9: "ext_sem_wait", 10: "mem_alloc", 11: "mem_free",
+               12: "batch_mem_op", 13: "conditional"}
+
+
+def _forward_host(render, step_rest, reps):
+    """(forward call us, backward call us, graph launches per step, their us, {graph id:
+    Counter of node types}) over ``reps`` synchronised steps (see the module notes)."""
+    import warp as wp
+    import warp._src.context as wctx
+
+    launch = wctx.capture_launch
+    spent, graphs = [0.0, 0], {}
+
+    def timed_launch(graph, *a, **k):
+        t = time.perf_counter()
+        try:
+            return launch(graph, *a, **k)
+        finally:
+            spent[0] += time.perf_counter() - t
+            spent[1] += 1
+            graphs[id(graph)] = graph
+
+    wp.capture_launch = wctx.capture_launch = timed_launch  # measurement only
+    try:
+        fwd = bwd = 0.0
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            img = render()
+            t1 = time.perf_counter()
+            step_rest(img)
+            bwd += time.perf_counter() - t1
+            fwd += t1 - t0
+    finally:
+        wp.capture_launch = wctx.capture_launch = launch
+    cu = ctypes.CDLL("libcuda.so.1")
+    nodes = {}
+    for gid, graph in graphs.items():
+        count = ctypes.c_size_t(0)
+        cu.cuGraphGetNodes(graph.graph, None, ctypes.byref(count))
+        handles = (ctypes.c_void_p * count.value)()
+        cu.cuGraphGetNodes(graph.graph, handles, ctypes.byref(count))
+        kinds = collections.Counter()
+        for h in handles:
+            kind = ctypes.c_int(0)
+            cu.cuGraphNodeGetType(ctypes.c_void_p(h), ctypes.byref(kind))
+            kinds[_NODE_TYPES.get(kind.value, kind.value)] += 1
+        nodes[gid] = kinds
+    return fwd / reps * 1e6, bwd / reps * 1e6, spent[1] / reps, spent[0] / reps * 1e6, nodes
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300_000)
+    ap.add_argument("--lib", default="arc", choices=("arc", "arc_fused"),
+                    help="torch's activations (arc) or the kernel's (arc_fused), as bench_train_step")
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--cameras", type=int, default=1)
     ap.add_argument("--regime", default="small", choices=sorted(bts.REGIMES))
@@ -148,21 +213,29 @@ def main():
                     help="cProfile N steps instead (host Python by function; GPU or CPU)")
     ap.add_argument("--host-breakdown", type=int, default=0, metavar="N",
                     help="time N steps by part of the torch path instead (see the module notes)")
+    ap.add_argument("--forward-host", type=int, default=0, metavar="N",
+                    help="host us per render call and backward call over N steps, and the graphs' nodes (CUDA)")
     args = ap.parse_args()
     device = torch.device(args.device)
-    libs, _ = bts._renderers(["arc"], args.width, args.height)
+    libs, _ = bts._renderers([args.lib], args.width, args.height)
+    lib = libs[args.lib]
     raw, viewmats, ks = bts.make_scene(args.n, args.regime, args.width, args.height, args.cameras)
-    params = libs["arc"].params(raw, device)
+    params = lib.params(raw, device)
     viewmats, ks = viewmats.to(device), ks.to(device)
     # bench_train_step's L1 loss (its cotangent is contiguous, as a training loss's is)
     target = torch.rand(args.cameras, args.height, args.width, 3, device=device,
                         generator=torch.Generator(device).manual_seed(0))
 
-    def step():
-        img = libs["arc"].render(params, viewmats, ks)
+    def render():
+        return lib.render(params, viewmats, ks)
+
+    def rest(img):
         (img - target).abs().mean().backward()
         for p in params.values():
             p.grad = None
+
+    def step():
+        rest(render())
 
     for _ in range(5):
         step()
@@ -177,6 +250,17 @@ def main():
         stats = pstats.Stats(prof)
         stats.sort_stats("tottime").print_stats(30)
         stats.sort_stats("cumulative").print_stats(40)
+        return
+    if args.forward_host:
+        if device.type != "cuda":
+            raise SystemExit("--forward-host measures the CUDA path")
+        for _ in range(25):  # past the warm-up in which graphs are captured
+            step()
+        fwd, bwd, launches, launch_us, nodes = _forward_host(render, rest, args.forward_host)
+        print(f"N={args.n} C={args.cameras} {args.regime} {args.lib}: render call {fwd:.1f} us, loss.backward() "
+              f"call {bwd:.1f} us, {launches:.2f} graph launches per step taking {launch_us:.1f} us")
+        for i, kinds in enumerate(nodes.values()):
+            print(f"  graph {i}: {sum(kinds.values())} nodes {dict(kinds)}")
         return
     if args.host_breakdown:
         for _ in range(25):  # past the warm-up in which graphs are captured
