@@ -36,6 +36,9 @@ representative target (:func:`keyed_plan`), and passes the plan to each add::
         planned = plan(v0, valid, threshold)  # e.g. the triangle's first vertex
         add(grid, v0, g0, valid, threshold, planned)
         add(grid, v1, g1, valid, threshold, planned)
+
+with ``threshold = arc_warp.resolve_threshold(device, keyed=True)``: keyed plans have a
+calibrated T of their own (see :mod:`arc_warp._src.arc.calibrate`).
 """
 
 from ._src.arc.calibrate import Calibration, calibrate, resolve_threshold

@@ -259,8 +259,10 @@ def main():
         fwd, bwd, launches, launch_us, nodes = _forward_host(render, rest, args.forward_host)
         print(f"N={args.n} C={args.cameras} {args.regime} {args.lib}: render call {fwd:.1f} us, loss.backward() "
               f"call {bwd:.1f} us, {launches:.2f} graph launches per step taking {launch_us:.1f} us")
-        for i, kinds in enumerate(nodes.values()):
-            print(f"  graph {i}: {sum(kinds.values())} nodes {dict(kinds)}")
+        # one forward and one backward graph per frame in flight: group equal compositions
+        shapes = collections.Counter(tuple(sorted(kinds.items())) for kinds in nodes.values())
+        for shape, count in shapes.items():
+            print(f"  {count} graph(s) of {sum(n for _, n in shape)} nodes: {dict(shape)}")
         return
     if args.host_breakdown:
         for _ in range(25):  # past the warm-up in which graphs are captured
