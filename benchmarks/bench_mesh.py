@@ -143,7 +143,8 @@ def run_pair(name, make, inputs, reps, results):
         if g is None:
             g = torch.randn_like(out)
         grads = torch.autograd.grad(out, inputs, g, retain_graph=True, allow_unused=True)
-        bwds[key] = lambda out=out: torch.autograd.grad(out, inputs, g, retain_graph=True, allow_unused=True)  # noqa: E731
+        bwds[key] = lambda out=out: torch.autograd.grad(  # noqa: E731
+            out, inputs, g, retain_graph=True, allow_unused=True)
         row[key] = {}
         if mode == "arc":
             ref = {"out": out.detach(), "grads": grads}

@@ -106,3 +106,20 @@ def test_resolve_after_setup_reads_the_cache(cache_dir, monkeypatch):
     assert cal.resolve_threshold("cuda") == 5
     (cache_dir / "calibration.json").unlink()
     assert cal.resolve_threshold("cuda") == 5  # memory cache: no file access needed
+
+
+def test_ladder_times_every_variant_at_every_step(monkeypatch):
+    # calibrate()'s two ladders (uniform densities, keyed group sizes) on fake timings:
+    # each step's variants in one interleaved timing, rows per candidate in candidate order
+    seen = []
+
+    def fake_times(fns, device, warmup, reps):
+        seen.append(sorted(map(str, fns)))
+        return {name: fn() for name, fn in fns.items()}
+
+    monkeypatch.setattr(cal, "median_times_ms", fake_times)
+    launcher = lambda mode, step, t=0: (lambda: {"atomic": 1.0, "warp": 2.0}.get(mode, 10.0 * step + t))  # noqa: E731
+    atomic, warp, arc = cal._ladder("cpu", (1, 2, 3), (4, 33), launcher)
+    assert atomic == (1.0, 1.0, 1.0) and warp == (2.0, 2.0, 2.0)
+    assert arc == ((14.0, 24.0, 34.0), (43.0, 53.0, 63.0))
+    assert seen == [["33", "4", "atomic", "warp"]] * 3

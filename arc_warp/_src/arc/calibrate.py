@@ -163,6 +163,19 @@ def kernel_mode(mode: str, threshold: int) -> str:
     return "atomic" if mode == "arc" and threshold >= MAX_THRESHOLD else mode
 
 
+def _ladder(device, steps, candidates, launcher):
+    """(atomic_ms, warp_ms, arc_ms) of ``launcher(mode, step[, t])`` over ``steps`` (one
+    time per step; ``arc_ms`` one row per candidate T), the variants of one step
+    interleaved so that drift falls on them alike."""
+    rows = []
+    for step in steps:
+        fns = {"atomic": launcher("atomic", step), "warp": launcher("warp", step)}
+        fns.update({t: launcher("arc", step, t) for t in candidates})
+        rows.append(median_times_ms(fns, device, warmup=2, reps=7))
+    return (tuple(r["atomic"] for r in rows), tuple(r["warp"] for r in rows),
+            tuple(tuple(r[t] for r in rows) for t in candidates))
+
+
 def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targets_per_block: int = 32,
               keyed_threads: int = 1 << 20) -> Calibration:
     """Times ``arc`` against ``atomic`` and ``warp`` on a CUDA ``device`` and picks both
@@ -182,15 +195,8 @@ def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targe
             mode, params, dest, n_blocks, targets_per_block, p_active=p, threshold=t, uniform_index=True
         )
 
-    # All variants of one density interleaved, so drift falls on them alike.
-    rows = []
-    for p in DENSITIES:
-        fns = {"atomic": launcher("atomic", p), "warp": launcher("warp", p)}
-        fns.update({t: launcher("arc", p, t) for t in CANDIDATES})
-        rows.append(median_times_ms(fns, device, warmup=2, reps=7))
-    atomic_ms = tuple(r["atomic"] for r in rows)
-    warp_ms = tuple(r["warp"] for r in rows)
-    arc_ms = tuple(tuple(r[t] for r in rows) for t in CANDIDATES)
+    # uniform: the probe at each density
+    atomic_ms, warp_ms, arc_ms = _ladder(device, DENSITIES, CANDIDATES, launcher)
 
     texels = wp.zeros(KEYED_ROW * KEYED_ROW, dtype=wp.vec4, device=device)
 
@@ -198,14 +204,7 @@ def calibrate(device=None, n_targets: int = 100_000, n_blocks: int = 4096, targe
         mode = kernel_mode(mode, t)  # as the mesh ops compile it
         return lambda: launch_keyed_probe(mode, texels, keyed_threads, group, threshold=t)
 
-    keyed_rows = []
-    for g in KEYED_GROUPS:
-        fns = {"atomic": keyed("atomic", g), "warp": keyed("warp", g)}
-        fns.update({t: keyed("arc", g, t) for t in KEYED_CANDIDATES})
-        keyed_rows.append(median_times_ms(fns, device, warmup=2, reps=7))
-    keyed_atomic_ms = tuple(r["atomic"] for r in keyed_rows)
-    keyed_warp_ms = tuple(r["warp"] for r in keyed_rows)
-    keyed_arc_ms = tuple(tuple(r[t] for r in keyed_rows) for t in KEYED_CANDIDATES)
+    keyed_atomic_ms, keyed_warp_ms, keyed_arc_ms = _ladder(device, KEYED_GROUPS, KEYED_CANDIDATES, keyed)
     result = Calibration(
         device_name=device.name,
         threshold=choose_threshold(CANDIDATES, atomic_ms, warp_ms, arc_ms),

@@ -1,12 +1,13 @@
 """Synthetic gradient-accumulation kernels: the workloads of calibration and of arc_micro.
 
-The uniform probe (:func:`probe_kernel`): blocks of 256 threads each walk a list of targets. For every (lane, target) an active
-lane reads the target's parameters (2D mean, conic, opacity, colour: ``params[target]``)
-and computes K=9 gradient values the way a 3DGS backward does for one (pixel,
-Gaussian) pair (a conic falloff, its exponential, and the chain rule into mean,
-conic, opacity and colour), then adds them into ``dest[target]`` the way the chosen
-mode plans. Which lanes take part is set per warp either exactly
-(``active_lanes`` lanes of 32) or at random (fraction ``p_active``).
+The uniform probe (:func:`probe_kernel`): blocks of 256 threads each walk a list of
+targets. For every (lane, target) an active lane reads the target's parameters (2D
+mean, conic, opacity, colour: ``params[target]``) and computes K=9 gradient values the
+way a 3DGS backward does for one (pixel, Gaussian) pair (a conic falloff, its
+exponential, and the chain rule into mean, conic, opacity and colour), then adds them
+into ``dest[target]`` the way the chosen mode plans. Which lanes take part is set per
+warp either exactly (``active_lanes`` lanes of 32) or at random (fraction
+``p_active``).
 
 The keyed probe (:func:`keyed_probe_kernel`): every thread is a pixel of a bilinear
 texture backward, four float4 adds into the 2x2 texels at one key, planned once per
