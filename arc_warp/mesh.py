@@ -23,9 +23,10 @@ memory order), ``rast`` = (u, v, z/w, triangle_id + 1), interpolation u a0 + v a
 (1 - u - v) a2 with perspective-correct (u, v), texel centres at (i + 0.5) / size.
 
 Every op records itself on an active ``wp.Tape`` and takes ``reduce=`` (``atomic`` /
-``warp`` / ``serial`` / ``arc``; ``floor`` for benchmarks) and ``threshold=``; each has an
-explicit ``*_backward`` for callers with their own autodiff (``arc_warp_torch.mesh``, the
-nvdiffrast.torch drop-in). Defined results instead of errors: triangles with
+``warp`` / ``serial`` / ``arc``; ``floor`` for benchmarks) and ``threshold=`` (None: the
+workspace's keyed threshold, or ``arc_warp.resolve_threshold(device, keyed=True)``; at
+33 ``arc`` runs as ``atomic``); each has an explicit ``*_backward`` for callers with
+their own autodiff (``arc_warp_torch.mesh``, the nvdiffrast.torch drop-in). Defined results instead of errors: triangles with
 out-of-range vertex indices or non-finite positions are not drawn; pixels whose
 ``rast`` id is out of range interpolate to 0. Shapes, dtypes, devices and options are
 checked before any launch (``TypeError`` / ``ValueError``).
@@ -36,8 +37,8 @@ Repeated calls: pass ``workspace=arc_warp.Workspace(device)`` to keep scratch bu
 manages (they must not overlap the inputs); calls of one size then allocate no Warp arrays
 (the torch drop-in does both). With both, and ``grad_*=`` arrays for the backwards, a
 call repeated with arrays of the same shapes and dtypes and the same options reuses its
-checked, packed launches (only moved pointers are rewritten). A workspace's scratch is shared by its calls, so use it
-from one stream at a time.
+checked, packed launches (only moved pointers are rewritten). A workspace's scratch is
+shared by its calls, so use it from one stream at a time.
 """
 
 from ._src.mesh.antialias_ops import (
