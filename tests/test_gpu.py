@@ -70,6 +70,8 @@ def test_render_modes_agree_on_gpu():
 def test_calibration_on_gpu(tmp_path, monkeypatch):
     monkeypatch.setenv("ARC_WARP_CACHE_DIR", str(tmp_path))
     cal = arc_warp.calibrate("cuda")
-    assert 1 <= cal.threshold <= 33
+    assert 1 <= cal.threshold <= 33 and 1 <= cal.keyed_threshold <= 33
     assert arc_warp.resolve_threshold("cuda") == cal.threshold
+    assert arc_warp.resolve_threshold("cuda", keyed=True) == cal.keyed_threshold
+    assert len(cal.keyed_arc_ms) == len(cal.keyed_candidates) and len(cal.keyed_atomic_ms) == len(cal.keyed_groups)
     assert (tmp_path / "calibration.json").exists()
