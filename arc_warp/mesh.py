@@ -26,10 +26,11 @@ Every op records itself on an active ``wp.Tape`` and takes ``reduce=`` (``atomic
 ``warp`` / ``serial`` / ``arc``; ``floor`` for benchmarks) and ``threshold=`` (None: the
 workspace's keyed threshold, or ``arc_warp.resolve_threshold(device, keyed=True)``; at
 33 ``arc`` runs as ``atomic``); each has an explicit ``*_backward`` for callers with
-their own autodiff (``arc_warp_torch.mesh``, the nvdiffrast.torch drop-in). Defined results instead of errors: triangles with
-out-of-range vertex indices or non-finite positions are not drawn; pixels whose
-``rast`` id is out of range interpolate to 0. Shapes, dtypes, devices and options are
-checked before any launch (``TypeError`` / ``ValueError``).
+their own autodiff (``arc_warp_torch.mesh``, the nvdiffrast.torch drop-in). Defined
+results instead of errors: triangles with out-of-range vertex indices or non-finite
+positions are not drawn; pixels whose ``rast`` id is out of range interpolate to 0.
+Shapes, dtypes, devices and options are checked before any launch (``TypeError`` /
+``ValueError``).
 
 Repeated calls: pass ``workspace=arc_warp.Workspace(device)`` to keep scratch buffers
 (depth keys, mip gradients) and prepared launches across calls, and ``out=`` arrays

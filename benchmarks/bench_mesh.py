@@ -11,11 +11,12 @@ the very same tensors:
   derivatives, texture (2048^2, mipmapped), antialias, forward and backward.
 
 Timed with CUDA events after warm-up, medians, each variant's calls back to back in
-three rounds whose variant order rotates; backward modes atomic / warp / arc (and ``floor``: the backward without
-gradient accumulation), nvdiffrast 0.4 when ``import nvdiffrast.torch`` works. Each
-call is timed twice: as a user's call on an idle device (its host work included), and
-as device time (queued behind a spin kernel, timed from the spin's end: the host work is
-hidden, as in a loop that queues ahead). Agreement with nvdiffrast: max |image difference|
+three rounds whose variant order rotates; backward modes atomic / warp / arc (and
+``floor``: the backward without gradient accumulation), nvdiffrast 0.4 when ``import
+nvdiffrast.torch`` works. Each call is timed twice: as a user's call on an idle device
+(its host work included), and as device time (queued behind a spin kernel, timed from
+the spin's end: the host work is hidden, as in a loop that queues ahead;
+``bench_train_step.behind_spin``). Agreement with nvdiffrast: max |image difference|
 and gradient cosine similarity. ``--smoke`` runs tiny sizes on the CPU (host timing)
 to check the script itself.
 
@@ -37,6 +38,7 @@ import torch
 
 import arc_warp.mesh as core
 import arc_warp_torch.mesh as ours
+from bench_train_step import behind_spin
 
 MODES = ("atomic", "warp", "arc", "floor")
 
@@ -46,35 +48,16 @@ except ImportError:  # peers are optional
     nvdr = None
 
 
-SPIN_MS = 3.0
-"""Length of the spin kernel a host-hidden timing queues first (longer than any call's host work)."""
-
-
-def _spin_cycles_per_ms() -> float:
-    """``torch.cuda._sleep`` cycles per ms on the current device (timed once per run)."""
-    if "cycles" not in _SPIN:
-        torch.cuda._sleep(1_000_000)  # warm-up
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        torch.cuda._sleep(10_000_000)
-        end.record()
-        end.synchronize()
-        _SPIN["cycles"] = 10_000_000 / start.elapsed_time(end)
-    return _SPIN["cycles"]
-
-
-_SPIN = {}
-
-
 def timed_all(fns: dict, reps: int, hidden: bool = False, rounds: int = 3) -> dict:
     """Median milliseconds of each ``fns[key]()`` over ``reps`` calls, made in ``rounds``
     rounds: in each round every variant runs one untimed call and then its share of the
     timed calls back to back (as a user's loop calls one mode), the variants' order
     rotated from round to round (drift falls on all alike). CUDA events around the call
-    on the current stream, the device idle before it; ``hidden``: the call is queued
-    behind a SPIN_MS spin kernel and timed from the spin's end, i.e. its device time with
-    its host work done while the device was busy (as in a loop that queues ahead). On the
-    CPU the host clock (no ``hidden``)."""
+    on the current stream, the device idle before it; ``hidden`` (CUDA only): the call is
+    queued behind a spin kernel and timed from the spin's end
+    (``bench_train_step.behind_spin``), i.e. its device time with its host work done
+    while the device was busy (as in a loop that queues ahead). On the CPU the host
+    clock."""
     keys = list(fns)
     cuda = DEVICE.type == "cuda"
     rounds = max(1, min(rounds, reps))
@@ -83,10 +66,10 @@ def timed_all(fns: dict, reps: int, hidden: bool = False, rounds: int = 3) -> di
         for k in keys[rnd % len(keys):] + keys[:rnd % len(keys)]:
             fns[k]()
             for _ in range(reps // rounds + (rnd < reps % rounds)):
-                if cuda:
+                if hidden:
+                    times[k].append(behind_spin(fns[k])[0])
+                elif cuda:
                     torch.cuda.synchronize()
-                    if hidden:
-                        torch.cuda._sleep(int(SPIN_MS * _spin_cycles_per_ms()))
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                     fns[k]()

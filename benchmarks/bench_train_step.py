@@ -413,7 +413,7 @@ def _spin_cycles_per_ms() -> float:
     return cycles / start.elapsed_time(end)
 
 
-def _behind_spin(call):
+def behind_spin(call):
     """Device ms of ``call()`` queued behind a SPIN_MS spin kernel, from the spin's end
     (see the module notes), and its result."""
     torch.cuda.synchronize()
@@ -430,9 +430,9 @@ def _host_hidden(lib, params, viewmats, ks, target, reps):
     """Median forward and backward ms with the host hidden behind a spin (module notes)."""
     fwd, bwd = [], []
     for i in range(reps + 3):
-        ms, img = _behind_spin(lambda: lib.render(params, viewmats, ks))
+        ms, img = behind_spin(lambda: lib.render(params, viewmats, ks))
         loss = (img - target).abs().mean()
-        bms, _ = _behind_spin(loss.backward)
+        bms, _ = behind_spin(loss.backward)
         for p in params.values():
             p.grad = None
         if i >= 3:

@@ -99,13 +99,18 @@ class Frame:
         and whether it is new."""
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = _PYTHON_DTYPES.get(dtype, dtype)
-        if name in self._released:
-            self.restore()
-        a = self._arrays.get(name)
+        a = self._held(name)
         if a is None or a.shape != shape or a.dtype != dtype:
             a = self._arrays[name] = self._allocate(name, shape, dtype, zero_new, host)
             return a, True
         return a, False
+
+    def _held(self, name: str) -> wp.array | None:
+        """The buffer ``name`` (None: never made), its memory taken back first if it was
+        handed back (:meth:`restore`)."""
+        if name in self._released:
+            self.restore()
+        return self._arrays.get(name)
 
     def _allocate(self, name: str, shape: tuple, dtype, zero: bool, host: bool = False) -> wp.array:
         a, owner = self._workspace._allocate(shape, dtype, zero, host)
@@ -293,9 +298,7 @@ class Frame:
         """A 1D buffer ``name`` of at least ``count`` entries (grown to 1.5x ``count``, or
         exactly ``count`` without ``headroom``; never shrunk), for sizes that vary from
         call to call such as the tile-sort buffers."""
-        if name in self._released:
-            self.restore()
-        a = self._arrays.get(name)
+        a = self._held(name)
         if a is None or a.shape[0] < count or a.dtype != dtype:
             a = self._arrays[name] = self._allocate(name, (max(count + count // 2 if headroom else count, 1),),
                                                     dtype, False)
@@ -320,9 +323,7 @@ class Frame:
         size = wp.types.type_size_in_bytes(dtype)
         for d in shape:
             size *= d
-        if "scratch" in self._released:
-            self.restore()
-        arena = self._arrays.get("scratch")
+        arena = self._held("scratch")
         if after is None:
             offset = 0
             self._retired = None
