@@ -88,7 +88,6 @@ HOST_PARTS = (
     ("arc_warp_torch._autograd", "RenderContext.device_cameras"),
     ("arc_warp_torch._autograd", "RenderContext.gradients"),
     ("arc_warp_torch._autograd", "RenderContext.outputs"),
-    ("arc_warp_torch._autograd", "RenderContext.release_finished"),
     ("arc_warp_torch._autograd", "RenderContext.settings"),
     ("arc_warp_torch._autograd", "_warp_backward"),
     ("arc_warp_torch.rasterization", "_sh_degree_and_colors"),

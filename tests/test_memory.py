@@ -142,3 +142,40 @@ def test_torch_training_loop_holds_one_frame(rng):
                             scene.width, scene.height, context=context)[0]
         img.sum().backward()
     assert {b.frame for b in context.workspace.memory_report()} == {0, 1}
+
+
+def test_torch_backward_drops_what_only_the_backward_needed(rng):
+    """After a backward without retain_graph, the render node holds neither its radii nor
+    its outputs' frame (so the optimizer step that follows does not hold them), while the
+    loss (and so the node) is still alive; with retain_graph it keeps them for a second
+    backward, which then gives the same gradients."""
+    torch = pytest.importorskip("torch")
+    import gc
+    import weakref
+
+    from arc_warp_torch import RenderContext, rasterization
+
+    scene = random_scene(rng, n=300, width=32, height=24, sh_degree=0)
+    t = {k: torch.tensor(np.asarray(getattr(scene, k)), dtype=torch.float32)
+         for k in ("means", "quats", "scales", "opacities", "colors")}
+    means = t["means"].clone().requires_grad_(True)
+    viewmats = torch.tensor(scene.world_to_camera, dtype=torch.float32)[None]
+    ks = torch.tensor([[[scene.fx, 0, scene.cx], [0, scene.fy, scene.cy], [0, 0, 1]]], dtype=torch.float32)
+    context = RenderContext("cpu")
+
+    def render():
+        img, _, meta = rasterization(means, t["quats"], t["scales"], t["opacities"], t["colors"], viewmats, ks,
+                                     scene.width, scene.height, context=context)
+        return img.sum(), weakref.ref(meta["radii"]), img.grad_fn
+
+    loss, radii, node = render()
+    loss.backward(retain_graph=True)
+    gc.collect()
+    assert radii() is not None and node.outs is not None  # a second backward may still run
+    first = means.grad.clone()
+    means.grad = None
+    loss.backward()
+    np.testing.assert_array_equal(means.grad.numpy(), first.numpy())
+    gc.collect()
+    assert loss.grad_fn is not None  # the graph's nodes are alive, their saved tensors freed
+    assert radii() is None and node.outs is None and node.keep_alive is None

@@ -29,9 +29,10 @@ class RenderContext:
 
     - a :class:`arc_warp.Workspace`: repeated renders of one N and image size allocate
       no Warp arrays, and the ARC threshold is resolved (calibrated if needed) here, at
-      creation, never inside a training step; the frame of a render whose backward has
-      run (without retain_graph) serves the next render even while its image is still
-      referenced (`release_finished`), so a training loop holds one frame, not two;
+      creation, never inside a training step; once a render's backward has run (without
+      retain_graph), its outputs' frame serves the next render even while its image is
+      still referenced, so a training loop holds one frame, not two, and the radii and
+      projected means it kept for the backward are dropped (`_finished`);
     - one ``wp.Stream`` per torch CUDA stream, made on first use of that stream, made
       Warp's current stream for the bridge's calls (`stream`), so Warp launches on
       torch's current stream;
@@ -102,7 +103,6 @@ class RenderContext:
         # (viewmats, Ks, what they were, DeviceCameras) of the last call (rasterization's `_cameras`)
         self.last_cameras = None
         self._settings = {}  # option values -> RenderSettings (see `settings`)
-        self._nodes = []  # weak references to the autograd nodes of renders still holding frames
         self._pooling = False  # inside `outputs()`
         self.cameras = {}  # host camera values and image size -> arc_warp.Camera (bounded)
         self._intrinsics = {}  # (fx, fy, cx, cy) -> [1, 3, 3] device K (bounded)
@@ -248,30 +248,6 @@ class RenderContext:
             k = self._intrinsics[key] = torch.tensor([[[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]]],
                                                      dtype=torch.float32, device=self.device)
         return k
-
-    def track(self, node) -> None:
-        """Remember an autograd node holding render outputs (see `release_finished`)."""
-        self._nodes.append(weakref.ref(node))
-
-    def release_finished(self) -> None:
-        """Drop the render outputs of nodes whose backward has run without retain_graph, so
-        their workspace frames serve the next render. A training loop keeps the previous
-        step's image (and so its node) alive while it renders the next one; without this
-        it would hold two frames' buffers. torch frees a node's saved tensors after such
-        a backward (a second backward through it raises torch's own error anyway): the
-        node's ``saved_marker``, a weak reference to a tensor only its saved tensors hold,
-        is then dead (asking for ``saved_tensors`` would raise, at the cost of a C++
-        exception per node and step)."""
-        alive = []
-        for ref in self._nodes:
-            node = ref()
-            if node is None or node.outs is None:
-                continue
-            if node.saved_marker() is None:  # freed: the backward ran and the graph was not retained
-                node.outs = node.keep_alive = None
-                continue
-            alive.append(ref)
-        self._nodes = alive
 
     def outputs(self):
         """Context in which the tensors a render returns are allocated: the private memory
@@ -498,7 +474,6 @@ class _RenderGaussians(torch.autograd.Function):
     def forward(ctx, context, cameras, settings, depths, defer, means2d_out, sink, sink_tensor,
                 means, quats, scales, opacities, colors):
         ctx.set_materialize_grads(False)
-        context.release_finished()  # frames of finished steps serve this render
         c, n = len(cameras), means.shape[0]
         size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
         h, w = size.height, size.width
@@ -532,18 +507,16 @@ class _RenderGaussians(torch.autograd.Function):
         ctx.mark_non_differentiable(radii)
         returned = images if depths else images[:2]
         # Saved only so torch raises if anything the Warp backward reads was modified in place;
-        # the marker dies when torch frees them (see `RenderContext.release_finished`).
+        # the marker dies when torch frees them (after a backward without retain_graph, or
+        # with the graph), which drops what the backward needed (`_finished`).
         marker = torch.empty(0)
         ctx.save_for_backward(*inputs, *returned, marker)
-        ctx.saved_marker = weakref.ref(marker)
-        if context.workspace.allocator is not None:  # hand the frames' memory back then (release_workspace)
-            weakref.finalize(marker, context.workspace.release, [out._frame for out in outs])
         ctx.outs, ctx.sink, ctx.context = outs, sink, context
-        if any(t.requires_grad for t in inputs):
-            context.track(ctx)
         # The backward reads these through non-owning views (see RenderContext.view); the
         # caller may drop them first. Neither has a grad_fn, so this makes no cycle.
         ctx.keep_alive = (means2d_out, radii)
+        frames = [out._frame for out in outs] if context.workspace.allocator is not None else None
+        weakref.finalize(marker, _finished, weakref.ref(ctx), context.workspace, frames)
         return (*returned, radii)
 
     @staticmethod
@@ -575,6 +548,19 @@ _APPLY = torch._C._FunctionBase.__dict__["apply"].__get__(None, _RenderGaussians
 def _guarded(g: torch.Tensor) -> torch.Tensor:
     """``g`` behind `_RaiseOnDoubleBackward`, for a backward under create_graph=True."""
     return _RaiseOnDoubleBackward.apply(g.detach().requires_grad_(True))
+
+
+def _finished(node_ref, workspace: Workspace, frames) -> None:
+    """Once torch has freed a render node's saved tensors (its backward cannot run again),
+    drop its outputs, whose frames then serve the next render, and the radii and projected
+    means it kept, and hand the frames' memory back to torch (``frames``; None: the
+    workspace keeps it, ``release_workspace`` off). Runs where torch frees them: in the
+    backward, on its device thread, or when the graph is dropped."""
+    node = node_ref()
+    if node is not None:
+        node.outs = node.keep_alive = None
+    if frames is not None:
+        workspace.release(frames)
 
 
 def _warp_backward(context, outs, inputs, sink, output_grads):
