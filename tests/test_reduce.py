@@ -189,7 +189,8 @@ def test_keyed_plan_and_planned_adds_sum_every_target(mode):
 
 @pytest.mark.gpu
 def test_keyed_plan_reduces_only_warps_with_a_shared_key():
-    # On the GPU, arc plans a warp only if some key has >= T valid lanes; warp always.
+    # On the GPU, arc plans a warp only if some key has >= T valid lanes (and the warp passes
+    # keyed_plan's screen); warp always.
     if not wp.is_cuda_available():
         pytest.skip("needs a CUDA device")
     tris, x, ref = _keyed_case()
@@ -204,13 +205,48 @@ def test_keyed_plan_reduces_only_warps_with_a_shared_key():
             np.testing.assert_allclose(dest.numpy(), ref, atol=ATOL)
             got = planned.numpy().reshape(-1, 32).max(axis=1)
             for w in range(len(got)):
-                keys = tris[w * 32:(w + 1) * 32, 0][valid[w * 32:(w + 1) * 32]]
+                lanes = slice(w * 32, (w + 1) * 32)
+                keys = tris[lanes, 0][valid[lanes]]
                 counts = np.unique(keys, return_counts=True)[1] if len(keys) else np.zeros(1)
                 if mode == "warp":
                     want = len(keys) > 0
                 else:
-                    want = len(keys) >= t and counts.max() >= t
+                    want = len(keys) >= t and counts.max() >= t and _screen(np.maximum(tris[lanes, 0], 0), t)
                 assert got[w] == int(want), f"{mode} T={t} warp {w}: keys {keys}"
+
+
+def _screen(keys, t):
+    """keyed_plan's screen on the 32 keys of a warp (see its docstring)."""
+    return (np.sum(keys[:-1] == keys[1:]) >= t - 4) and (np.sum(keys[:-2] == keys[2:]) >= t - 8)
+
+
+@pytest.mark.gpu
+def test_keyed_plan_screen_keeps_keys_in_four_runs():
+    # The screen before the match-any keeps every warp whose shared key lies in <= 4 runs of
+    # consecutive lanes (rows of an 8 x 4 pixel patch), however few lanes it has beyond T,
+    # and skips interleaved keys (every other lane) and many small groups.
+    if not wp.is_cuda_available():
+        pytest.skip("needs a CUDA device")
+    lanes = np.arange(32)
+    cases = {  # name: (keys of one warp, T, planned)
+        "12 lanes, 3 rows of 4": (np.where(lanes % 8 < 4, 1, 100 + lanes) * (lanes < 24) + (lanes >= 24) * (200 + lanes), 12, True),
+        "12 lanes, 4 rows of 3": (np.where(lanes % 8 < 3, 1, 100 + lanes), 12, True),
+        "16 lanes, interleaved": (np.where(lanes % 2 == 0, 1, 100 + lanes), 12, False),
+        "groups of 4": (lanes // 4, 12, False),
+        "all distinct": (lanes, 2, False),
+        "one key": (np.zeros(32, dtype=int), 32, True),
+    }
+    kernel = _keyed_kernel("arc")
+    for name, (keys, t, want) in cases.items():
+        assert _screen(keys, t) or not want, name  # the cases say what the docstring claims
+        tris = np.stack([keys, keys, keys], 1).astype(np.int32)
+        x = np.ones((32, 4), np.float32)
+        dest = wp.zeros(int(tris.max()) + 1, dtype=wp.vec4, device="cuda:0")
+        planned = wp.zeros(32, dtype=int, device="cuda:0")
+        wp.launch(kernel, dim=32, inputs=[wp.array(tris, dtype=wp.vec3i, device="cuda:0"),
+                  wp.array(x, dtype=wp.vec4, device="cuda:0"), dest, planned, t], device="cuda:0", block_dim=32)
+        assert planned.numpy().max() == int(want), name
+        np.testing.assert_allclose(dest.numpy()[:, 0], 6.0 * np.bincount(keys, minlength=dest.shape[0]))
 
 
 def test_per_lane_modes_plan_no_reduction_and_their_reducer_adds_per_lane():

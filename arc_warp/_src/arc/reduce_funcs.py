@@ -305,6 +305,11 @@ def warp_reducer(dtype, mode: str = "arc", uniform_index: bool = False):
     return wp.func(reduce, name=f"arc_reduce_{tag}", module="unique")
 
 
+KEYED_SCREEN_RUNS = wp.constant(4)
+"""Runs of consecutive lanes a key's lanes may form for :func:`keyed_plan`'s screen to be exact:
+the rows of the 8 x 4 pixel patch a warp covers in the mesh kernels' tiled launches."""
+
+
 @functools.cache
 def keyed_plan(mode: str = "arc"):
     """Returns the ``@wp.func`` ``plan(key: int, valid: bool, threshold: int) -> bool``:
@@ -319,6 +324,16 @@ def keyed_plan(mode: str = "arc"):
     cheap as ``atomic`` mode. Pass the (warp-uniform) result to the adds of
     :func:`planned_accumulator`. Other modes plan as :func:`warp_plan`; the convergence
     guard is the same.
+
+    A screen runs before the match-any, which costs more than the rest of the plan: the
+    warp plans on only if at least ``threshold - 4`` lanes hold the key of the lane after
+    them and ``threshold - 8`` that of the lane two after. A key held by ``g`` lanes lying
+    in at most 4 runs of consecutive lanes gives at least ``g - 4`` and ``g - 8`` of them,
+    so the screen keeps every warp that can reduce when each key's lanes form at most 4
+    runs: a convex footprint (a texel cell, a triangle) in the 8 x 4 pixel patch of a
+    tiled launch (:func:`arc_warp._src.mesh.funcs.tile_pixel`), or a run of a 1D launch.
+    Elsewhere it may send a warp's adds as atomics where the match-any would have
+    reduced them; the sums are the same either way.
     """
     check_mode(mode)
     counted = warp_plan(mode)
@@ -331,6 +346,13 @@ def keyed_plan(mode: str = "arc"):
         if cpu_warp_emulation():  # emulated collectives sync the block: no per-warp decision
             return True
         mask = int(-1)  # counted() ran on a full, converged warp
+        lane = lane_id()
+        next1 = shfl_int(mask, key, wp.min(lane + 1, 31))
+        next2 = shfl_int(mask, key, wp.min(lane + 2, 31))
+        if popc(ballot(mask, lane < 31 and next1 == key)) < threshold - KEYED_SCREEN_RUNS:
+            return False
+        if popc(ballot(mask, lane < 30 and next2 == key)) < threshold - 2 * KEYED_SCREEN_RUNS:
+            return False
         peers = match_any(mask, key) & ballot(mask, valid)
         return ballot(mask, valid and popc(peers) >= threshold) != 0
 
