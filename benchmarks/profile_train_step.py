@@ -27,11 +27,17 @@ around the render call and around ``loss.backward()`` (mean host us of each call
 types of every CUDA graph launched (kernels, memsets, memory alloc/free nodes, ...),
 counted through the driver's ``cuGraphGetNodes``: the forward's pre-launch latency is
 Python plus one graph launch, whose cost grows with its nodes.
+
+``--timeline N`` stamps the entry and exit of the same parts in N steps, each after a device
+sync, and prints the median microseconds from the start of the render call (and of
+``loss.backward()``) at which each happens, in order: where the host is when the forward's
+graph launch reaches the device, and what runs before it.
 """
 
 import argparse
-import cProfile
 import collections
+import contextlib
+import cProfile
 import ctypes
 import pstats
 import time
@@ -72,7 +78,8 @@ def _host_overhead_cpu(step, reps):
     return float(np.median(total)), float(np.median(host))
 
 
-# (module, attribute) pairs timed by --host-breakdown; a class attribute is "Class.name"
+# (module, attribute) pairs timed by --host-breakdown and --timeline; a class attribute is
+# "Class.name"
 HOST_PARTS = (
     ("arc_warp_torch.rasterization", "check_tensor"),
     ("arc_warp_torch.rasterization", "_cameras"),
@@ -110,38 +117,85 @@ HOST_PARTS = (
 )
 
 
-def _host_breakdown(step, reps):
-    """{part: mean host us per step} over ``reps`` steps (see the module notes)."""
+@contextlib.contextmanager
+def _wrapped_parts(make_wrapper):
+    """Replaces each HOST_PARTS function ``fn`` by ``make_wrapper(fn, "Owner.name")`` for the
+    block (measurement only)."""
     import importlib
     import sys
 
-    spent, restore = {}, []
-    for module_name, path in HOST_PARTS:
-        importlib.import_module(module_name)
-        owner = sys.modules[module_name]
-        *classes, name = path.split(".")
-        for cls in classes:
-            owner = getattr(owner, cls)
-        fn = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
-        target = fn.__func__ if isinstance(fn, staticmethod) else fn
-        spent[path] = 0.0
-
-        def timed(*a, _f=target, _k=path, **k):
-            t = time.perf_counter()
-            try:
-                return _f(*a, **k)
-            finally:
-                spent[_k] += time.perf_counter() - t
-
-        setattr(owner, name, staticmethod(timed) if isinstance(fn, staticmethod) else timed)
-        restore.append((owner, name, fn))
+    restore = []
     try:
-        for _ in range(reps):
-            step()
+        for module_name, path in HOST_PARTS:
+            importlib.import_module(module_name)
+            owner = sys.modules[module_name]
+            *classes, name = path.split(".")
+            for cls in classes:
+                owner = getattr(owner, cls)
+            fn = owner.__dict__[name] if isinstance(owner, type) else getattr(owner, name)
+            wrapped = make_wrapper(fn.__func__ if isinstance(fn, staticmethod) else fn, path)
+            setattr(owner, name, staticmethod(wrapped) if isinstance(fn, staticmethod) else wrapped)
+            restore.append((owner, name, fn))
+        yield
     finally:
         for owner, name, fn in reversed(restore):
             setattr(owner, name, fn)
+
+
+def _host_breakdown(step, reps):
+    """{part: mean host us per step} over ``reps`` steps (see the module notes)."""
+    spent = collections.defaultdict(float)
+
+    def make_wrapper(fn, path):
+        def timed(*a, **k):
+            t = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[path] += time.perf_counter() - t
+        return timed
+
+    with _wrapped_parts(make_wrapper):
+        for _ in range(reps):
+            step()
     return {k: v / reps * 1e6 for k, v in spent.items()}
+
+
+def _timeline(render, step_rest, reps):
+    """[(phase, median us from the phase's start, event)] over ``reps`` synchronised steps:
+    the entries and exits of the HOST_PARTS functions (the k-th of a name's calls marked
+    #k) in the render call ("render") and in ``loss.backward()`` ("backward"), in order
+    (see the module notes)."""
+    stamps = []
+
+    def make_wrapper(fn, path):
+        def stamped(*a, **k):
+            stamps.append((path + " >", time.perf_counter()))
+            try:
+                return fn(*a, **k)
+            finally:
+                stamps.append((path + " <", time.perf_counter()))
+        return stamped
+
+    offsets = collections.defaultdict(list)
+    with _wrapped_parts(make_wrapper):
+        for _ in range(reps):
+            torch.cuda.synchronize()
+            stamps.clear()
+            t0 = time.perf_counter()
+            img = render()
+            stamps.append(("render call <", time.perf_counter()))
+            t1 = time.perf_counter()
+            step_rest(img)
+            stamps.append(("loss.backward() and zero_grad <", time.perf_counter()))
+            seen = collections.Counter()
+            for label, t in stamps:
+                phase, base = ("render", t0) if t < t1 else ("backward", t1)
+                seen[phase, label] += 1
+                n = seen[phase, label]
+                offsets[phase, label if n == 1 else f"{label} #{n}"].append((t - base) * 1e6)
+    rows = [(phase, float(np.median(v)), label) for (phase, label), v in offsets.items()]
+    return sorted(rows, key=lambda r: (r[0] != "render", r[1]))
 
 
 # CUgraphNodeType values (cuda.h) -> names, for --forward-host
@@ -212,6 +266,8 @@ def main():
                     help="cProfile N steps instead (host Python by function; GPU or CPU)")
     ap.add_argument("--host-breakdown", type=int, default=0, metavar="N",
                     help="time N steps by part of the torch path instead (see the module notes)")
+    ap.add_argument("--timeline", type=int, default=0, metavar="N",
+                    help="median host us from the call's start of each part's entry and exit, over N steps (CUDA)")
     ap.add_argument("--forward-host", type=int, default=0, metavar="N",
                     help="host us per render call and backward call over N steps, and the graphs' nodes (CUDA)")
     args = ap.parse_args()
@@ -262,6 +318,16 @@ def main():
         shapes = collections.Counter(tuple(sorted(kinds.items())) for kinds in nodes.values())
         for shape, count in shapes.items():
             print(f"  {count} graph(s) of {sum(n for _, n in shape)} nodes: {dict(shape)}")
+        return
+    if args.timeline:
+        if device.type != "cuda":
+            raise SystemExit("--timeline measures the CUDA path")
+        for _ in range(25):  # past the warm-up in which graphs are captured
+            step()
+        print(f"N={args.n} C={args.cameras} {args.regime} {args.lib}: median host us from the start of the render "
+              "call / of loss.backward(), > entry, < exit")
+        for phase, us, label in _timeline(render, rest, args.timeline):
+            print(f"  {phase:8s} {us:8.1f}  {label}")
         return
     if args.host_breakdown:
         for _ in range(25):  # past the warm-up in which graphs are captured
