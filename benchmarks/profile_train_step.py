@@ -114,6 +114,7 @@ HOST_PARTS = (
     ("arc_warp._src.splat.workspace", "Frame.replay"),
     ("warp", "capture_launch"),
     ("warp", "synchronize_event"),
+    ("torch", "empty"),
 )
 
 
