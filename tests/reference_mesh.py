@@ -5,6 +5,7 @@ pixel tests every triangle. Layouts follow nvdiffrast: pos [B, V, 4] clip space,
 tri [F, 3], images [B, H, W, C], pixel centres at +0.5, row 0 at NDC y = -1.
 """
 
+import numpy as np
 import torch
 
 F64 = torch.float64
@@ -17,50 +18,146 @@ def pixel_centres(height, width):
     return xs[None, :].expand(height, width), ys[:, None].expand(height, width)
 
 
-def edge_functions(pos, tri, height, width):
-    """E [B, F, 3, H, W]: E_i = (v_j x v_k) . (X, Y, 1) with v = (x, y, w), and det [B, F]."""
-    v = pos[..., [0, 1, 3]][:, tri.long()]  # [B, F, 3 verts, 3]
-    x, y = pixel_centres(height, width)
-    p = torch.stack([x, y, torch.ones_like(x)], -1)  # [H, W, 3]
-    lines = torch.stack([torch.cross(v[:, :, (i + 1) % 3], v[:, :, (i + 2) % 3], dim=-1) for i in range(3)], 2)
-    e = torch.einsum("bfic,hwc->bfihw", lines, p)
-    det = (lines[:, :, 0] * v[:, :, 0]).sum(-1)
-    return e, det, lines
+# nvdiffrast's CUDA rasteriser, written plainly: viewport tiles of at most 2048 pixels,
+# frustum clipping in float32, vertices snapped to a 1/16-pixel grid, integer edge tests
+# with its fill rule, and depth on the snapped triangle (here in float64: nvdiffrast's
+# fixed point is within ~1e-6 of it, which the returned margin accounts for).
+F32 = np.float32
+Z_SCALE = F32(4294932095) * F32(0.5)  # z/w -> depth units, as float32 rounds it
+DEPTH_MAX = 2.0**32 - 1 - 17600  # the cleared depth: fragments above it are dropped
+
+
+def _fma(a, b, c):
+    """float32 a * b + c with one rounding (float64 holds the product exactly)."""
+    return F32(np.float64(a) * np.float64(b) + np.float64(c))
+
+
+def _tiles(size):
+    """[(first pixel, pixels, scale, shift)] of nvdiffrast's viewport tiles along an axis."""
+    padded = -(-size // 8) * 8
+    count = -(-padded // 2048)
+    step = -(-(-(-padded // count)) // 8) * 8
+    out = []
+    for first in range(0, size, step):
+        n = min(size - first, step)
+        out.append((first, n, F32(size) / F32(n), F32(size - n - 2 * first) / F32(n)))
+    return out
+
+
+def _clipped(q):
+    """Corners [K, 4] float32 of triangle q [3, 4] (viewport clip space) inside the frustum
+    |x|, |y|, |z| <= w, rounded as nvdiffrast computes them; empty if it is culled."""
+    w = q[:, 3]
+    for a in range(3):
+        if (w < q[:, a]).all() or (w < -q[:, a]).all():
+            return q[:0]
+    if (w >= np.abs(q[:, :3]).max(1)).all():
+        return q
+    d1, d2 = q[1] - q[0], q[2] - q[0]
+    poly = [(F32(0), F32(0)), (F32(1), F32(0)), (F32(0), F32(1))]
+    for a in range(3):
+        if not (w < np.abs(q[:, a])).any():
+            continue
+        for sgn in (F32(1), F32(-1)):
+            h = [q[0, 3] + sgn * q[0, a], d1[3] + sgn * d1[a], d2[3] + sgn * d2[a]]
+            value = [_fma(h[2], b2, _fma(h[1], b1, h[0])) for b1, b2 in poly]
+            kept = []
+            for k in range(len(poly) if len(poly) >= 3 else 0):
+                j = k - 1  # the edge from corner j to corner k
+                if value[j] * value[k] < 0:
+                    tk = value[j] / (value[j] - value[k])
+                    tj = F32(1) - tk
+                    kept.append(tuple(_fma(poly[j][i], tj, poly[k][i] * tk) for i in (0, 1)))
+                if value[k] >= 0:
+                    kept.append(poly[k])
+            poly = kept
+    return np.array([[_fma(d2[c], b2, _fma(d1[c], b1, q[0, c])) for c in range(4)] for b1, b2 in poly], F32)
+
+
+def _fragments(v, xs, ys):
+    """(covered [h, w], depth [h, w] float64) of viewport clip-space triangle v [3, 4] on the
+    viewport pixel grid whose centres are at (xs, ys) (1/16-pixel units, [w], [h])."""
+    r = F32(1) / v[:, 3]
+    nx, ny = -xs[0] + 8, -ys[0] + 8  # 8 W, 8 H
+    p = np.stack([np.rint(v[:, 0] * r * F32(nx)), np.rint(v[:, 1] * r * F32(ny))], 1).astype(np.int64)
+    zv = np.array([_fma(v[i, 2] * Z_SCALE, r[i], F32(2.0**31)) for i in range(3)], np.float64)
+    area = (p[1, 0] - p[0, 0]) * (p[2, 1] - p[0, 1]) - (p[1, 1] - p[0, 1]) * (p[2, 0] - p[0, 0])
+    if area < 0:
+        p, zv, area = p[[0, 2, 1]], zv[[0, 2, 1]], -area
+    X, Y = xs[None, :], ys[:, None]
+    covered = np.ones((len(ys), len(xs)), bool)
+    lam = []
+    for i in range(3):
+        a, b = p[i], p[(i + 1) % 3]
+        d = b - a
+        e = (a[0] - X) * d[1] - (a[1] - Y) * d[0]  # > 0 on the inner side
+        owns = d[1] < 0 or (d[1] == 0 and d[0] > 0)  # a centre on this edge is covered
+        covered &= (e > 0) | ((e == 0) & owns)
+        lam.append(e / area if area else 0 * e)
+    # lam[i] weighs the vertex opposite edge i (i -> i + 1), i.e. vertex i + 2
+    depth = lam[1] * zv[0] + lam[2] * zv[1] + lam[0] * zv[2]
+    return covered & (area != 0), depth
 
 
 def rasterize(pos, tri, height, width):
-    """Brute-force (rast, rast_db, margin): margin [B, H, W] is how far the decision at each
-    pixel is from flipping (smallest |b_i| of the winner, depth gap to the runner-up)."""
-    e, det, lines = edge_functions(pos, tri, height, width)
-    sgn = torch.sign(det)[..., None, None, None]
-    s = e.sum(2)
-    b = e / s[:, :, None]
-    zs = pos[..., 2][:, tri.long()]
-    ws = pos[..., 3][:, tri.long()]
-    zw = (zs[..., None, None] * e).sum(2) / (ws[..., None, None] * e).sum(2)
-    inside = (e * sgn > 0).all(2) & (zw >= -1) & (zw <= 1) & (det != 0)[..., None, None]
-    depth = torch.where(inside, zw, torch.full_like(zw, float("inf")))
-    best, idx = depth.min(1)  # [B, H, W]
-    hit = torch.isfinite(best)
-    gather = idx[:, None, None].expand(-1, 1, 3, -1, -1)
-    bw = torch.gather(b, 1, gather)[:, 0]  # [B, 3, H, W]
-    rast = torch.stack([bw[:, 0], bw[:, 1], best, (idx + 1).to(F64)], -1)
-    rast = torch.where(hit[..., None], rast, torch.zeros_like(rast))
-    db = bary_derivatives(pos, tri, rast, height, width)
-    # decision margins: barycentrics of triangles that nearly cover the pixel, the depth
-    # gap to the runner-up, and the distance of z/w from the clip planes
-    near = (b > -1e-3).all(2) & (det != 0)[..., None, None]
-    inf = torch.full_like(zw, float("inf"))
-    edge_gap = torch.where(near, b.abs().amin(2), inf).amin(1)
-    clip_gap = torch.where(near, torch.minimum((zw - 1).abs(), (zw + 1).abs()), inf).amin(1)
-    second = depth.topk(2, dim=1, largest=False).values[:, 1] if depth.shape[1] > 1 else inf[:, 0]
-    depth_gap = torch.nan_to_num(second - best, nan=float("inf"))
-    return rast, db, torch.minimum(torch.minimum(edge_gap, clip_gap), depth_gap)
+    """Brute-force (rast, rast_db, margin): margin [B, H, W] is how far the depth test at
+    each pixel is from flipping, in z/w (inf where at most one triangle is in the running)."""
+    P = np.asarray(pos, F32)
+    T = np.asarray(tri, np.int64)
+    B, F = P.shape[0], len(T)
+    depth = np.full((B, F, height, width), np.inf)
+    for y0, h, ys_, yo_ in _tiles(height):
+        for x0, w, xs_, xo_ in _tiles(width):
+            xs = 16 * np.arange(w) + 8 - 8 * w
+            ys = 16 * np.arange(h) + 8 - 8 * h
+            for b in range(B):
+                for f in range(F):
+                    v = P[b, T[f]]
+                    if not np.isfinite(v).all() or (v[:, 3] <= 0).all():
+                        continue
+                    q = v.copy()
+                    q[:, 0] = [_fma(c, xs_, wv * xo_) for c, wv in zip(v[:, 0], v[:, 3])]
+                    q[:, 1] = [_fma(c, ys_, wv * yo_) for c, wv in zip(v[:, 1], v[:, 3])]
+                    c = _clipped(q)
+                    for i in range(2, len(c)):
+                        cov, d = _fragments(c[[0, i - 1, i]], xs, ys)
+                        tile = depth[b, f, y0:y0 + h, x0:x0 + w]
+                        tile[...] = np.where(cov & (d <= DEPTH_MAX), np.minimum(tile, d), tile)
+    # nearest wins; ties go to the later triangle
+    order = np.argsort(depth[:, ::-1], axis=1, kind="stable")
+    idx = F - 1 - order[:, 0]
+    best = np.take_along_axis(depth, idx[:, None], 1)[:, 0]
+    hit = np.isfinite(best)
+    second = np.take_along_axis(depth[:, ::-1], order[:, 1:2], 1)[:, 0] if F > 1 else np.full_like(best, np.inf)
+    # near-ties and fragments near the far cut are decided by nvdiffrast's rounding
+    near_far = np.where(np.isfinite(depth), np.abs(depth - DEPTH_MAX), np.inf).min(1)
+    gap = np.where(np.isfinite(second), second - np.where(hit, best, 0), np.inf)
+    margin = np.minimum(gap, near_far) / float(Z_SCALE)
+    ids = torch.from_numpy(np.where(hit, idx + 1, 0))
+    u, v, *db = barycentrics(torch.as_tensor(P, dtype=F64), torch.from_numpy(T), ids, height, width, clamp=True)
+    zw = _depth_zw(torch.as_tensor(P, dtype=F64), torch.from_numpy(T), ids, height, width)
+    rast = torch.stack([u, v, zw, ids.to(F64)], -1)
+    return rast, torch.stack(db, -1), torch.from_numpy(margin)
 
 
-def barycentrics(pos, tri, ids, height, width):
+def _depth_zw(pos, tri, ids, height, width):
+    """z/w [B, H, W] of triangle ``ids - 1`` at each pixel centre, clamped to [-1, 1]."""
+    x, y = pixel_centres(height, width)
+    t = (ids - 1).clamp(min=0).long()
+    bidx = torch.arange(pos.shape[0])[:, None, None].expand_as(t)
+    v = pos[bidx[..., None], tri.long()[t]]  # [B, H, W, 3, 4]
+    h = v[..., [0, 1, 3]]
+    p = torch.stack([x, y, torch.ones_like(x)], -1)[None, :, :, None]
+    e = [(torch.cross(h[..., (i + 1) % 3, :], h[..., (i + 2) % 3, :], dim=-1) * p[..., 0, :]).sum(-1)
+         for i in range(3)]
+    zw = sum(v[..., i, 2] * e[i] for i in range(3)) / sum(v[..., i, 3] * e[i] for i in range(3))
+    return torch.where(ids > 0, zw.clamp(-1, 1), torch.zeros_like(zw))
+
+
+def barycentrics(pos, tri, ids, height, width, clamp=False):
     """(u, v, du/dX, du/dY, dv/dX, dv/dY) [B, H, W] of triangle ``ids - 1`` at each pixel
-    (zeros where ids == 0), differentiable in pos."""
+    (zeros where ids == 0), differentiable in pos. ``clamp``: u, v clamped as nvdiffrast's
+    forward does (u, v >= 0, u + v <= 1), the derivatives taken at the clamped values."""
     x, y = pixel_centres(height, width)
     t = (ids - 1).clamp(min=0).long()
     bidx = torch.arange(pos.shape[0])[:, None, None].expand_as(t)
@@ -70,6 +167,10 @@ def barycentrics(pos, tri, ids, height, width):
     e = [(li * p).sum(-1) for li in lines]
     s = e[0] + e[1] + e[2]
     u, vv = e[0] / s, e[1] / s
+    if clamp:
+        u, vv = u.clamp(0, 1), vv.clamp(0, 1)
+        total = (u + vv).clamp(min=1)
+        u, vv = u / total, vv / total
     a = sum(li[..., 0] for li in lines)
     c = sum(li[..., 1] for li in lines)
     sx, sy = 2.0 / width, 2.0 / height
@@ -77,11 +178,6 @@ def barycentrics(pos, tri, ids, height, width):
            sx * (lines[1][..., 0] - vv * a) / s, sy * (lines[1][..., 1] - vv * c) / s]
     hit = ids > 0
     return [torch.where(hit, o, torch.zeros_like(o)) for o in out]
-
-
-def bary_derivatives(pos, tri, rast, height, width):
-    _, _, *db = barycentrics(pos, tri, rast[..., 3], height, width)
-    return torch.stack(db, -1)
 
 
 def interpolate(attr, rast, tri, rast_db=None, diff_attrs=()):

@@ -14,9 +14,9 @@ from reference_mesh import barycentrics, rasterize as ref_rasterize
 wp.config.log_level = wp.LOG_WARNING
 H, W = 13, 17  # not multiples of 16, not square
 
-# Pixels whose decision is within this of flipping (barycentric near 0 or a depth
-# near-tie) may legitimately differ between float32 and float64; |b| of 1e-4 is ~100x
-# the float32 round-off of the edge functions at these magnitudes.
+# Coverage is exact (integer edge tests on both sides); pixels whose depth test is within
+# this (in z/w) of flipping may differ between nvdiffrast's 32-bit fixed point and the
+# reference's float64 plane, which agree to ~1e-6.
 MARGIN = 1e-4
 
 
@@ -123,6 +123,74 @@ def test_watertight_shared_edges():
         assert not (alone[0] & alone[1]).any()
         np.testing.assert_array_equal(alone[0] | alone[1], ids > 0)
         assert all(alone[0][k, k] or alone[1][k, k] for k in range(2, 6))
+
+
+def grid_ids(verts, tri, size=8):
+    """Triangle ids [size, size] of an image whose vertices are given on nvdiffrast's grid
+    of 1/16 pixel (x, y from the image centre, so 64 units per NDC unit at size 8; pixel
+    (4, 4) has its centre at (8, 8)), with z/w and w = 1; checked against the reference."""
+    v = np.asarray(verts, np.float64)
+    pos = np.concatenate([v[:, :2] / (8 * size), v[:, 2:3], np.ones((len(v), 1))], 1).astype(np.float32)[None]
+    tri = np.asarray(tri, np.int32)
+    rast = mesh.rasterize(wa(pos), wa(tri, wp.int32), (size, size))[0].numpy()[0, ..., 3]
+    ref, _, margin = (x.numpy()[0] for x in ref_rasterize(t64(pos), torch.from_numpy(tri), size, size))
+    np.testing.assert_array_equal(rast[margin > MARGIN], ref[..., 3][margin > MARGIN])
+    return rast
+
+
+def test_snapping_decides_the_owner():
+    # The edge A -> B shared by L (id 1) and R (id 2) passes 0.06 pixel right of pixel
+    # (4, 4)'s centre (8, 8), so unsnapped the centre is in L. Snapped (A's x 18.5 goes to
+    # 18, half to even, B's 1.2 to 1) the edge passes left of it: nvdiffrast gives it to R.
+    a, b = (18.5, -40, 0), (1.2, 40, 0)
+    ids = grid_ids([a, b, (-40, 0, 0), (48, 0, 0)], [[2, 0, 1], [3, 1, 0]])
+    assert ids[4, 4] == 2
+    assert ids[4, 3] == 1 and ids[4, 5] == 2
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_fill_rule_on_a_snapped_edge(axis):
+    # The edge shared by two triangles lies 0.3/16 pixel past the centres of row 4
+    # (axis 1) or column 4 (axis 0): unsnapped they are on the first triangle's side;
+    # snapped the edge runs through them and the fill rule gives them to the triangle on
+    # the +y (+x) side.
+    xy = lambda p: p if axis == 1 else (p[1], p[0], p[2])  # noqa: E731
+    verts = [xy(p) for p in [(-40, 8.3, 0), (40, 8.3, 0), (0, -40, 0), (0, 56, 0)]]
+    tri = [[2, 1, 0], [3, 0, 1]] if axis == 1 else [[2, 0, 1], [3, 1, 0]]
+    ids = grid_ids(verts, tri)
+    line = ids[4, 2:6] if axis == 1 else ids[2:6, 4]
+    assert np.all(line == 2), ids
+    line = ids[3, 2:6] if axis == 1 else ids[2:6, 3]
+    assert np.all(line == 1), ids
+
+
+def test_equal_depths_go_to_the_later_triangle():
+    # Duplicates, one facing away: every covered pixel is a depth tie, won by the last.
+    ids = grid_ids([(-40, -40, 0.3), (40, -40, 0.3), (0, 40, 0.3)], [[0, 1, 2], [0, 2, 1], [1, 2, 0]])
+    assert (ids == 3).sum() > 10 and set(np.unique(ids)) == {0, 3}
+
+
+def test_depth_of_the_snapped_triangle():
+    # A slopes in z/w by -0.01 per grid unit and is 0.001 behind the flat B (z/w = 0) at
+    # pixel (4, 4)'s centre; its vertices are 0.4 units right of the grid, so snapped it
+    # moves left and is 0.003 in front there: nvdiffrast's depth test gives A.
+    xs = [-39.6, 40.4, 0.4]
+    a = [(x, y, -0.01 * (x - 8) + 0.001) for x, y in zip(xs, [-40, -40, 48])]
+    ids = grid_ids(a + [(-48, -48, 0), (48, -48, 0), (0, 48, 0)], [[0, 1, 2], [3, 4, 5]])
+    assert ids[4, 4] == 1 and ids[4, 3] == 2
+
+
+def test_wide_image_in_viewport_tiles(rng):
+    # 4100 pixels wide: nvdiffrast draws it in three viewports of 1368 pixels, each with
+    # its own snapping grid and frustum clipping.
+    h, w = 3, 4100
+    pos, tri = random_mesh(rng, batch=1, n_tri=8, spread=1.0)
+    pos[..., 1] *= 0.2  # thin triangles across the three rows
+    rast, _ = mesh.rasterize(wa(pos), wa(tri, wp.int32), (h, w))
+    ref, _, margin = (x.numpy() for x in ref_rasterize(t64(pos), torch.from_numpy(tri), h, w))
+    clear = margin > MARGIN
+    assert clear.mean() > 0.9 and (ref[..., 3] > 0).mean() > 0.1
+    np.testing.assert_array_equal(rast.numpy()[..., 3][clear], ref[..., 3][clear])
 
 
 def test_near_plane_and_behind_camera():

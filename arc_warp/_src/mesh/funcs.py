@@ -1,5 +1,5 @@
-"""@wp.func helpers shared by the mesh kernels: bit casts, triangle-id codec, triangle setup
-(vector loads and stores: ``arc_warp._src.vector_io``)."""
+"""@wp.func helpers shared by the mesh kernels: bit casts, fused multiply-add, triangle-id
+codec, per-pixel launch tiling (vector loads and stores: ``arc_warp._src.vector_io``)."""
 
 import warp as wp
 
@@ -38,42 +38,16 @@ def float_to_id(x: float) -> int:
     return float_bits(x) - 1249902592
 
 
+@wp.func_native("return fmaf(a, b, c);")
+def fma32(a: float, b: float, c: float) -> float:
+    """a * b + c rounded once, on the CPU as on the GPU (where nvcc would contract it)."""
+    ...
+
+
 @wp.func
 def homogeneous(p: wp.vec4) -> wp.vec3:
     """(x, y, w) of a clip-space position: the 2D homogeneous point the rasteriser sees."""
     return wp.vec3(p[0], p[1], p[3])
-
-
-@wp.func
-def edge_line(pa: wp.vec4, pb: wp.vec4, ia: int, ib: int) -> wp.vec3:
-    """Homogeneous 2D line through vertices a and b (``cross(a, b)``).
-
-    Computed in vertex-index order and negated when needed, so two triangles that
-    share an edge get exactly opposite lines (watertight coverage even when the
-    compiler contracts the products into FMAs)."""
-    if ia < ib:
-        return wp.cross(homogeneous(pa), homogeneous(pb))
-    return -wp.cross(homogeneous(pb), homogeneous(pa))
-
-
-@wp.func
-def owns_point_on_edge(line: wp.vec3, sgn: float) -> bool:
-    """Tie rule for a pixel centre exactly on an edge: the triangle whose inward
-    normal points to +x (or +y when vertical) owns it, so exactly one of two
-    triangles sharing the edge covers the pixel."""
-    nx = line[0] * sgn
-    return nx > 0.0 or (nx == 0.0 and line[1] * sgn > 0.0)
-
-
-@wp.func
-def edge_inside(e: float, line: wp.vec3, sgn: float) -> bool:
-    """Pixel on the inner side of one edge (``e`` its edge function); NaN is outside."""
-    s = e * sgn
-    if s > 0.0:
-        return True
-    if s == 0.0:
-        return owns_point_on_edge(line, sgn)
-    return False
 
 
 TILE = 16

@@ -1,21 +1,34 @@
-"""Rasteriser kernels: per-triangle depth test, per-pixel resolve, ARC backward into positions.
+"""Rasteriser kernels: per-triangle coverage and depth test, per-pixel resolve, ARC backward
+into positions.
 
-Coverage uses homogeneous 2D rasterisation (Olano and Greer 1997): for pixel centre
-p = (X, Y, 1) in NDC, the edge functions E_i = L_i . p with L_0 = v1 x v2 (v = (x, y, w)
-of each vertex), L_1 = v2 x v0, L_2 = v0 x v1, give the perspective-correct
-barycentrics b_i = E_i / sum(E). A pixel is covered when every E_i has the sign of
-det = L_0 . v0; the point is then in front of the eye (w > 0), so triangles crossing
-w = 0 need no geometric clipping. Near/far clipping is the per-pixel test
--1 <= z/w <= 1 on the interpolated depth, which cuts exactly along the clip planes.
+Which triangle a pixel gets follows nvdiffrast's CUDA rasteriser (cudaraster) exactly:
+
+- Viewports: an image is drawn in nvdiffrast's viewport tiles (one up to 2048 pixels a
+  side, more above), each with its own affine change of clip-space x and y.
+- Clipping: a triangle wholly outside one frustum plane (|x|, |y|, |z| <= w) is dropped;
+  one not wholly inside is clipped against the planes in float32 (on barycentrics, as
+  nvdiffrast) and drawn as a fan of sub-triangles.
+- Snapping: vertices go to a grid of 1/16 pixel: round-half-even of (x (1/w)) 8 W, origin
+  at the viewport centre, so pixel centres lie on it.
+- Coverage: exact integer edge functions of the snapped triangle, ordered
+  counter-clockwise; a pixel centre on an edge is covered when the edge runs down (-y) or
+  along +x, so two triangles sharing an edge never both cover it. Triangles of zero
+  snapped area are not drawn; both faces are.
+- Depth: nvdiffrast's 32-bit fixed-point plane of z/w, evaluated per pixel in wrapping
+  integer arithmetic; a value above DEPTH_MAX is discarded, the smallest wins, and ties go
+  to the later triangle (sub-triangles of one triangle share its id).
+
+The resolve then computes (u, v, z/w) and their derivatives as nvdiffrast's pixel shader
+does: perspective-correct, from the unsnapped float32 positions of the winning triangle.
 """
 
 import functools
 
+import numpy as np
 import warp as wp
 
 from arc_warp._src.mesh.funcs import (
-    edge_inside,
-    edge_line,
+    fma32,
     float_bits,
     float_to_id,
     homogeneous,
@@ -25,6 +38,59 @@ from arc_warp._src.mesh.funcs import (
 from arc_warp._src.arc.reduce_funcs import keyed_plan, planned_accumulator
 
 EMPTY_KEY = wp.constant(wp.int64(9223372036854775807))
+VIEWPORT_MAX = 2048
+"""Largest viewport side; nvdiffrast draws larger images in several (see ``viewport_tile``)."""
+DEPTH_MAX = wp.constant(wp.uint32(4294949695))
+"""Cleared depth, 2^32 - 1 - 17600; fragments above it are discarded."""
+Z_SCALE = wp.constant(float(np.float32(4294932095) * np.float32(0.5)))
+"""z/w -> depth: z/w * Z_SCALE + 2^31, float32 as nvdiffrast rounds (DEPTH_MAX - 17600) / 2."""
+U32_MAX = wp.constant(wp.uint32(4294967295))
+KEY_DEPTH = wp.constant(wp.int64(4294967296))
+KEY_HALF = wp.constant(wp.int64(2147483648))
+KEY_ID = wp.constant(wp.int64(2147483647))
+vec3u = wp.types.vector(length=3, dtype=wp.uint32)
+vec18 = wp.types.vector(length=18, dtype=wp.float32)
+
+
+def viewport_tile(size: int) -> int:
+    """Side of nvdiffrast's viewport tiles along an image axis of ``size`` pixels (all but
+    the last are this long): the axis, padded to 8, split evenly into tiles of at most
+    VIEWPORT_MAX, each padded to 8."""
+    padded = (size + 7) // 8 * 8
+    count = -(-padded // VIEWPORT_MAX)
+    return (-(-padded // count) + 7) // 8 * 8
+
+
+@wp.struct
+class Viewport:
+    """One viewport tile: pixels origin .. origin + size - 1, whose clip space is the
+    image's with x' = x scale + w shift (and y likewise)."""
+
+    origin: wp.vec2i
+    size: wp.vec2i
+    scale: wp.vec2
+    shift: wp.vec2
+
+
+@wp.func
+def viewport(tx: int, ty: int, width: int, height: int, tile: wp.vec2i) -> Viewport:
+    """Viewport tile (tx, ty) of a width x height image cut in tiles of ``tile`` pixels."""
+    vp = Viewport()
+    vp.origin = wp.vec2i(tx * tile[0], ty * tile[1])
+    vp.size = wp.vec2i(wp.min(width - vp.origin[0], tile[0]), wp.min(height - vp.origin[1], tile[1]))
+    w = float(vp.size[0])
+    h = float(vp.size[1])
+    vp.scale = wp.vec2(float(width) / w, float(height) / h)
+    vp.shift = wp.vec2(float(width - vp.size[0] - 2 * vp.origin[0]) / w,
+                       float(height - vp.size[1] - 2 * vp.origin[1]) / h)
+    return vp
+
+
+@wp.func
+def to_viewport(p: wp.vec4, vp: Viewport) -> wp.vec4:
+    """Clip-space position in the viewport's clip space (unchanged for a single viewport)."""
+    x = fma32(p[0], vp.scale[0], p[3] * vp.shift[0])
+    return wp.vec4(x, fma32(p[1], vp.scale[1], p[3] * vp.shift[1]), p[2], p[3])
 
 
 @wp.func
@@ -37,61 +103,305 @@ def tri_vertices(tri: wp.array(dtype=wp.vec3i), t: int, num_vertices: int) -> wp
 
 
 @wp.func
-def edge_setup(p0: wp.vec4, p1: wp.vec4, p2: wp.vec4, f: wp.vec3i) -> wp.mat33:
-    """Rows L_0, L_1, L_2: the homogeneous lines of the edges opposite each vertex."""
-    l0 = edge_line(p1, p2, f[1], f[2])
-    l1 = edge_line(p2, p0, f[2], f[0])
-    l2 = edge_line(p0, p1, f[0], f[1])
-    return wp.matrix_from_rows(l0, l1, l2)
-
-
-@wp.func
-def edge_functions(lines: wp.mat33, fx: float, fy: float) -> wp.vec3:
-    """E_i = L_i . (fx, fy, 1)."""
-    return lines * wp.vec3(fx, fy, 1.0)
-
-
-@wp.func
-def covers(lines: wp.mat33, e: wp.vec3, sgn: float) -> bool:
-    return (
-        edge_inside(e[0], lines[0], sgn) and edge_inside(e[1], lines[1], sgn) and edge_inside(e[2], lines[2], sgn)
-    )
-
-
-@wp.func
-def depth_of(e: wp.vec3, p0: wp.vec4, p1: wp.vec4, p2: wp.vec4) -> float:
-    """Interpolated z/w (linear in screen space)."""
-    z = p0[2] * e[0] + p1[2] * e[1] + p2[2] * e[2]
-    w = p0[3] * e[0] + p1[3] * e[1] + p2[3] * e[2]
-    return z / w
-
-
-@wp.func
-def depth_key(zw: float, t: int) -> wp.int64:
-    """64-bit key ordered by depth, then triangle id: an atomic min is a deterministic depth test."""
-    bits = float_bits(zw)
-    if bits < 0:  # negative floats order backwards: flip the magnitude bits
-        bits = bits ^ 2147483647
-    return (wp.int64(bits) << wp.int64(32)) | wp.int64(t)
-
-
-@wp.func
-def pixel_ndc(x: int, scale: float, offset: float) -> float:
-    """NDC coordinate of pixel centre ``x`` + 0.5 (scale = 2/size, offset = 1/size - 1)."""
-    return scale * float(x) + offset
-
-
-@wp.func
-def outside_clip(p0: wp.vec4, p1: wp.vec4, p2: wp.vec4, axis: int) -> bool:
-    """All three vertices beyond the same side of one clip plane (|coord| <= w)."""
-    return (p0[axis] > p0[3] and p1[axis] > p1[3] and p2[axis] > p2[3]) or (
-        p0[axis] < -p0[3] and p1[axis] < -p1[3] and p2[axis] < -p2[3]
-    )
-
-
-@wp.func
 def finite4(p: wp.vec4) -> bool:
     return wp.isfinite(p[0]) and wp.isfinite(p[1]) and wp.isfinite(p[2]) and wp.isfinite(p[3])
+
+
+@wp.func
+def outside_plane(q0: wp.vec4, q1: wp.vec4, q2: wp.vec4) -> bool:
+    """All three vertices strictly beyond one frustum plane (|coord| <= w): not drawn."""
+    for axis in range(3):
+        if q0[3] < q0[axis] and q1[3] < q1[axis] and q2[3] < q2[axis]:
+            return True
+        if q0[3] < -q0[axis] and q1[3] < -q1[axis] and q2[3] < -q2[axis]:
+            return True
+    return False
+
+
+@wp.func
+def in_frustum(q: wp.vec4) -> bool:
+    return q[3] >= wp.max(wp.max(wp.abs(q[0]), wp.abs(q[1])), wp.abs(q[2]))
+
+
+@wp.func
+def crosses(q0: wp.vec4, q1: wp.vec4, q2: wp.vec4, axis: int) -> bool:
+    """Some vertex beyond the frustum plane x = w or x = -w (of this axis)."""
+    return q0[3] < wp.abs(q0[axis]) or q1[3] < wp.abs(q1[axis]) or q2[3] < wp.abs(q2[axis])
+
+
+@wp.func
+def clip_plane(bary: vec18, n: int, h0: float, h1: float, h2: float):
+    """(corners, count): one Sutherland-Hodgman pass over the polygon of ``n`` corners, each
+    barycentrics (b1, b2) of the triangle, keeping where h0 + h1 b1 + h2 b2 >= 0. Order and
+    roundings are nvdiffrast's; at most 9 corners are kept (a triangle clipped by six
+    planes has no more)."""
+    out = vec18()
+    m = int(0)
+    if n >= 3:
+        a1 = bary[2 * n - 2]
+        a2 = bary[2 * n - 1]
+        ha = fma32(h2, a2, fma32(h1, a1, h0))
+        for k in range(n):
+            c1 = bary[2 * k]
+            c2 = bary[2 * k + 1]
+            hc = fma32(h2, c2, fma32(h1, c1, h0))
+            if ha * hc < 0.0 and m < 9:
+                tc = ha / (ha - hc)
+                ta = 1.0 - tc
+                out[2 * m] = fma32(a1, ta, c1 * tc)
+                out[2 * m + 1] = fma32(a2, ta, c2 * tc)
+                m += 1
+            if hc >= 0.0 and m < 9:
+                out[2 * m] = c1
+                out[2 * m + 1] = c2
+                m += 1
+            a1 = c1
+            a2 = c2
+            ha = hc
+    return out, m
+
+
+@wp.func
+def clip(q0: wp.vec4, d1: wp.vec4, d2: wp.vec4, q1: wp.vec4, q2: wp.vec4):
+    """(corners, count): the triangle q0 + b1 d1 + b2 d2 clipped to the frustum, as
+    barycentrics; an axis is clipped only where some vertex is beyond its planes."""
+    bary = vec18()
+    bary[2] = 1.0
+    bary[5] = 1.0
+    n = int(3)
+    for axis in range(3):
+        if crosses(q0, q1, q2, axis):
+            bary, n = clip_plane(bary, n, q0[3] + q0[axis], d1[3] + d1[axis], d2[3] + d2[axis])
+            bary, n = clip_plane(bary, n, q0[3] - q0[axis], d1[3] - d1[axis], d2[3] - d2[axis])
+    return bary, n
+
+
+@wp.func
+def corner(q0: wp.vec4, d1: wp.vec4, d2: wp.vec4, bary: vec18, i: int) -> wp.vec4:
+    """Clip-space position of corner ``i`` of a clipped polygon (rounded as nvdiffrast)."""
+    b1 = bary[2 * i]
+    b2 = bary[2 * i + 1]
+    return wp.vec4(
+        fma32(d2[0], b2, fma32(d1[0], b1, q0[0])),
+        fma32(d2[1], b2, fma32(d1[1], b1, q0[1])),
+        fma32(d2[2], b2, fma32(d1[2], b1, q0[2])),
+        fma32(d2[3], b2, fma32(d1[3], b1, q0[3])),
+    )
+
+
+@wp.func
+def snap_coord(c: float, rcp_w: float, scale: float) -> int:
+    """Fixed-point c / w: round-half-even, NaN -> 0 (the GPU's cvt.rni.sat; clamped into int32,
+    which in-frustum vertices are far inside)."""
+    s = (c * rcp_w) * scale
+    if s != s:
+        return 0
+    return int(wp.rint(wp.clamp(s, -2147483648.0, 2147483520.0)))
+
+
+@wp.struct
+class Snapped:
+    """A (sub-)triangle on the viewport's 1/16-pixel grid, counter-clockwise (area > 0;
+    area = 0: not drawn). ``bias`` 1 marks edges that do not cover centres on them;
+    ``lo``..``hi`` the viewport pixels of its box; ``zvert`` the vertices' depths."""
+
+    p0: wp.vec2i
+    p1: wp.vec2i
+    p2: wp.vec2i
+    bias: wp.vec3i
+    lo: wp.vec2i
+    hi: wp.vec2i
+    zvert: wp.vec3
+    area: int
+
+
+@wp.func
+def exclusive(d: wp.vec2i) -> int:
+    """1 for an edge along ``d`` that does not cover centres on it: it runs up (+y), or
+    along -x (the fill rule)."""
+    if d[1] > 0 or (d[1] == 0 and d[0] <= 0):
+        return 1
+    return 0
+
+
+@wp.func
+def snap(q0: wp.vec4, q1: wp.vec4, q2: wp.vec4, vp: Viewport) -> Snapped:
+    """Snapped triangle of viewport clip-space vertices."""
+    sx = float(vp.size[0] * 8)
+    sy = float(vp.size[1] * 8)
+    r = wp.vec3(1.0 / q0[3], 1.0 / q1[3], 1.0 / q2[3])
+    z = wp.vec3(q0[2], q1[2], q2[2])
+    s = Snapped()
+    s.p0 = wp.vec2i(snap_coord(q0[0], r[0], sx), snap_coord(q0[1], r[0], sy))
+    p1 = wp.vec2i(snap_coord(q1[0], r[1], sx), snap_coord(q1[1], r[1], sy))
+    p2 = wp.vec2i(snap_coord(q2[0], r[2], sx), snap_coord(q2[1], r[2], sy))
+    d1 = p1 - s.p0
+    d2 = p2 - s.p0
+    s.area = d1[0] * d2[1] - d1[1] * d2[0]
+    if s.area < 0:
+        s.area = -s.area
+        p1, p2 = p2, p1
+        r = wp.vec3(r[0], r[2], r[1])
+        z = wp.vec3(z[0], z[2], z[1])
+    s.p1 = p1
+    s.p2 = p2
+    s.bias = wp.vec3i(exclusive(p1 - s.p0), exclusive(p2 - p1), exclusive(s.p0 - p2))
+    s.zvert = wp.vec3(
+        fma32(z[0] * Z_SCALE, r[0], 2147483648.0),
+        fma32(z[1] * Z_SCALE, r[1], 2147483648.0),
+        fma32(z[2] * Z_SCALE, r[2], 2147483648.0),
+    )
+    # pixel x has its centre at 16 x + 8 - 8 W on the grid
+    half = vp.size * 8
+    lo = wp.vec2i(wp.min(wp.min(s.p0[0], p1[0]), p2[0]), wp.min(wp.min(s.p0[1], p1[1]), p2[1]))
+    hi = wp.vec2i(wp.max(wp.max(s.p0[0], p1[0]), p2[0]), wp.max(wp.max(s.p0[1], p1[1]), p2[1]))
+    s.lo = wp.vec2i(wp.max((lo[0] + half[0] + 7) >> 4, 0), wp.max((lo[1] + half[1] + 7) >> 4, 0))
+    s.hi = wp.vec2i(wp.min((hi[0] + half[0] - 8) >> 4, vp.size[0] - 1),
+                    wp.min((hi[1] + half[1] - 8) >> 4, vp.size[1] - 1))
+    if s.area == 0:
+        s.hi = s.lo - wp.vec2i(1, 1)
+    return s
+
+
+@wp.func
+def edge_value(a: wp.vec2i, b: wp.vec2i, sx: int, sy: int) -> int:
+    """Edge function of a -> b at grid point (sx, sy): > 0 on its left (inside)."""
+    return (a[0] - sx) * (b[1] - a[1]) - (a[1] - sy) * (b[0] - a[0])
+
+
+@wp.func
+def covers(s: Snapped, px: int, py: int, vp: Viewport) -> bool:
+    """Viewport pixel (px, py) covered: its centre inside every edge, or on one that covers it."""
+    sx = px * 16 + 8 - vp.size[0] * 8
+    sy = py * 16 + 8 - vp.size[1] * 8
+    return (
+        edge_value(s.p0, s.p1, sx, sy) >= s.bias[0]
+        and edge_value(s.p1, s.p2, sx, sy) >= s.bias[1]
+        and edge_value(s.p2, s.p0, sx, sy) >= s.bias[2]
+    )
+
+
+@wp.func
+def float_to_u32(f: float) -> wp.uint32:
+    """float -> uint32 as a CUDA cast: truncated, saturated, NaN -> 0."""
+    if not (f > 0.0):
+        return wp.uint32(0)
+    if f >= 4294967296.0:
+        return U32_MAX
+    return wp.uint32(wp.int64(f))
+
+
+@wp.func
+def wrap_mul(a: wp.int64, b: wp.int64) -> wp.int64:
+    """a * b modulo 2^64 (signed overflow wraps as on the GPU)."""
+    return wp.int64(wp.uint64(a) * wp.uint64(b))
+
+
+@wp.func
+def depth_plane(s: Snapped, vp: Viewport) -> vec3u:
+    """(a, b, c): depth at viewport pixel (px, py) is a px + b py + c modulo 2^32.
+
+    nvdiffrast's fixed-point plane through the vertex depths: depth differences scaled
+    to at most 24 bits (shift ``sh``), slopes from the float32 mantissa and exponent of
+    1/area in 64-bit integers, the constant taken at the box centre."""
+    z = s.zvert
+    sh = wp.clamp((float_bits(wp.max(wp.max(z[0], z[1]), z[2])) >> 23) - 149, 0, 8)
+    ush = wp.uint32(sh)
+    t0 = wp.int64(float_to_u32(z[0]) >> ush)
+    t1 = wp.int64(float_to_u32(z[1]) >> ush) - t0
+    t2 = wp.int64(float_to_u32(z[2]) >> ush) - t0
+    d1 = s.p1 - s.p0
+    d2 = s.p2 - s.p0
+    rcp = float_bits(1.0 / float(s.area))
+    mant = wp.int64((rcp & 8388607) | 8388608)
+    shift = 150 - (rcp >> 23) - sh
+    xc = wrap_mul(t1 * wp.int64(d2[1]) - t2 * wp.int64(d1[1]), mant)
+    yc = wrap_mul(t2 * wp.int64(d1[0]) - t1 * wp.int64(d2[0]), mant)
+    a = wp.uint32(xc >> wp.int64(shift - 4))
+    b = wp.uint32(yc >> wp.int64(shift - 4))
+    # p0 relative to pixel (0, 0)'s centre; (cx, cy) the pixel at the box centre
+    org = s.p0 + vp.size * 8 - wp.vec2i(8, 8)
+    cx = (2 * org[0] + wp.min(wp.min(d1[0], d2[0]), 0) + wp.max(wp.max(d1[0], d2[0]), 0)) >> 5
+    cy = (2 * org[1] + wp.min(wp.min(d1[1], d2[1]), 0) + wp.max(wp.max(d1[1], d2[1]), 0)) >> 5
+    off = wp.uint64(wrap_mul(xc >> wp.int64(13), wp.int64(org[0] - cx * 16)))
+    off = off + wp.uint64(wrap_mul(yc >> wp.int64(13), wp.int64(org[1] - cy * 16)))
+    c = (wp.uint32(t0) << ush) - wp.uint32(wp.int64(off) >> wp.int64(shift - 13))
+    return vec3u(a, b, c - (a * wp.uint32(cx) + b * wp.uint32(cy)))
+
+
+@wp.func
+def pixel_key(plane: vec3u, px: int, py: int, t: int) -> wp.int64:
+    """64-bit key of triangle ``t`` at viewport pixel (px, py), ordered by depth, then by
+    later triangle first (an atomic min is nvdiffrast's depth test); EMPTY_KEY if the
+    depth is above DEPTH_MAX."""
+    depth = plane[0] * wp.uint32(px) + plane[1] * wp.uint32(py) + plane[2]
+    if depth > DEPTH_MAX:
+        return EMPTY_KEY
+    return (wp.int64(depth) - KEY_HALF) * KEY_DEPTH + (KEY_ID - wp.int64(t))
+
+
+@wp.func
+def key_triangle(key: wp.int64) -> int:
+    """Triangle id of a depth key (not EMPTY_KEY)."""
+    return int(KEY_ID - (key & wp.int64(4294967295)))
+
+
+@wp.func
+def draw(s: Snapped, vp: Viewport, b: int, t: int, keys: wp.array3d(dtype=wp.int64)):
+    """Depth-tests every pixel that ``s`` covers (64-bit atomic min of the keys)."""
+    if s.area != 0:
+        plane = depth_plane(s, vp)
+        for py in range(s.lo[1], s.hi[1] + 1):
+            for px in range(s.lo[0], s.hi[0] + 1):
+                if covers(s, px, py, vp):
+                    key = pixel_key(plane, px, py, t)
+                    if key != EMPTY_KEY:
+                        wp.atomic_min(keys, b, vp.origin[1] + py, vp.origin[0] + px, key)
+
+
+@wp.struct
+class Clipped:
+    """A triangle in one viewport's clip space, as nvdiffrast draws it: ``count``
+    sub-triangles (0: culled), the triangle itself when ``whole``, else the fan of the
+    corners of its clipped polygon (barycentrics ``bary`` along d1 = q1 - q0, d2 = q2 - q0)."""
+
+    q0: wp.vec4
+    q1: wp.vec4
+    q2: wp.vec4
+    d1: wp.vec4
+    d2: wp.vec4
+    bary: vec18
+    count: int
+    whole: bool
+
+
+@wp.func
+def clipped(p0: wp.vec4, p1: wp.vec4, p2: wp.vec4, vp: Viewport) -> Clipped:
+    """Triangle p0 p1 p2 (image clip space) clipped to viewport ``vp``'s frustum."""
+    c = Clipped()
+    c.q0 = to_viewport(p0, vp)
+    c.q1 = to_viewport(p1, vp)
+    c.q2 = to_viewport(p2, vp)
+    if outside_plane(c.q0, c.q1, c.q2):
+        return c
+    c.whole = in_frustum(c.q0) and in_frustum(c.q1) and in_frustum(c.q2)
+    c.count = 1
+    if not c.whole:
+        c.d1 = c.q1 - c.q0
+        c.d2 = c.q2 - c.q0
+        bary, n = clip(c.q0, c.d1, c.d2, c.q1, c.q2)
+        c.bary = bary
+        c.count = wp.max(n - 2, 0)
+    return c
+
+
+@wp.func
+def piece(c: Clipped, i: int, vp: Viewport) -> Snapped:
+    """Sub-triangle ``i`` of ``c``, snapped."""
+    if c.whole:
+        return snap(c.q0, c.q1, c.q2, vp)
+    return snap(corner(c.q0, c.d1, c.d2, c.bary, 0), corner(c.q0, c.d1, c.d2, c.bary, i + 1),
+                corner(c.q0, c.d1, c.d2, c.bary, i + 2), vp)
 
 
 @wp.func
@@ -110,42 +420,18 @@ BIG_TRIANGLE_PIXELS = 1024
 
 
 @wp.func
-def triangle_key(
-    p0: wp.vec4, p1: wp.vec4, p2: wp.vec4, lines: wp.mat33, sgn: float, t: int, fx: float, fy: float
-) -> wp.int64:
-    """Depth key of triangle ``t`` at NDC (fx, fy), or EMPTY_KEY if it does not cover it."""
-    e = edge_functions(lines, fx, fy)
-    if covers(lines, e, sgn):
-        zw = depth_of(e, p0, p1, p2)
-        if zw >= -1.0 and zw <= 1.0:
-            return depth_key(zw, t)
-    return EMPTY_KEY
-
-
-@wp.func
-def triangle_setup(pos: wp.array2d(dtype=wp.vec4), tri: wp.array(dtype=wp.vec3i), vb: int, t: int):
-    """(f, lines, sign of det): ``f[0] < 0`` when the triangle is not drawn (corrupt, NaN,
-    behind the eye, outside one clip plane, or zero homogeneous area)."""
+def drawn_vertices(pos: wp.array2d(dtype=wp.vec4), tri: wp.array(dtype=wp.vec3i), vb: int, t: int) -> wp.vec3i:
+    """Vertex indices of triangle ``t``, or ``f[0] < 0`` when it is not drawn (an index out
+    of range, a non-finite coordinate, or every w <= 0)."""
     f = tri_vertices(tri, t, pos.shape[1])
-    lines = wp.mat33(0.0)
-    sgn = float(0.0)
     if f[0] < 0:
-        return f, lines, sgn
+        return f
     p0 = pos[vb, f[0]]
     p1 = pos[vb, f[1]]
     p2 = pos[vb, f[2]]
-    culled = not (finite4(p0) and finite4(p1) and finite4(p2))
-    culled = culled or (p0[3] <= 0.0 and p1[3] <= 0.0 and p2[3] <= 0.0)
-    if not culled:
-        culled = outside_clip(p0, p1, p2, 0) or outside_clip(p0, p1, p2, 1) or outside_clip(p0, p1, p2, 2)
-    if not culled:
-        lines = edge_setup(p0, p1, p2, f)
-        det = wp.dot(lines[0], homogeneous(p0))
-        culled = det == 0.0 or not wp.isfinite(det)
-        sgn = wp.sign(det)
-    if culled:
-        f = wp.vec3i(-1, -1, -1)
-    return f, lines, sgn
+    if not (finite4(p0) and finite4(p1) and finite4(p2)) or (p0[3] <= 0.0 and p1[3] <= 0.0 and p2[3] <= 0.0):
+        return wp.vec3i(-1, -1, -1)
+    return f
 
 
 @wp.kernel(enable_backward=False, module="unique")
@@ -156,10 +442,7 @@ def raster_depth(
     instanced: int,
     width: int,
     height: int,
-    xs: float,
-    xo: float,
-    ys: float,
-    yo: float,
+    tile: wp.vec2i,  # viewport tile size (viewport_tile of width, height)
     keys: wp.array3d(dtype=wp.int64),  # (B, H, W), EMPTY_KEY where empty
     big: wp.array(dtype=wp.vec4i),  # (B*F,) deferred big triangles: (image, triangle, 0, 0)
     big_box: wp.array(dtype=wp.vec4i),  # (B*F,) their pixel boxes (x0, x1, y0, y1)
@@ -173,7 +456,7 @@ def raster_depth(
         return
     t = r[0] + k
     vb = b * instanced
-    f, lines, sgn = triangle_setup(pos, tri, vb, t)
+    f = drawn_vertices(pos, tri, vb, t)
     if f[0] < 0:
         return
     p0 = pos[vb, f[0]]
@@ -190,12 +473,12 @@ def raster_depth(
         big[slot] = wp.vec4i(b, t, 0, 0)
         big_box[slot] = wp.vec4i(xr[0], xr[1], yr[0], yr[1])
         return
-    for y in range(yr[0], yr[1] + 1):
-        fy = pixel_ndc(y, ys, yo)
-        for x in range(xr[0], xr[1] + 1):
-            key = triangle_key(p0, p1, p2, lines, sgn, t, pixel_ndc(x, xs, xo), fy)
-            if key != EMPTY_KEY:
-                wp.atomic_min(keys, b, y, x, key)
+    for ty in range(yr[0] // tile[1], yr[1] // tile[1] + 1):
+        for tx in range(xr[0] // tile[0], xr[1] // tile[0] + 1):
+            vp = viewport(tx, ty, width, height, tile)
+            c = clipped(p0, p1, p2, vp)
+            for i in range(c.count):
+                draw(piece(c, i, vp), vp, b, t, keys)
 
 
 @wp.kernel(enable_backward=False, module="unique")
@@ -203,10 +486,9 @@ def raster_big(
     pos: wp.array2d(dtype=wp.vec4),
     tri: wp.array(dtype=wp.vec3i),
     instanced: int,
-    xs: float,
-    xo: float,
-    ys: float,
-    yo: float,
+    width: int,
+    height: int,
+    tile: wp.vec2i,
     big: wp.array(dtype=wp.vec4i),
     big_box: wp.array(dtype=wp.vec4i),
     big_count: wp.array(dtype=wp.int32),
@@ -216,33 +498,27 @@ def raster_big(
     holds the pixel (runs after :func:`raster_depth`, so plain min-and-store is safe)."""
     b, y, x = wp.tid()
     best = keys[b, y, x]
-    fx = pixel_ndc(x, xs, xo)
-    fy = pixel_ndc(y, ys, yo)
+    vp = viewport(x // tile[0], y // tile[1], width, height, tile)
+    px = x - vp.origin[0]
+    py = y - vp.origin[1]
+    vb = b * instanced
     for k in range(big_count[0]):
         item = big[k]
         box = big_box[k]
         if item[0] == b and x >= box[0] and x <= box[1] and y >= box[2] and y <= box[3]:
-            vb = b * instanced
-            f, lines, sgn = triangle_setup(pos, tri, vb, item[1])
-            key = triangle_key(pos[vb, f[0]], pos[vb, f[1]], pos[vb, f[2]], lines, sgn, item[1], fx, fy)
-            best = wp.min(best, key)
+            f = tri[item[1]]
+            c = clipped(pos[vb, f[0]], pos[vb, f[1]], pos[vb, f[2]], vp)
+            for i in range(c.count):
+                s = piece(c, i, vp)
+                if s.area != 0 and covers(s, px, py, vp):
+                    best = wp.min(best, pixel_key(depth_plane(s, vp), px, py, item[1]))
     keys[b, y, x] = best
 
 
 @wp.func
-def bary_derivatives(lines: wp.mat33, e: wp.vec3, xs: float, ys: float) -> wp.vec4:
-    """(du/dX, du/dY, dv/dX, dv/dY) in pixel units, exact for perspective."""
-    s = e[0] + e[1] + e[2]
-    u = e[0] / s
-    v = e[1] / s
-    a = lines[0][0] + lines[1][0] + lines[2][0]
-    c = lines[0][1] + lines[1][1] + lines[2][1]
-    return wp.vec4(
-        xs * (lines[0][0] - u * a) / s,
-        ys * (lines[0][1] - u * c) / s,
-        xs * (lines[1][0] - v * a) / s,
-        ys * (lines[1][1] - v * c) / s,
-    )
+def pixel_ndc(x: int, scale: float, offset: float) -> float:
+    """NDC coordinate of pixel centre ``x`` + 0.5 (scale = 2/size, offset = 1/size - 1)."""
+    return scale * float(x) + offset
 
 
 @wp.kernel(enable_backward=False, module="unique")
@@ -260,7 +536,11 @@ def raster_resolve(
     big_count: wp.array(dtype=wp.int32),  # (1,) reset to 0, as the keys to EMPTY_KEY
 ):
     """Writes each pixel's rast/rast_db from its depth key, and leaves the keys and the
-    big-triangle count cleared for the next call (so they need no fill before it)."""
+    big-triangle count cleared for the next call (so they need no fill before it).
+
+    The arithmetic is nvdiffrast's pixel shader's, in its order: edge functions of the
+    vertices relative to the pixel's NDC centre (fx, fy), u, v and z/w clamped, the
+    derivatives from the clamped u, v."""
     b, y, x = wp.tid()
     key = keys[b, y, x]
     keys[b, y, x] = EMPTY_KEY
@@ -270,22 +550,41 @@ def raster_resolve(
         rast[b, y, x] = wp.vec4(0.0)
         rast_db[b, y, x] = wp.vec4(0.0)
         return
-    t = int(key & wp.int64(2147483647))
+    t = key_triangle(key)
     f = tri[t]
     vb = b * instanced
     p0 = pos[vb, f[0]]
     p1 = pos[vb, f[1]]
     p2 = pos[vb, f[2]]
-    lines = edge_setup(p0, p1, p2, f)
-    e = edge_functions(lines, pixel_ndc(x, xs, xo), pixel_ndc(y, ys, yo))
-    s = e[0] + e[1] + e[2]
-    # clamp as nvdiffrast does: u, v >= 0 and u + v <= 1 despite round-off
-    u = wp.clamp(e[0] / s, 0.0, 1.0)
-    v = wp.clamp(e[1] / s, 0.0, 1.0)
-    uv_sum = wp.max(u + v, 1.0)
-    zw = wp.clamp(depth_of(e, p0, p1, p2), -1.0, 1.0)
-    rast[b, y, x] = wp.vec4(u / uv_sum, v / uv_sum, zw, id_to_float(t + 1))
-    rast_db[b, y, x] = bary_derivatives(lines, e, xs, ys)
+    fx = pixel_ndc(x, xs, xo)
+    fy = pixel_ndc(y, ys, yo)
+    p0x = p0[0] - fx * p0[3]
+    p0y = p0[1] - fy * p0[3]
+    p1x = p1[0] - fx * p1[3]
+    p1y = p1[1] - fy * p1[3]
+    p2x = p2[0] - fx * p2[3]
+    p2y = p2[1] - fy * p2[3]
+    a0 = p1x * p2y - p1y * p2x
+    a1 = p2x * p0y - p2y * p0x
+    a2 = p0x * p1y - p0y * p1x
+    iw = 1.0 / (a0 + a1 + a2)
+    zw = (p0[2] * a0 + p1[2] * a1 + p2[2] * a2) / (p0[3] * a0 + p1[3] * a1 + p2[3] * a2)
+    # u, v >= 0 and u + v <= 1 despite round-off (and centres a snap away from the triangle)
+    u = wp.clamp(a0 * iw, 0.0, 1.0)
+    v = wp.clamp(a1 * iw, 0.0, 1.0)
+    scale = 1.0 / wp.max(u + v, 1.0)
+    u = u * scale
+    v = v * scale
+    rast[b, y, x] = wp.vec4(u, v, wp.clamp(zw, -1.0, 1.0), id_to_float(t + 1))
+    dx = xs * iw
+    dy = ys * iw
+    a0x = p2[1] * p1[3] - p1[1] * p2[3]
+    a0y = p1[0] * p2[3] - p2[0] * p1[3]
+    a1x = p0[1] * p2[3] - p2[1] * p0[3]
+    a1y = p2[0] * p0[3] - p0[0] * p2[3]
+    ax = a0x + a1x + (p1[1] * p0[3] - p0[1] * p1[3])
+    ay = a0y + a1y + (p0[0] * p1[3] - p1[0] * p0[3])
+    rast_db[b, y, x] = wp.vec4(dx * (u * ax - a0x), dy * (u * ay - a0y), dx * (v * ax - a1x), dy * (v * ay - a1y))
 
 
 @wp.func
@@ -293,8 +592,8 @@ def line_grads(lines: wp.mat33, fx: float, fy: float, g: wp.vec4, gdb: wp.vec4, 
     """dL/dL_i (rows) of one pixel, given dL/d(u, v) in ``g[0:2]`` and dL/d(rast_db) in ``gdb``.
 
     u = E_0/S, v = E_1/S, S = sum E_i, E_i = a_i X + b_i Y + c_i with L_i = (a_i, b_i, c_i);
-    the derivatives are (a_0 - u A)/S etc. with A = sum a_i, B = sum b_i (see
-    :func:`bary_derivatives`)."""
+    the derivatives are (a_0 - u A)/S etc. with A = sum a_i, B = sum b_i (as
+    :func:`raster_resolve` writes them, there with the clamped u, v)."""
     e = lines * wp.vec3(fx, fy, 1.0)
     s = e[0] + e[1] + e[2]
     u = e[0] / s

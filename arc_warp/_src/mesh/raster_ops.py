@@ -25,7 +25,14 @@ from arc_warp._src.mesh.common import (
 from arc_warp._src.mesh.geometry import geometry
 from arc_warp._src.mesh.plan import Plan, pair, prepared
 from arc_warp._src.validate import check_resolution
-from arc_warp._src.mesh.raster_kernels import EMPTY_KEY, make_raster_bwd, raster_big, raster_depth, raster_resolve
+from arc_warp._src.mesh.raster_kernels import (
+    EMPTY_KEY,
+    make_raster_bwd,
+    raster_big,
+    raster_depth,
+    raster_resolve,
+    viewport_tile,
+)
 
 
 @functools.lru_cache(maxsize=64)
@@ -53,16 +60,17 @@ def rasterize(
     image row 0 is at NDC y = -1 (nvdiffrast's bottom-up memory order). Barycentrics are
     perspective-correct; u weights vertex 0 and v vertex 1. Both faces are drawn.
 
-    Clipping and culling: a pixel is covered when its centre is inside the triangle's
-    projection, the surface point there is in front of the eye (w > 0), and
-    -1 <= z/w <= 1. Triangles crossing the near plane are therefore clipped exactly per
-    pixel (no geometric clipping; u, v stay relative to the original triangle).
-    Triangles with all w <= 0, zero (homogeneous) area, any vertex index outside
-    [0, V), or any non-finite coordinate are not drawn and get no gradient.
-
-    Depth test: the nearest z/w wins, ties go to the lowest triangle id; it is a 64-bit
-    (depth | id) atomic min, so ``rast`` has the same bits on every run. Pixel centres
-    exactly on a shared edge belong to exactly one of the two triangles.
+    Coverage and depth test are nvdiffrast's CUDA rasteriser's, so each pixel gets the
+    triangle nvdiffrast gives it: triangles are clipped to the view frustum
+    (|x|, |y|, |z| <= w) and their vertices snapped to a 1/16-pixel grid; a pixel is
+    covered when its centre is inside the snapped triangle (exact integer edge tests; a
+    centre on a shared edge belongs to exactly one of the two triangles). The nearest
+    depth wins, in nvdiffrast's 32-bit fixed point of z/w; ties go to the later
+    triangle. It is a 64-bit (depth | id) atomic min, so ``rast`` has the same bits on
+    every run. u, v and z/w are then computed from the unsnapped positions (u, v stay
+    relative to the original triangle, also where it was clipped). Triangles with zero
+    area after snapping, all w <= 0, any vertex index outside [0, V), or any
+    non-finite coordinate are not drawn and get no gradient.
 
     Args:
         grad_db: propagate gradients of ``rast_db`` into ``pos`` (tape and
@@ -115,9 +123,10 @@ def _plan_forward(plan: Plan, pos, tri, resolution, ranges, reduce, threshold, o
         # triangles with big pixel boxes are queued and tested per pixel (no host readback)
         big = scratch(ws, "mesh_raster_big", b * geom.max_count, wp.vec4i, device)
         big_box = scratch(ws, "mesh_raster_big_box", b * geom.max_count, wp.vec4i, device)
+        tile = wp.vec2i(viewport_tile(width), viewport_tile(height))
         plan.launch(raster_depth, (b, geom.max_count), [geom.pos, geom.tri, geom.ranges, geom.instanced, width,
-                                                        height, xs, xo, ys, yo, keys, big, big_box, big_count], device)
-        plan.launch(raster_big, (b, height, width), [geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo, big,
+                                                        height, tile, keys, big, big_box, big_count], device)
+        plan.launch(raster_big, (b, height, width), [geom.pos, geom.tri, geom.instanced, width, height, tile, big,
                                                      big_box, big_count, keys], device)
     plan.launch(raster_resolve, (b, height, width), [keys, geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo,
                                                       vec4_view(ws, rast), vec4_view(ws, rast_db), big_count], device)
