@@ -17,8 +17,9 @@ What differs from nvdiffrast:
 - no depth peeling (``DepthPeeler``), no cube maps (``boundary_mode='cube'``), and
   ``texture(mip=...)`` takes only ``texture_construct_mip``'s result (not a list of
   custom levels);
-- coverage is exact per pixel (no fixed-point snapping); triangles crossing the near
-  plane are clipped per pixel, with barycentrics relative to the original triangle;
+- coverage and the depth test follow nvdiffrast's CUDA rasterizer bit for bit
+  (frustum clipping, vertices snapped to 1/16 pixel, its fill rule and fixed-point
+  depth, ties to the later triangle); non-finite vertices cull their triangle;
 - backward gradients are exact derivatives (nvdiffrast adds small epsilons to two
   denominators in rasterize's and antialias's backward);
 - ``ranges`` may be a CPU or CUDA int32 tensor (it is read on the host);
