@@ -113,5 +113,7 @@ def test_texture_unaligned_views_match_aligned(channels):
     want = run(*on("cuda", tex, uv, g), None)
     (tx, keep_t), (u, keep_u), (gg, keep_g), (out, keep_o) = (shifted(a) for a in (tex, uv, g, np.zeros_like(want[0])))
     got = run(tx, u, gg, out)
-    for w_, g_ in zip(want, got):
-        np.testing.assert_allclose(g_, w_, rtol=1e-6, atol=1e-6)  # same sums; atomics may reorder the texel ones
+    # the texel gradients are float32 sums of many atomic adds, whose order varies from run
+    # to run (measured 4e-6 relative apart once); a wrong access path is off by O(1)
+    for w_, g_, tol in zip(want, got, (1e-6, 2e-5, 1e-6)):
+        np.testing.assert_allclose(g_, w_, rtol=tol, atol=tol)
