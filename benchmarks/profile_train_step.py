@@ -165,8 +165,8 @@ def _host_breakdown(step, reps):
 def _timeline(render, step_rest, reps):
     """[(phase, median us from the phase's start, event)] over ``reps`` synchronised steps:
     the entries and exits of the HOST_PARTS functions (the k-th of a name's calls marked
-    #k) in the render call ("render") and in ``loss.backward()`` ("backward"), in order
-    (see the module notes)."""
+    #k) in the render call ("render") and in ``loss.backward()`` ("backward"), in order,
+    for those in at least half of the steps (see the module notes)."""
     stamps = []
 
     def make_wrapper(fn, path):
@@ -195,7 +195,8 @@ def _timeline(render, step_rest, reps):
                 seen[phase, label] += 1
                 n = seen[phase, label]
                 offsets[phase, label if n == 1 else f"{label} #{n}"].append((t - base) * 1e6)
-    rows = [(phase, float(np.median(v)), label) for (phase, label), v in offsets.items()]
+    # a part run in only some steps (a capture, a re-prepared call) is left out
+    rows = [(phase, float(np.median(v)), label) for (phase, label), v in offsets.items() if 2 * len(v) >= reps]
     return sorted(rows, key=lambda r: (r[0] != "render", r[1]))
 
 
