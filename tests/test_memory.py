@@ -125,21 +125,31 @@ def test_missing_cotangents_equal_zero_images(rng, reduce, absgrad):
             np.testing.assert_array_equal(got, want)
 
 
-def test_torch_training_loop_holds_one_frame(rng):
+def _torch_renderer(scene):
+    """``render()`` -> rasterization's (image, alphas, meta) of ``scene`` on the CPU through one
+    RenderContext, with grad on the means; and that context."""
     torch = pytest.importorskip("torch")
     from arc_warp_torch import RenderContext, rasterization
 
-    scene = random_scene(rng, n=500, width=40, height=32, sh_degree=1)
     t = {k: torch.tensor(np.asarray(getattr(scene, k)), dtype=torch.float32)
          for k in ("means", "quats", "scales", "opacities", "colors")}
-    means = t["means"].clone().requires_grad_(True)
+    t["means"].requires_grad_(True)
     viewmats = torch.tensor(scene.world_to_camera, dtype=torch.float32)[None]
     ks = torch.tensor([[[scene.fx, 0, scene.cx], [0, scene.fy, scene.cy], [0, 0, 1]]], dtype=torch.float32)
     context = RenderContext("cpu")
+
+    def render():
+        return rasterization(t["means"], t["quats"], t["scales"], t["opacities"], t["colors"], viewmats, ks,
+                             scene.width, scene.height, context=context)
+
+    return render, context, t["means"]
+
+
+def test_torch_training_loop_holds_one_frame(rng):
+    render, context, _ = _torch_renderer(random_scene(rng, n=500, width=40, height=32, sh_degree=1))
     img = None
     for _ in range(3):  # the previous image is still referenced while the next one renders
-        img = rasterization(means, t["quats"], t["scales"], t["opacities"], t["colors"], viewmats, ks,
-                            scene.width, scene.height, context=context)[0]
+        img = render()[0]
         img.sum().backward()
     assert {b.frame for b in context.workspace.memory_report()} == {0, 1}
 
@@ -149,23 +159,13 @@ def test_torch_backward_drops_what_only_the_backward_needed(rng):
     its outputs' frame (so the optimizer step that follows does not hold them), while the
     loss (and so the node) is still alive; with retain_graph it keeps them for a second
     backward, which then gives the same gradients."""
-    torch = pytest.importorskip("torch")
     import gc
     import weakref
 
-    from arc_warp_torch import RenderContext, rasterization
-
-    scene = random_scene(rng, n=300, width=32, height=24, sh_degree=0)
-    t = {k: torch.tensor(np.asarray(getattr(scene, k)), dtype=torch.float32)
-         for k in ("means", "quats", "scales", "opacities", "colors")}
-    means = t["means"].clone().requires_grad_(True)
-    viewmats = torch.tensor(scene.world_to_camera, dtype=torch.float32)[None]
-    ks = torch.tensor([[[scene.fx, 0, scene.cx], [0, scene.fy, scene.cy], [0, 0, 1]]], dtype=torch.float32)
-    context = RenderContext("cpu")
+    render_images, _, means = _torch_renderer(random_scene(rng, n=300, width=32, height=24, sh_degree=0))
 
     def render():
-        img, _, meta = rasterization(means, t["quats"], t["scales"], t["opacities"], t["colors"], viewmats, ks,
-                                     scene.width, scene.height, context=context)
+        img, _, meta = render_images()
         return img.sum(), weakref.ref(meta["radii"]), img.grad_fn
 
     loss, radii, node = render()
