@@ -38,7 +38,7 @@ import torch
 
 import arc_warp.mesh as core
 import arc_warp_torch.mesh as ours
-from bench_train_step import behind_spin
+from bench_train_step import behind_spin, event_ms
 
 MODES = ("atomic", "warp", "arc", "floor")
 
@@ -70,12 +70,7 @@ def timed_all(fns: dict, reps: int, hidden: bool = False, rounds: int = 3) -> di
                     times[k].append(behind_spin(fns[k])[0])
                 elif cuda:
                     torch.cuda.synchronize()
-                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                    start.record()
-                    fns[k]()
-                    end.record()
-                    end.synchronize()
-                    times[k].append(start.elapsed_time(end))
+                    times[k].append(event_ms(fns[k])[0])
                 else:
                     t0 = time.perf_counter()
                     fns[k]()
@@ -185,6 +180,17 @@ def bench_interp_raster(size, n_tri, reps, results, which):
         run_pair("interp", make_i, (attr, rast), reps, results)
 
 
+def chain(lib, ctx, topo, pos, tri, uv, tex, size: int, mode: str | None):
+    """The fit demo's four ops through ``lib`` (ours or nvdiffrast.torch): rasterize at
+    ``size``², interpolate ``uv`` with derivatives, mipmapped ``tex``, antialias; ``mode``
+    None: the library's default reduction (nvdiffrast has no ``reduce=``)."""
+    kw = {"reduce": mode} if mode else {}
+    rast, db = lib.rasterize(ctx, pos, tri, (size, size), **kw)
+    texc, texd = lib.interpolate(uv[None], rast, tri, rast_db=db, diff_attrs="all", **kw)
+    color = lib.texture(tex, texc, texd, filter_mode="linear-mipmap-linear", **kw)
+    return lib.antialias(color, rast, pos, tri, topology_hash=topo, **kw)
+
+
 def bench_chain(size, n_tri, tex_size, reps, results):
     pos, tri, uv = sphere(n_tri, DEVICE)
     pos.requires_grad_(True)
@@ -197,11 +203,7 @@ def bench_chain(size, n_tri, tex_size, reps, results):
 
     def make(lib, mode):
         key = "ours" if lib is ours else "nvdiffrast"
-        kw = {"reduce": mode} if mode else {}
-        rast, db = lib.rasterize(ctxs[key], pos, tri, (size, size), **kw)
-        texc, texd = lib.interpolate(uv[None], rast, tri, rast_db=db, diff_attrs="all", **kw)
-        color = lib.texture(tex, texc, texd, filter_mode="linear-mipmap-linear", **kw)
-        return lib.antialias(color, rast, pos, tri, topology_hash=topo[key], **kw)
+        return chain(lib, ctxs[key], topo[key], pos, tri, uv, tex, size, mode)
 
     run_pair("chain", make, (pos, tex), reps, results)
 

@@ -413,17 +413,23 @@ def _spin_cycles_per_ms() -> float:
     return cycles / start.elapsed_time(end)
 
 
-def behind_spin(call):
-    """Device ms of ``call()`` queued behind a SPIN_MS spin kernel, from the spin's end
-    (see the module notes), and its result."""
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(SPIN_MS * _spin_cycles_per_ms()))
+def event_ms(call):
+    """ms between CUDA events recorded on the current stream before and after ``call()``,
+    and its result."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     result = call()
     end.record()
     end.synchronize()
     return start.elapsed_time(end), result
+
+
+def behind_spin(call):
+    """Device ms of ``call()`` queued behind a SPIN_MS spin kernel, from the spin's end
+    (see the module notes), and its result."""
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(SPIN_MS * _spin_cycles_per_ms()))
+    return event_ms(call)
 
 
 def _host_hidden(lib, params, viewmats, ks, target, reps):

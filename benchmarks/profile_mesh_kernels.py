@@ -36,14 +36,8 @@ def main(argv=None):
     tex = torch.rand(1, 2048, 2048, 3, device=device).requires_grad_(True)
     ctx, topo = ours.RasterizeCudaContext(), ours.antialias_construct_topology_hash(tri)
 
-    def chain(mode):
-        rast, db = ours.rasterize(ctx, pos, tri, (1024, 1024), reduce=mode)
-        texc, texd = ours.interpolate(uv[None], rast, tri, rast_db=db, diff_attrs="all", reduce=mode)
-        color = ours.texture(tex, texc, texd, filter_mode="linear-mipmap-linear", reduce=mode)
-        return ours.antialias(color, rast, pos, tri, topology_hash=topo, reduce=mode)
-
     for mode in args.modes:
-        out = chain(mode)
+        out = bench_mesh.chain(ours, ctx, topo, pos, tri, uv, tex, 1024, mode)
         g = torch.randn_like(out)
         for _ in range(5):  # warm-up: kernels compiled, plans made
             torch.autograd.grad(out, (pos, tex), g, retain_graph=True)

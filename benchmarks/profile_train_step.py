@@ -253,6 +253,15 @@ def _forward_host(render, step_rest, reps):
     return fwd / reps * 1e6, bwd / reps * 1e6, spent[1] / reps, spent[0] / reps * 1e6, nodes
 
 
+def _steady(step, device=None, cuda_option=None):
+    """Runs ``step`` past the warm-up in which graphs are captured; ``cuda_option`` names an
+    option that measures the CUDA path (SystemExit on another ``device``)."""
+    if cuda_option is not None and device.type != "cuda":
+        raise SystemExit(f"{cuda_option} measures the CUDA path")
+    for _ in range(25):
+        step()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--n", type=int, default=300_000)
@@ -309,10 +318,7 @@ def main():
         stats.sort_stats("cumulative").print_stats(40)
         return
     if args.forward_host:
-        if device.type != "cuda":
-            raise SystemExit("--forward-host measures the CUDA path")
-        for _ in range(25):  # past the warm-up in which graphs are captured
-            step()
+        _steady(step, device, "--forward-host")
         fwd, bwd, launches, launch_us, nodes = _forward_host(render, rest, args.forward_host)
         print(f"N={args.n} C={args.cameras} {args.regime} {args.lib}: render call {fwd:.1f} us, loss.backward() "
               f"call {bwd:.1f} us, {launches:.2f} graph launches per step taking {launch_us:.1f} us")
@@ -322,18 +328,14 @@ def main():
             print(f"  {count} graph(s) of {sum(n for _, n in shape)} nodes: {dict(shape)}")
         return
     if args.timeline:
-        if device.type != "cuda":
-            raise SystemExit("--timeline measures the CUDA path")
-        for _ in range(25):  # past the warm-up in which graphs are captured
-            step()
+        _steady(step, device, "--timeline")
         print(f"N={args.n} C={args.cameras} {args.regime} {args.lib}: median host us from the start of the render "
               "call / of loss.backward(), > entry, < exit")
         for phase, us, label in _timeline(render, rest, args.timeline):
             print(f"  {phase:8s} {us:8.1f}  {label}")
         return
     if args.host_breakdown:
-        for _ in range(25):  # past the warm-up in which graphs are captured
-            step()
+        _steady(step)
         parts = _host_breakdown(step, args.host_breakdown)
         if device.type == "cuda":
             torch.cuda.synchronize()
