@@ -103,6 +103,8 @@ class RenderContext:
         # (viewmats, Ks, what they were, DeviceCameras) of the last call (rasterization's `_cameras`)
         self.last_cameras = None
         self._settings = {}  # option values -> RenderSettings (see `settings`)
+        # rasterization's call key -> what its checks made of such a call (`keep_checked_call`)
+        self.checked_calls = {}
         self._pooling = False  # inside `outputs()`
         self.cameras = {}  # host camera values and image size -> arc_warp.Camera (bounded)
         self._intrinsics = {}  # (fx, fy, cx, cy) -> [1, 3, 3] device K (bounded)
@@ -112,6 +114,15 @@ class RenderContext:
         this device and torch's current stream, as (pointer, the tensor holding it)."""
         t = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
         return t.data_ptr(), t
+
+    def keep_checked_call(self, key: tuple, checked: tuple) -> None:
+        """Keep what `rasterization` made of a call's arguments (SH degree, cameras,
+        settings, whether gradients are needed) by ``key``: a call whose tensors (memory,
+        shape, dtype, device, requires_grad, contiguity) and options are the same passes
+        the same checks, so a training step skips them (`rasterization`'s `_call_key`)."""
+        if len(self.checked_calls) >= 64:  # bounded: pointers of freed memory pile up
+            self.checked_calls.clear()
+        self.checked_calls[key] = checked
 
     def camera(self, fx, fy, cx, cy, width, height, world_to_camera, near, far) -> Camera:
         """The Camera of these values, made (and validated) once: a training loop revisits
@@ -463,54 +474,23 @@ class _RaiseOnDoubleBackward(torch.autograd.Function):
 class _RenderGaussians(torch.autograd.Function):
     """(means, quats, scales, opacities, colors) -> (color, alpha, depth, expected_depth,
     radii), or without the two depth images when `depths` is False (fewer outputs: less
-    autograd bookkeeping per call), for C cameras of one size, written into tensors
-    allocated once per call (the images are views of one block, which lives while any of
-    them does; without `depths` the depth images are neither allocated nor written); the
-    projected means go into `means2d_out`. Backward runs the core backward of the C
-    cameras (`backwards_checked`) into one gradient buffer: the first camera writes every
-    entry, the others add."""
+    autograd bookkeeping per call), for C cameras of one size: the node of a render
+    `_queue_render` queued just before it (so the device starts before torch's autograd
+    bookkeeping runs), whose outputs it returns; the projected means went into
+    `means2d_out`. Backward runs the core backward of the C cameras
+    (`backwards_checked`) into one gradient buffer: the first camera writes every entry,
+    the others add."""
 
     @staticmethod
-    def forward(ctx, context, cameras, settings, depths, defer, means2d_out, sink, sink_tensor,
-                means, quats, scales, opacities, colors):
+    def forward(ctx, context, queued, sink, sink_tensor, means, quats, scales, opacities, colors):
         ctx.set_materialize_grads(False)
-        c, n = len(cameras), means.shape[0]
-        size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
-        h, w = size.height, size.width
-        with context.outputs():
-            # the images are views of one allocation: one allocator call, not four; without
-            # depths the depth images are empty, which the rasteriser leaves unwritten
-            plane = c * h * w
-            block = means.new_empty((6 if depths else 4) * plane)
-            depth_images = ((block.as_strided((c, h, w), (h * w, w, 1), k * plane) for k in (4, 5)) if depths
-                            else (block.as_strided((c, 0, 0), (0, 0, 0)),) * 2)
-            images = (block.as_strided((c, h, w, 3), (3 * h * w, 3 * w, 3, 1)),
-                      block.as_strided((c, h, w), (h * w, w, 1), 3 * plane), *depth_images)
-            radii = torch.empty((c, n, 2), dtype=torch.int32, device=means.device)
-        inputs = (means, quats, scales, opacities, colors)
-        # one lookup by every pointer and size the Warp views depend on (the images' layout
-        # in their block is fixed by c, h, w)
-        key = ("forward", means.data_ptr(), quats.data_ptr(), scales.data_ptr(), opacities.data_ptr(),
-               colors.data_ptr(), colors.shape, settings.sh_degree, block.data_ptr(), means2d_out.data_ptr(),
-               radii.data_ptr(), c, h, w, depths)
-        checked, targets = context._memoized(key, lambda: (
-            context.inputs(inputs, settings),
-            context.per_camera((*images, means2d_out, radii), (*IMAGE_DTYPES, wp.vec2, wp.vec2i),
-                               (*IMAGE_NAMES, "means2d", "radii"))))
-        if isinstance(cameras, DeviceCameras):
-            pairs = [(cameras, i) for i in range(c)]
-        else:
-            pairs = [(cam, None) for cam in cameras]
-        with context.stream():
-            # all C cameras queued before the one wait that checks them (or none: defer)
-            outs = render_checked(checked, pairs, settings, context.workspace, targets, defer)
+        returned, radii, outs, means2d_out = queued
         ctx.mark_non_differentiable(radii)
-        returned = images if depths else images[:2]
         # Saved only so torch raises if anything the Warp backward reads was modified in place;
         # the marker dies when torch frees them (after a backward without retain_graph, or
         # with the graph), which drops what the backward needed (`_finished`).
         marker = torch.empty(0)
-        ctx.save_for_backward(*inputs, *returned, marker)
+        ctx.save_for_backward(means, quats, scales, opacities, colors, *returned, marker)
         ctx.outs, ctx.sink, ctx.context = outs, sink, context
         # The backward reads these through non-owning views (see RenderContext.view); the
         # caller may drop them first. Neither has a grad_fn, so this makes no cycle.
@@ -532,11 +512,11 @@ class _RenderGaussians(torch.autograd.Function):
         with torch.no_grad() if grad_mode else _NO_SCOPE:
             grads, means2d_grad = _warp_backward(ctx.context, ctx.outs, saved[:5], ctx.sink, cotangents)
         needed = ctx.needs_input_grad
-        result = [None] * 8  # context, cameras, settings, depths, defer, means2d_out, sink, sink_tensor
-        if ctx.sink is not None and needed[7]:
-            result[7] = _guarded(means2d_grad) if guard else means2d_grad
+        result = [None] * 4  # context, queued, sink, sink_tensor
+        if ctx.sink is not None and needed[3]:
+            result[3] = _guarded(means2d_grad) if guard else means2d_grad
         for i, g in enumerate(grads):
-            result.append(None if not needed[8 + i] else _guarded(g) if guard else g)
+            result.append(None if not needed[4 + i] else _guarded(g) if guard else g)
         return tuple(result)
 
 
@@ -639,6 +619,40 @@ def _scale(t: torch.Tensor, scale: Tuple[float, float]):
             t[..., axis] *= scale[axis]
 
 
+def _queue_render(context, cameras, settings, depths: bool, defer: bool, means2d_out: torch.Tensor,
+                  inputs: tuple) -> tuple:
+    """Allocate a render's outputs and queue it: ``(images, radii, outs, means2d_out)`` for
+    `_RenderGaussians` (images: color, alpha[, depth, expected_depth]; outs: the core's
+    RenderOutputs). The images are views of one allocation: one allocator call, not four;
+    without `depths` the depth images are empty, which the rasteriser leaves unwritten."""
+    c, n = len(cameras), inputs[0].shape[0]
+    size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
+    h, w = size.height, size.width
+    plane = c * h * w
+    with context.outputs():
+        block = inputs[0].new_empty((6 if depths else 4) * plane)
+        radii = torch.empty((c, n, 2), dtype=torch.int32, device=block.device)
+    depth_images = ((block.as_strided((c, h, w), (h * w, w, 1), k * plane) for k in (4, 5)) if depths
+                    else (block.as_strided((c, 0, 0), (0, 0, 0)),) * 2)
+    images = (block.as_strided((c, h, w, 3), (3 * h * w, 3 * w, 3, 1)),
+              block.as_strided((c, h, w), (h * w, w, 1), 3 * plane), *depth_images)
+    # one lookup by every pointer and size the Warp views depend on (the images' layout
+    # in their block is fixed by c, h, w)
+    means, quats, scales, opacities, colors = inputs
+    key = ("forward", means.data_ptr(), quats.data_ptr(), scales.data_ptr(), opacities.data_ptr(),
+           colors.data_ptr(), colors.shape, settings.sh_degree, block.data_ptr(), means2d_out.data_ptr(),
+           radii.data_ptr(), c, h, w, depths)
+    checked, targets = context._memoized(key, lambda: (
+        context.inputs(inputs, settings),
+        context.per_camera((*images, means2d_out, radii), (*IMAGE_DTYPES, wp.vec2, wp.vec2i),
+                           (*IMAGE_NAMES, "means2d", "radii"))))
+    pairs = [(cameras, i) for i in range(c)] if isinstance(cameras, DeviceCameras) else [(cam, None) for cam in cameras]
+    with context.stream():
+        # all C cameras queued before the one wait that checks them (or none: defer)
+        outs = render_checked(checked, pairs, settings, context.workspace, targets, defer)
+    return images if depths else images[:2], radii, outs, means2d_out
+
+
 def render_batch(means: torch.Tensor,  # [N, 3] float32
                  quats: torch.Tensor,  # [N, 4] float32 wxyz
                  scales: torch.Tensor,  # [N, 3] float32 linear
@@ -673,9 +687,10 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     defer = (context.defer_checks and settings.reduce != "deterministic" and torch.is_grad_enabled()
              and (means.requires_grad or quats.requires_grad or scales.requires_grad or opacities.requires_grad
                   or colors.requires_grad))
+    inputs = (means, quats, scales, opacities, colors)
+    queued = _queue_render(context, cameras, settings, depths, defer, means2d_out, inputs)
     apply = _RenderGaussians.apply if torch._C._are_functorch_transforms_active() else _APPLY
-    *images, radii = apply(context, cameras, settings, depths, defer, means2d_out, sink, sink_tensor,
-                           means, quats, scales, opacities, colors)
+    *images, radii = apply(context, queued, sink, sink_tensor, *inputs)
     if not depths:
         images += [None, None]
     return BatchRender(*images, means2d_out, radii)

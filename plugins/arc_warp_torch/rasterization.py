@@ -5,6 +5,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from arc_warp import DeviceCameras
+
 from ._autograd import Means2dSink, RenderContext, check_tensor, default_context, render_batch
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
@@ -85,6 +87,25 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
         vm, ks = packed[:, :16].reshape(c, 4, 4), packed[:, 16:].reshape(c, 3, 3)
     return [context.camera(float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2]), width,
                            height, v, near_plane, far_plane) for v, k in zip(vm, ks)]
+
+
+def _call_key(tensors: tuple, options: tuple) -> Optional[tuple]:
+    """What a `rasterization` call's checks depend on, for `RenderContext.checked_calls`:
+    ``options`` and, per tensor, its memory, shape, dtype, device, requires_grad and
+    contiguity; a host tensor's values too (host cameras are read by value; their
+    [C, 4, 4] and [C, 3, 3] are small). None if one of them is not a cpu or cuda tensor
+    (the checks then run, and raise)."""
+    key = list(options)
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or not (t.is_cuda or t.is_cpu):
+            return None
+        key.append((t.data_ptr(), t.shape, t.dtype, t.device, t.requires_grad, t.is_contiguous()))
+    for t in tensors[-2:]:  # viewmats, Ks
+        if t.device.type == "cpu":
+            if t.dtype not in (torch.float32, torch.float64):
+                return None  # checked, or converted, by _cameras every call
+            key.append(t.detach().numpy().tobytes())
+    return tuple(key)
 
 
 def _camera_state(viewmats, Ks, width, height, near_plane, far_plane) -> tuple:
@@ -220,15 +241,38 @@ def rasterization(
     for name, v in (("width", width), ("height", height)):
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise ValueError(f"{name}: expected a positive int, got {v!r}")
-    means = check_tensor("means", means, (None, 3))
-    device, n = means.device, means.shape[0]
-    quats = check_tensor("quats", quats, (n, 4), device)
-    scales = check_tensor("scales", scales, (n, 3), device)
-    opacities = check_tensor("opacities", opacities, (n,), device)
-    sh_degree, colors = _sh_degree_and_colors(colors, n, sh_degree, device)
-    if context is None:
-        context = default_context(device)
-    cameras = _cameras(viewmats, Ks, width, height, near_plane, far_plane, context)
+    if rasterize_mode not in ("classic", "antialiased"):
+        raise ValueError(f"rasterize_mode: expected 'classic' or 'antialiased', got {rasterize_mode!r}")
+    grad_enabled = torch.is_grad_enabled()
+    key = _call_key((means, quats, scales, opacities, colors, viewmats, Ks),
+                    (width, height, sh_degree, near_plane, far_plane, reduce, threshold, absgrad, rasterize_mode,
+                     scale_activation, opacity_activation, grad_enabled))
+    if context is None and key is not None:
+        context = default_context(means.device)
+    kept = None if key is None else context.checked_calls.get(key)
+    if kept is not None:  # a call like one checked before: the same tensors, cameras and options
+        sh_degree, cameras, settings, need_grad = kept
+        device, n = means.device, means.shape[0]
+    else:
+        passed = (means, quats, scales, opacities, colors)
+        means = check_tensor("means", means, (None, 3))
+        device, n = means.device, means.shape[0]
+        quats = check_tensor("quats", quats, (n, 4), device)
+        scales = check_tensor("scales", scales, (n, 3), device)
+        opacities = check_tensor("opacities", opacities, (n,), device)
+        sh_degree, colors = _sh_degree_and_colors(colors, n, sh_degree, device)
+        if context is None:
+            context = default_context(device)
+        cameras = _cameras(viewmats, Ks, width, height, near_plane, far_plane, context)
+        need_grad = grad_enabled and any(t.requires_grad for t in (means, quats, scales, opacities, colors))
+        settings = context.settings(sh_degree=sh_degree, reduce=reduce, threshold=threshold,
+                                    absgrad=absgrad and need_grad, antialiased=rasterize_mode == "antialiased",
+                                    scale_activation=scale_activation, opacity_activation=opacity_activation)
+        # kept if nothing here copied a tensor (a copy is new memory every call) and the
+        # cameras are read on the device or their host values are in the key
+        if (key is not None and all(a is b for a, b in zip(passed, (means, quats, scales, opacities, colors)))
+                and (isinstance(cameras, DeviceCameras) or viewmats.device.type == Ks.device.type == "cpu")):
+            context.keep_checked_call(key, (sh_degree, cameras, settings, need_grad))
     c = len(cameras)
     if backgrounds is not None:
         if not isinstance(backgrounds, torch.Tensor) or backgrounds.shape not in ((3,), (c, 3)):
@@ -237,12 +281,6 @@ def rasterization(
         backgrounds = check_tensor("backgrounds", backgrounds.expand(c, 3), (c, 3), device)
 
     inputs = (means, quats, scales, opacities, colors)
-    need_grad = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-    if rasterize_mode not in ("classic", "antialiased"):
-        raise ValueError(f"rasterize_mode: expected 'classic' or 'antialiased', got {rasterize_mode!r}")
-    settings = context.settings(sh_degree=sh_degree, reduce=reduce, threshold=threshold,
-                                absgrad=absgrad and need_grad, antialiased=rasterize_mode == "antialiased",
-                                scale_activation=scale_activation, opacity_activation=opacity_activation)
     # The projected means are written straight into the leaf that receives their gradient;
     # it comes from the context's output pool, as the render's outputs do (the render itself
     # runs outside: its workspace may allocate from torch's default pool).
