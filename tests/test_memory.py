@@ -16,14 +16,26 @@ from conftest import random_scene
 # Bytes per Gaussian a workspace keeps for an SH render and its backward, with the outputs
 # and the gradients (2D means' included) given by the caller (as the torch bridge does):
 # the render frame's splats (32) and colours (12), and the shared scratch arena, whose
-# largest stage here is the backward's packed rasteriser gradient (40) and SH share of
-# dL/dmeans (12); the forward's depth sort (28), whose keys the tile sort's take over,
-# fits in it. Plus at most 4 alignment gaps.
-BUDGET_PER_GAUSSIAN = 32 + 12 + 40 + 12
+# largest stage here is the backward's packed rasteriser gradient (40; the SH stage's
+# share of dL/dmeans goes into the mean gradient, which this backward writes); the
+# forward's depth sort (28), whose keys the tile sort's take over, fits in it. Plus at
+# most 4 alignment gaps.
+BUDGET_PER_GAUSSIAN = 32 + 12 + 40
+# Bytes per Gaussian of the backward's stage of the scratch arena: the packed rasteriser
+# gradient, and beside it the SH share of dL/dmeans where the backward adds into the mean
+# gradient (a backward that writes it holds the share there)
+BACKWARD_STAGE = {"written": 40, "added": 40 + 12}
 # Bytes per sorted entry: int32 Gaussian ids, twice the kept sort size (the radix sort's
 # room), with no headroom past the kept size's own (the keys are scratch).
 BYTES_PER_SORT_ENTRY = 2 * 4
 SORT_BUFFERS = ("sort_ids",)
+
+
+def _small_splats(rng):
+    """A scene of small splats (about 1.8 sorted entries per Gaussian with the kept size's
+    headroom and slack, as bench_train_step's 1M scene), whose forward's stage of the
+    scratch arena fits in the backward's."""
+    return random_scene(rng, n=12000, width=128, height=96, sh_degree=3, size_px_range=(0.3, 1.5))
 
 
 def _arrays(scene):
@@ -52,8 +64,8 @@ def _step(scene, camera, settings, ws):
 
 
 def test_workspace_bytes_per_gaussian_within_budget(rng):
-    n = 3000
-    scene = random_scene(rng, n=n, width=64, height=48, sh_degree=3)
+    scene = _small_splats(rng)
+    n = scene.means.shape[0]
     camera = _camera(scene)
     ws = Workspace("cpu")
     for _ in range(3):
@@ -95,11 +107,44 @@ def test_workspace_holds_no_sort_keys_zero_images_or_unused_means2d_grad(rng, si
     assert {name for frame, name in names if frame == 0} == {"scratch"}, names
     assert (1, "means2d_grad") not in names, names
     kept = ws.sort_size(((scene.width + 15) // 16, (scene.height + 15) // 16))
-    backward = n * (40 + 12) + 256  # packed rasteriser gradient and SH share of dL/dmeans
+    backward = n * BACKWARD_STAGE["written"]
     arena = next(b.nbytes for b in report if b.name == "scratch")
     assert arena == max(backward, forward_scratch_bytes(n, kept))
     if size_px[0] > 1.0:
         assert forward_scratch_bytes(n, kept) > backward  # the keys grew the arena
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_backward_stage_holds_sh_share_only_when_adding(rng, accumulate):
+    """A backward that writes dL/dmeans holds the SH stage's share of it in the mean
+    gradient, not in the shared arena beside the rasteriser gradient (so the arena held
+    with the caller's gradients is 12 bytes per Gaussian smaller); one that adds into
+    dL/dmeans keeps the share in the arena, since the gradient holds earlier values."""
+    scene = _small_splats(rng)
+    n, camera, arrays, shape = scene.means.shape[0], _camera(scene), _arrays(scene), (scene.height, scene.width)
+    ws = Workspace("cpu")
+    grads = GaussianGrads(*(wp.zeros(a.shape, a.dtype) for a in arrays))
+    for _ in range(2):
+        out = render_gaussians(*arrays, camera, RenderSettings(), ws)
+        render_gaussians_backward(out, wp.ones(shape, wp.vec3), grads=grads, accumulate=accumulate)
+    kept = ws.sort_size(((scene.width + 15) // 16, (scene.height + 15) // 16))
+    backward = n * BACKWARD_STAGE["added" if accumulate else "written"] + (256 if accumulate else 0)
+    assert forward_scratch_bytes(n, kept) < n * BACKWARD_STAGE["written"]  # the backward's stage sizes the arena
+    assert next(b.nbytes for b in ws.memory_report() if b.name == "scratch") == backward
+
+
+def test_torch_backward_holds_no_sh_share_in_scratch(rng):
+    """A one-camera torch backward writes its gradients (arc_warp_torch's gradient buffer),
+    so its arena holds the rasteriser gradient alone."""
+    scene = _small_splats(rng)
+    n = scene.means.shape[0]
+    render, context, _ = _torch_renderer(scene)
+    for _ in range(2):
+        render()[0].sum().backward()
+    ws = context.workspace
+    kept = ws.sort_size(((scene.width + 15) // 16, (scene.height + 15) // 16))
+    assert forward_scratch_bytes(n, kept) < n * BACKWARD_STAGE["written"]
+    assert next(b.nbytes for b in ws.memory_report() if b.name == "scratch") == n * BACKWARD_STAGE["written"]
 
 
 @pytest.mark.parametrize("reduce,absgrad", [("arc", True), ("atomic", False), ("deterministic", True)])

@@ -244,7 +244,8 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
     (``n_coeffs`` = 0: plain RGB ``colors`` (N,), else (N, K) SH coefficients).
     ``sh_apart``: ``make_sh_bwd`` ran first and wrote the colour gradients; its share of
     dL/dmean, ``sh_v_means`` (N,) vec3, is added here (``colors`` and ``v_colors`` are not
-    touched; ``sh_v_means`` may be None otherwise, and for ``n_coeffs`` 1).
+    touched; ``sh_v_means`` may be None otherwise, and for ``n_coeffs`` 1; with ``overwrite``
+    it may be ``v_means`` itself: each entry is read before it is written).
     ``antialiased``: the rasteriser's opacity was ``opacities * aa_compensation``.
     ``overwrite``: every gradient entry is written rather than added to (culled Gaussians
     get 0), so the gradient arrays need not be zeroed (nor read) first; the values are

@@ -122,8 +122,9 @@ def project_backward(
     them instead (every entry, 0 for culled Gaussians: nothing needs zeroing first).
 
     ``sh_v_means``: (N,) vec3 from ``sh_ops.color_backward``, which has written the colour
-    gradients; this adds its view-direction share of dL/dmeans. None: the colour
-    backward runs here, per Gaussian. With ``settings.scale_activation`` /
+    gradients; this adds its view-direction share of dL/dmeans (it may be ``grads.means``
+    itself when not ``accumulate``: each entry is read before it is written). None: the
+    colour backward runs here, per Gaussian. With ``settings.scale_activation`` /
     ``opacity_activation`` set, the scale / opacity gradients are w.r.t. the raw log-scales
     / logits."""
     frame.launch(

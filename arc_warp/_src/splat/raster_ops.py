@@ -70,11 +70,13 @@ def raster_backward(
     frame: Frame,
     skip: bool = True,
     counts: wp.array | None = None,
+    share_room: bool = True,
 ) -> wp.array:
     """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents
     (None: zero), zeroed, starting the backward's stage of ``frame.shared``'s scratch
     arena (the forward's sorts are done with it), with room after them for the SH
-    backward's (N,) vec3 (``sh_ops.color_backward``).
+    backward's (N,) vec3 view-direction share if ``share_room`` (``sh_ops.color_backward``
+    puts it there unless given an array of its own).
 
     ``deterministic`` writes one partial per sorted entry (tile, Gaussian), summed over
     the tile's pixels in a fixed order, then sums each Gaussian's entries in entry order
@@ -86,8 +88,9 @@ def raster_backward(
     """
     grad_t = grad_vector(absgrad)
     n = proj.radii.shape[0]
-    # the SH backward's (N,) vec3 share follows on the next SCRATCH_ALIGN boundary
-    room = n * (wp.types.type_size_in_bytes(grad_t) + wp.types.type_size_in_bytes(wp.vec3)) + SCRATCH_ALIGN
+    room = n * wp.types.type_size_in_bytes(grad_t)
+    if share_room:  # the SH backward's (N,) vec3 share follows on the next SCRATCH_ALIGN boundary
+        room += n * wp.types.type_size_in_bytes(wp.vec3) + SCRATCH_ALIGN
     raster_grads = frame.shared.scratch(n, grad_t, room=room, zero=True)
     if bins.n_isects == 0:
         return raster_grads

@@ -714,12 +714,15 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
     cam, proj, bins, images, absgrad = out._cam, out._project, out._bins, out._images, out.means2d_absgrad
 
     def queue_backward(_):
+        # a backward that writes dL/dmeans holds the SH stage's share of it there, not in
+        # scratch held with the gradients (project_backward reads it before writing)
         raster_grads = raster_backward(
             proj, bins, images, settings.background, v_color, v_alpha, v_depth, v_expected,
-            settings.reduce, settings.absgrad, threshold, frame,
+            settings.reduce, settings.absgrad, threshold, frame, share_room=accumulate,
         )
         sh_v_means = color_backward(inputs, cam, proj, raster_grads, settings.absgrad, grads.colors,
-                                    settings.reduce, threshold, frame, accumulate)
+                                    settings.reduce, threshold, frame, accumulate,
+                                    None if accumulate else grads.means)
         project_backward(inputs, cam, proj, raster_grads, settings, grads, means2d_grad, absgrad, frame, accumulate,
                          sh_v_means)
 

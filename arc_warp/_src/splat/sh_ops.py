@@ -65,13 +65,16 @@ def color_backward(
     threshold: int,
     frame: Frame,
     accumulate: bool = True,
+    v_means: wp.array | None = None,  # (N,) vec3
 ) -> wp.array | None:
     """The SH backward as a kernel of its own: adds dL/dcoefficients into ``v_colors`` (or,
     without ``accumulate``, writes every entry) and returns the view-direction share of
-    dL/dmeans, (N,) vec3 in ``frame.shared``'s scratch arena after ``raster_grads``, for the
-    projection backward to add
-    (not written, nor read there, for SH degree 0). Its threads' shares are summed with the
-    accumulator of ``mode`` (ARC ``threshold``).
+    dL/dmeans for the projection backward to add (not written, nor read there, for SH
+    degree 0): in ``v_means`` if given, else in ``frame.shared``'s scratch arena after
+    ``raster_grads`` (``raster_backward``'s ``share_room``). A backward that writes dL/dmeans
+    passes that array: the projection backward reads each entry before writing it, so the
+    share takes no scratch. Its threads' shares are summed with the accumulator of ``mode``
+    (ARC ``threshold``).
 
     Returns None, launching nothing, for plain RGB colours and the ``deterministic`` mode
     (no atomics, fixed order): the projection backward then runs the colour backward per
@@ -80,7 +83,10 @@ def color_backward(
         return None
     n, rows = inputs.colors.shape
     lanes = sh_lanes(inputs.sh_coeffs, rows, not accumulate)
-    v_means = frame.shared.scratch(n, wp.vec3, after=raster_grads, zero=inputs.sh_coeffs > 1)
+    if v_means is None:
+        v_means = frame.shared.scratch(n, wp.vec3, after=raster_grads, zero=inputs.sh_coeffs > 1)
+    elif inputs.sh_coeffs > 1:
+        v_means.zero_()
     dim = -(-n * lanes // SH_BWD_BLOCK) * SH_BWD_BLOCK
     with cpu_launch_guard(frame.device):
         frame.launch(
