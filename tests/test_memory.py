@@ -32,9 +32,9 @@ SORT_BUFFERS = ("sort_ids",)
 
 
 def _small_splats(rng):
-    """A scene of small splats (about 1.8 sorted entries per Gaussian with the kept size's
-    headroom and slack, as bench_train_step's 1M scene), whose forward's stage of the
-    scratch arena fits in the backward's."""
+    """A scene of small splats (a kept sort size of about 2.3 entries per Gaussian, as
+    bench_train_step's 1M scene's), whose forward's stage of the scratch arena fits in the
+    backward's."""
     return random_scene(rng, n=12000, width=128, height=96, sh_degree=3, size_px_range=(0.3, 1.5))
 
 
