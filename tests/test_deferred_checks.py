@@ -64,6 +64,49 @@ def test_an_overflow_found_in_the_backward_is_rendered_and_differentiated_again(
         torch.testing.assert_close(grads[k], want[k], rtol=1e-5, atol=1e-5 * want[k].abs().max().item(), msg=k)
 
 
+def test_images_the_loss_dropped_are_freed_before_the_backward_and_an_overflow_still_redone(rng, device,
+                                                                                          monkeypatch):
+    """The render node does not hold its images (its backward does not read them): a loss
+    that drops them frees them before the backward makes the gradients. An overflow found
+    then is rendered again into the frame's own images, and the gradients are those of a
+    context that checks at once."""
+    import gc
+    import weakref
+
+    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)
+    scene = random_scene(rng, n=60, width=48, height=40, sh_degree=1, size_px_range=(0.3, 1.0))
+    p = params_of(scene, device=device)
+    vm, ks = _views(scene, 1, device)
+    weights = torch.tensor(rng.normal(size=(1, scene.height, scene.width, 3)), dtype=torch.float32, device=device)
+
+    def step(context):
+        colors, alphas, meta = rasterization(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"],
+                                             vm, ks, scene.width, scene.height, context=context)
+        loss = (colors * weights).sum() + alphas.sum()
+        node, memory = colors.grad_fn, colors.untyped_storage().data_ptr()
+        assert all(t.untyped_storage().data_ptr() != memory for t in node.saved_tensors)
+        image = weakref.ref(colors._base)  # the block the images are views of
+        del colors, alphas, node
+        gc.collect()
+        assert image() is None  # freed before the backward
+        loss.backward()
+        grads = {k: p[k].grad.clone() for k in PARAMS}
+        for k in PARAMS:
+            p[k].grad = None
+        return grads
+
+    deferred = RenderContext(device, defer_checks=True)
+    for _ in range(3):
+        step(deferred)
+    with torch.no_grad():
+        p["scales"] *= 6.0
+    with pytest.warns(RuntimeWarning, match="overflowed"):
+        grads = step(deferred)
+    want = step(RenderContext(device, defer_checks=False))
+    for k in want:
+        torch.testing.assert_close(grads[k], want[k], rtol=1e-5, atol=1e-5 * want[k].abs().max().item(), msg=k)
+
+
 def test_a_render_with_grad_defers_its_checks_to_its_backward(rng):
     """With ``defer_checks`` the forward of a render that will be differentiated, of the
     same tensors as the previous render, keeps its checks (one per camera) and its

@@ -18,7 +18,7 @@ import torch
 import warp as wp
 
 from arc_warp import Camera, DeviceCameras, GaussianGrads, RenderSettings, Workspace
-from arc_warp._src.splat.render import backwards_checked, render_checked, settle_deferred
+from arc_warp._src.splat.render import backwards_checked, leave_images, render_checked, settle_deferred
 from arc_warp._src.splat.validate import check_inputs
 
 _NO_SCOPE = contextlib.nullcontext()  # reusable: entering it does nothing
@@ -56,7 +56,8 @@ class RenderContext:
       host never blocks in a training step and queues the next work while the device
       runs. A bad input then raises the forward's ValueError from ``loss.backward()``; a
       render that overflowed the kept size (its intersections grew by over 25% since the
-      last renders) is rendered again exactly into its images and its backward redone,
+      last renders) is rendered again exactly (into its images if the caller still holds
+      them: the context does not keep them for the backward) and its backward redone,
       with a RuntimeWarning, since the loss saw the first image (the farthest Gaussians
       of some tiles left out). A render whose backward never runs is checked at the start
       of the next render. New tensors (a new N, another scene), renders without grad and
@@ -484,14 +485,18 @@ class _RenderGaussians(torch.autograd.Function):
     @staticmethod
     def forward(ctx, context, queued, sink, sink_tensor, means, quats, scales, opacities, colors):
         ctx.set_materialize_grads(False)
-        returned, radii, outs, means2d_out = queued
+        returned, radii, outs, means2d_out, block = queued
         ctx.mark_non_differentiable(radii)
         # Saved only so torch raises if anything the Warp backward reads was modified in place;
         # the marker dies when torch frees them (after a backward without retain_graph, or
         # with the graph), which drops what the backward needed (`_finished`).
         marker = torch.empty(0)
-        ctx.save_for_backward(means, quats, scales, opacities, colors, *returned, marker)
+        ctx.save_for_backward(means, quats, scales, opacities, colors, marker)
         ctx.outs, ctx.sink, ctx.context = outs, sink, context
+        # The images are not held: the backward does not read them, and a loss that drops
+        # them (an L1 of the image) frees their memory before the gradients are made; a
+        # deferred check's re-render writes into them only while the caller holds them.
+        ctx.images = weakref.ref(block)
         # The backward reads these through non-owning views (see RenderContext.view); the
         # caller may drop them first. Neither has a grad_fn, so this makes no cycle.
         ctx.keep_alive = (means2d_out, radii)
@@ -510,7 +515,7 @@ class _RenderGaussians(torch.autograd.Function):
         grad_mode = torch.is_grad_enabled()
         guard = grad_mode and any(g is not None and g.requires_grad for g in cotangents)
         with torch.no_grad() if grad_mode else _NO_SCOPE:
-            grads, means2d_grad = _warp_backward(ctx.context, ctx.outs, saved[:5], ctx.sink, cotangents)
+            grads, means2d_grad = _warp_backward(ctx.context, ctx.outs, saved[:5], ctx.sink, cotangents, ctx.images)
         needed = ctx.needs_input_grad
         result = [None] * 4  # context, queued, sink, sink_tensor
         if ctx.sink is not None and needed[3]:
@@ -543,9 +548,11 @@ def _finished(node_ref, workspace: Workspace, frames) -> None:
         workspace.release(frames)
 
 
-def _warp_backward(context, outs, inputs, sink, output_grads):
+def _warp_backward(context, outs, inputs, sink, output_grads, images):
     """Run the core backward (`backwards_checked`) on torch cotangents ([C, ...]); return
-    torch grads shaped like `inputs` and the sink's means2d gradient (None without a sink)."""
+    torch grads shaped like `inputs` and the sink's means2d gradient (None without a sink).
+    ``images``: a weak reference to the block of the render's images (dead: a deferred
+    check's re-render writes into the frames' images instead, `leave_images`)."""
     c, n = len(outs), inputs[0].shape[0]
     # a [C, N, 2] (or, for one camera, [N, 2]) sink's gradient is written in place, into
     # the buffer of the leaf gradients (see `RenderContext.gradients`)
@@ -575,6 +582,8 @@ def _warp_backward(context, outs, inputs, sink, output_grads):
         # the forward's deferred checks, once the backward is queued (the host waits for
         # nothing the device has not done long since); a render they redid needs its
         # backward again (every camera's, since the first writes what the others add to)
+        if context.workspace.deferred and images() is None:
+            leave_images(context.workspace, outs)
         if any(out is r for r in settle_deferred(context.workspace) for out in outs):
             queue()
     if sink is None:
@@ -621,9 +630,10 @@ def _scale(t: torch.Tensor, scale: Tuple[float, float]):
 
 def _queue_render(context, cameras, settings, depths: bool, defer: bool, means2d_out: torch.Tensor,
                   inputs: tuple) -> tuple:
-    """Allocate a render's outputs and queue it: ``(images, radii, outs, means2d_out)`` for
-    `_RenderGaussians` (images: color, alpha[, depth, expected_depth]; outs: the core's
-    RenderOutputs). The images are views of one allocation: one allocator call, not four;
+    """Allocate a render's outputs and queue it: ``(images, radii, outs, means2d_out, block)``
+    for `_RenderGaussians` (images: color, alpha[, depth, expected_depth]; outs: the core's
+    RenderOutputs). The images are views of one allocation (``block``): one allocator
+    call, not four;
     without `depths` the depth images are empty, which the rasteriser leaves unwritten."""
     c, n = len(cameras), inputs[0].shape[0]
     size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
@@ -650,7 +660,7 @@ def _queue_render(context, cameras, settings, depths: bool, defer: bool, means2d
     with context.stream():
         # all C cameras queued before the one wait that checks them (or none: defer)
         outs = render_checked(checked, pairs, settings, context.workspace, targets, defer)
-    return images if depths else images[:2], radii, outs, means2d_out
+    return images if depths else images[:2], radii, outs, means2d_out, block
 
 
 def render_batch(means: torch.Tensor,  # [N, 3] float32

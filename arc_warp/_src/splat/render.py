@@ -585,6 +585,18 @@ def settle_deferred(workspace: Workspace) -> list[RenderOutput]:
     return redone
 
 
+def leave_images(workspace: Workspace, outs: list[RenderOutput]) -> None:
+    """The deferred checks of ``outs`` (renders queued with ``render_checked(defer=True)``)
+    re-render them, if they must, into their frames' own images instead of the caller's
+    image arrays, which the caller no longer holds (the torch bridge does not keep a
+    render's images alive for its backward, which does not read them); their means2d and
+    radii still go to the caller's arrays."""
+    workspace.deferred = [
+        (ref, p, {k: v for k, v in targets.items() if k not in IMAGE_OUTPUTS}
+         if any(ref() is out for out in outs) else targets)
+        for ref, p, targets in workspace.deferred]
+
+
 def _grads_into(frame: Frame, inputs: GaussianInputs, own_grads: bool, zero: bool = True) -> GaussianGrads:
     """Where the backward puts the input gradients: with ``own_grads``, each input's
     ``.grad`` where it requires grad; everywhere else a buffer of ``frame``, zeroed with
