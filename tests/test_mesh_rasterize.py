@@ -125,12 +125,18 @@ def test_watertight_shared_edges():
         assert all(alone[0][k, k] or alone[1][k, k] for k in range(2, 6))
 
 
+def grid_pos(verts, size=8):
+    """Clip-space positions [1, V, 4] float32 of vertices (x, y, z/w) given on the 1/16-pixel
+    grid of a size x size image (see :func:`grid_ids`), w = 1."""
+    v = np.asarray(verts, np.float64)
+    return np.concatenate([v[:, :2] / (8 * size), v[:, 2:3], np.ones((len(v), 1))], 1).astype(np.float32)[None]
+
+
 def grid_ids(verts, tri, size=8):
     """Triangle ids [size, size] of an image whose vertices are given on nvdiffrast's grid
     of 1/16 pixel (x, y from the image centre, so 64 units per NDC unit at size 8; pixel
     (4, 4) has its centre at (8, 8)), with z/w and w = 1; checked against the reference."""
-    v = np.asarray(verts, np.float64)
-    pos = np.concatenate([v[:, :2] / (8 * size), v[:, 2:3], np.ones((len(v), 1))], 1).astype(np.float32)[None]
+    pos = grid_pos(verts, size)
     tri = np.asarray(tri, np.int32)
     rast = mesh.rasterize(wa(pos), wa(tri, wp.int32), (size, size))[0].numpy()[0, ..., 3]
     ref, _, margin = (x.numpy()[0] for x in ref_rasterize(t64(pos), torch.from_numpy(tri), size, size))
@@ -255,9 +261,12 @@ def test_validation_errors(rng):
         mesh.rasterize(wa(pos), wa(tri, wp.int32), (4, 4), reduce="fast")
 
 
-def reference_pos_grad(pos, tri, ids, g, gdb):
+def reference_pos_grad(pos, tri, ids, g, gdb, clamp=True):
+    """float64 dL/dpos [B, V, 4] of L = sum(g (u, v)) + sum(gdb rast_db) at fixed triangle
+    ids [B, H, W] (g, gdb [B, H, W, 4]); ``clamp``: of u, v clamped as the forward writes them."""
     p = t64(pos).requires_grad_(True)
-    out = barycentrics(p, torch.from_numpy(tri), torch.from_numpy(ids).round().long(), H, W)
+    h, w = ids.shape[1:]
+    out = barycentrics(p, torch.from_numpy(tri), torch.from_numpy(ids).round().long(), h, w, clamp=clamp)
     loss = (out[0] * t64(g[..., 0])).sum() + (out[1] * t64(g[..., 1])).sum()
     for k in range(4):
         loss = loss + (out[2 + k] * t64(gdb[..., k])).sum()
@@ -279,6 +288,43 @@ def test_backward_matches_reference(rng, blocks, mode, threshold):
     # float32 sums of ~200 per-pixel terms each O(|g| / |S|): 1e-4 relative to the largest
     np.testing.assert_allclose(got, want, atol=2e-4 * np.abs(want).max())
     assert not got[..., 2].any()  # z gets no gradient
+
+
+@pytest.mark.parametrize("order", [[2, 1, 0], [0, 2, 1], [1, 0, 2]], ids=["u<0", "v<0", "u+v>1"])
+def test_backward_where_snapping_covers_a_centre_outside(rng, order):
+    # As in test_snapping_decides_the_owner (A at 18.4, snapped to 18): pixel (4, 4)'s
+    # centre is 0.08 grid units outside R, across the edge A -> B it shares with L, but
+    # inside snapped R. The resolve clamps R's barycentric of C (u, v or 1 - u - v < 0),
+    # so the backward must differentiate the clamp: the gradient matches finite
+    # differences of the forward, not the derivative of the unclamped barycentrics.
+    a, b, c, d = (18.4, -40, 0), (1.2, 40, 0), (48, 0, 0), (-40, 0, 0)
+    pos = grid_pos([a, b, c, d])
+    tri = np.array([[3, 0, 1], order], np.int32)
+    rast, _ = mesh.rasterize(wa(pos), wa(tri, wp.int32), (8, 8))
+    ids = rast.numpy()[..., 3]
+    assert ids[0, 4, 4] == 2
+    g = rng.standard_normal((1, 8, 8, 4)).astype(np.float32)
+    gdb = rng.standard_normal((1, 8, 8, 4)).astype(np.float32) * 0.1
+    got = mesh.rasterize_backward(wa(pos), wa(tri, wp.int32), rast, wa(g), wa(gdb)).numpy()
+    want = reference_pos_grad(pos, tri, ids, g, gdb)
+    unclamped = reference_pos_grad(pos, tri, ids, g, gdb, clamp=False)
+    scale = np.abs(want).max()
+    np.testing.assert_allclose(got, want, atol=1e-4 * scale)
+    assert np.abs(unclamped - want).max() > 0.05 * scale  # the clamp matters here
+
+    def loss(q):  # float64 sum of the float32 forward, at the same coverage
+        r, db = (x.numpy().astype(np.float64) for x in mesh.rasterize(wa(q), wa(tri, wp.int32), (8, 8)))
+        np.testing.assert_array_equal(r[..., 3], ids)
+        return (g[..., :2] * r[..., :2]).sum() + (gdb * db).sum()
+
+    eps = 1e-3  # 0.064 grid units: no vertex crosses a rounding boundary of the snap
+    for v in range(4):
+        for k in (0, 1, 3):
+            dp = np.zeros_like(pos)
+            dp[0, v, k] = eps
+            fd = (loss(pos + dp) - loss(pos - dp)) / (2 * eps)
+            # float32 u, v (~1e-7) over 2 eps, summed over 64 pixels
+            assert abs(got[0, v, k] - fd) <= 2e-3 * scale, (v, k, got[0, v, k], fd)
 
 
 def test_tape_and_finite_differences(rng):

@@ -20,8 +20,10 @@ What differs from nvdiffrast:
 - coverage and the depth test follow nvdiffrast's CUDA rasterizer bit for bit
   (frustum clipping, vertices snapped to 1/16 pixel, its fill rule and fixed-point
   depth, ties to the later triangle); non-finite vertices cull their triangle;
-- backward gradients are exact derivatives (nvdiffrast adds small epsilons to two
-  denominators in rasterize's and antialias's backward);
+- backward gradients are exact derivatives of the forward (nvdiffrast adds small
+  epsilons to two denominators in rasterize's and antialias's backward, and its
+  rasterize backward ignores the forward's clamp of u, v, which acts where a snapped
+  triangle covers a pixel centre outside the exact one);
 - ``ranges`` may be a CPU or CUDA int32 tensor (it is read on the host);
 - the topology hash is built on the host (one copy of ``tri``);
 - scratch buffers are kept per device (the ``RenderContext``'s workspace), so issue the

@@ -19,7 +19,10 @@ Which triangle a pixel gets follows nvdiffrast's CUDA rasteriser (cudaraster) ex
   to the later triangle (sub-triangles of one triangle share its id).
 
 The resolve then computes (u, v, z/w) and their derivatives as nvdiffrast's pixel shader
-does: perspective-correct, from the unsnapped float32 positions of the winning triangle.
+does: perspective-correct, from the unsnapped float32 positions of the winning triangle,
+u, v clamped to it. The backward differentiates that, clamp included (nvdiffrast's
+differentiates the unclamped u, v): a centre that snapping puts inside a thin triangle
+can be far outside it in exact barycentrics.
 """
 
 import functools
@@ -588,31 +591,60 @@ def raster_resolve(
 
 
 @wp.func
+def clamp_grads(u: float, v: float, g: wp.vec2) -> wp.vec2:
+    """dL/d(u, v) of the unclamped barycentrics, given dL/d(u', v') in ``g``, where
+    (u', v') = (cu, cv) / max(cu + cv, 1), cu = clamp(u, 0, 1) (float32, (2,)): the
+    resolve's clamp differentiated. It is active where snapped coverage puts a pixel
+    centre outside its exact triangle; there the unclamped barycentrics of a thin
+    triangle are far off (and their derivatives ~1/area) from what was rendered."""
+    cu = wp.clamp(u, 0.0, 1.0)
+    cv = wp.clamp(v, 0.0, 1.0)
+    gc = g
+    total = cu + cv
+    if total > 1.0:
+        # (cu, cv) / total: d/dcu = (cv, -cv) / total^2, d/dcv = (-cu, cu) / total^2
+        k = (g[0] - g[1]) / (total * total)
+        gc = wp.vec2(cv * k, -cu * k)
+    if u <= 0.0 or u >= 1.0:
+        gc[0] = 0.0
+    if v <= 0.0 or v >= 1.0:
+        gc[1] = 0.0
+    return gc
+
+
+@wp.func
 def line_grads(lines: wp.mat33, fx: float, fy: float, g: wp.vec4, gdb: wp.vec4, xs: float, ys: float) -> wp.mat33:
-    """dL/dL_i (rows) of one pixel, given dL/d(u, v) in ``g[0:2]`` and dL/d(rast_db) in ``gdb``.
+    """dL/dL_i (rows, float32 3x3) of one pixel, given dL/d(u', v') in ``g[0:2]`` and
+    dL/d(rast_db) in ``gdb``, as :func:`raster_resolve` computes them.
 
     u = E_0/S, v = E_1/S, S = sum E_i, E_i = a_i X + b_i Y + c_i with L_i = (a_i, b_i, c_i);
-    the derivatives are (a_0 - u A)/S etc. with A = sum a_i, B = sum b_i (as
-    :func:`raster_resolve` writes them, there with the clamped u, v)."""
+    (u', v') the clamped u, v (:func:`clamp_grads`); the derivatives are
+    (a_0 - u' A)/S etc. with A = sum a_i, B = sum b_i."""
     e = lines * wp.vec3(fx, fy, 1.0)
     s = e[0] + e[1] + e[2]
     u = e[0] / s
     v = e[1] / s
+    uc = wp.clamp(u, 0.0, 1.0)
+    vc = wp.clamp(v, 0.0, 1.0)
+    norm = 1.0 / wp.max(uc + vc, 1.0)
+    uc = uc * norm
+    vc = vc * norm
     a = lines[0][0] + lines[1][0] + lines[2][0]
     bsum = lines[0][1] + lines[1][1] + lines[2][1]
     g1 = xs * gdb[0]
     g2 = ys * gdb[1]
     g3 = xs * gdb[2]
     g4 = ys * gdb[3]
-    dux = (lines[0][0] - u * a) / s
-    duy = (lines[0][1] - u * bsum) / s
-    dvx = (lines[1][0] - v * a) / s
-    dvy = (lines[1][1] - v * bsum) / s
-    gu = g[0] - (g1 * a + g2 * bsum) / s
-    gv = g[1] - (g3 * a + g4 * bsum) / s
+    dux = (lines[0][0] - uc * a) / s
+    duy = (lines[0][1] - uc * bsum) / s
+    dvx = (lines[1][0] - vc * a) / s
+    dvy = (lines[1][1] - vc * bsum) / s
+    guv = clamp_grads(u, v, wp.vec2(g[0] - (g1 * a + g2 * bsum) / s, g[1] - (g3 * a + g4 * bsum) / s))
+    gu = guv[0]
+    gv = guv[1]
     gs = -(g1 * dux + g2 * duy + g3 * dvx + g4 * dvy) / s - (gu * u + gv * v) / s
-    ga_sum = -(g1 * u + g3 * v) / s
-    gb_sum = -(g2 * u + g4 * v) / s
+    ga_sum = -(g1 * uc + g3 * vc) / s
+    gb_sum = -(g2 * uc + g4 * vc) / s
     ge = wp.vec3(gu / s + gs, gv / s + gs, gs)
     ga = wp.vec3(g1 / s + ga_sum, g3 / s + ga_sum, ga_sum) + ge * fx
     gb = wp.vec3(g2 / s + gb_sum, g4 / s + gb_sum, gb_sum) + ge * fy

@@ -161,7 +161,10 @@ def rasterize_backward(
     """Gradient of a loss w.r.t. ``pos`` through the barycentrics (and their pixel derivatives).
 
     Only (u, v) and ``rast_db`` carry gradients, as in nvdiffrast (z/w and the triangle id
-    are not differentiable; visibility changes are :func:`antialias`'s job). The
+    are not differentiable; visibility changes are :func:`antialias`'s job). They are
+    those of the forward's u, v, clamped to the triangle (unlike nvdiffrast's backward,
+    which differentiates the unclamped ones); the clamp acts where snapped coverage puts
+    a pixel centre outside its exact triangle. The
     per-pixel contributions to the three vertices of each pixel's triangle are summed
     with the ``reduce`` accumulator. Returns ``grad_pos`` (new if None), shaped like pos:
     x, y, w components; z gets none.
