@@ -633,8 +633,8 @@ def _queue_render(context, cameras, settings, depths: bool, defer: bool, means2d
     """Allocate a render's outputs and queue it: ``(images, radii, outs, means2d_out, block)``
     for `_RenderGaussians` (images: color, alpha[, depth, expected_depth]; outs: the core's
     RenderOutputs). The images are views of one allocation (``block``): one allocator
-    call, not four;
-    without `depths` the depth images are empty, which the rasteriser leaves unwritten."""
+    call, not four; without `depths` the depth images are empty, which the rasteriser
+    leaves unwritten."""
     c, n = len(cameras), inputs[0].shape[0]
     size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
     h, w = size.height, size.width

@@ -524,6 +524,17 @@ def pixel_ndc(x: int, scale: float, offset: float) -> float:
     return scale * float(x) + offset
 
 
+@wp.func
+def clamped_uv(u: float, v: float) -> wp.vec2:
+    """(u, v) clamped to the triangle, as nvdiffrast's pixel shader does: u, v >= 0 and
+    u + v <= 1 despite round-off and for centres that snapped coverage puts outside the
+    exact triangle (:func:`clamp_grads` is its derivative)."""
+    cu = wp.clamp(u, 0.0, 1.0)
+    cv = wp.clamp(v, 0.0, 1.0)
+    scale = 1.0 / wp.max(cu + cv, 1.0)
+    return wp.vec2(cu * scale, cv * scale)
+
+
 @wp.kernel(enable_backward=False, module="unique")
 def raster_resolve(
     keys: wp.array3d(dtype=wp.int64),
@@ -572,12 +583,9 @@ def raster_resolve(
     a2 = p0x * p1y - p0y * p1x
     iw = 1.0 / (a0 + a1 + a2)
     zw = (p0[2] * a0 + p1[2] * a1 + p2[2] * a2) / (p0[3] * a0 + p1[3] * a1 + p2[3] * a2)
-    # u, v >= 0 and u + v <= 1 despite round-off (and centres a snap away from the triangle)
-    u = wp.clamp(a0 * iw, 0.0, 1.0)
-    v = wp.clamp(a1 * iw, 0.0, 1.0)
-    scale = 1.0 / wp.max(u + v, 1.0)
-    u = u * scale
-    v = v * scale
+    uv = clamped_uv(a0 * iw, a1 * iw)
+    u = uv[0]
+    v = uv[1]
     rast[b, y, x] = wp.vec4(u, v, wp.clamp(zw, -1.0, 1.0), id_to_float(t + 1))
     dx = xs * iw
     dy = ys * iw
@@ -594,7 +602,7 @@ def raster_resolve(
 def clamp_grads(u: float, v: float, g: wp.vec2) -> wp.vec2:
     """dL/d(u, v) of the unclamped barycentrics, given dL/d(u', v') in ``g``, where
     (u', v') = (cu, cv) / max(cu + cv, 1), cu = clamp(u, 0, 1) (float32, (2,)): the
-    resolve's clamp differentiated. It is active where snapped coverage puts a pixel
+    derivative of :func:`clamped_uv`. It is active where snapped coverage puts a pixel
     centre outside its exact triangle; there the unclamped barycentrics of a thin
     triangle are far off (and their derivatives ~1/area) from what was rendered."""
     cu = wp.clamp(u, 0.0, 1.0)
@@ -618,17 +626,15 @@ def line_grads(lines: wp.mat33, fx: float, fy: float, g: wp.vec4, gdb: wp.vec4, 
     dL/d(rast_db) in ``gdb``, as :func:`raster_resolve` computes them.
 
     u = E_0/S, v = E_1/S, S = sum E_i, E_i = a_i X + b_i Y + c_i with L_i = (a_i, b_i, c_i);
-    (u', v') the clamped u, v (:func:`clamp_grads`); the derivatives are
+    (u', v') the clamped u, v (:func:`clamped_uv`, :func:`clamp_grads`); the derivatives are
     (a_0 - u' A)/S etc. with A = sum a_i, B = sum b_i."""
     e = lines * wp.vec3(fx, fy, 1.0)
     s = e[0] + e[1] + e[2]
     u = e[0] / s
     v = e[1] / s
-    uc = wp.clamp(u, 0.0, 1.0)
-    vc = wp.clamp(v, 0.0, 1.0)
-    norm = 1.0 / wp.max(uc + vc, 1.0)
-    uc = uc * norm
-    vc = vc * norm
+    uvc = clamped_uv(u, v)
+    uc = uvc[0]
+    vc = uvc[1]
     a = lines[0][0] + lines[1][0] + lines[2][0]
     bsum = lines[0][1] + lines[1][1] + lines[2][1]
     g1 = xs * gdb[0]
