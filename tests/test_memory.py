@@ -224,3 +224,34 @@ def test_torch_backward_drops_what_only_the_backward_needed(rng):
     gc.collect()
     assert loss.grad_fn is not None  # the graph's nodes are alive, their saved tensors freed
     assert radii() is None and node.outs is None and node.keep_alive is None
+
+
+def test_torch_dropped_means2d_is_not_held_nor_its_gradient_made(rng):
+    """`meta["means2d"]` is held by nobody but the caller: dropped before the backward, it
+    dies while the loss lives, and the backward makes no gradient for it (the means'
+    gradient buffer holds the means' alone), with the same means gradient, bit for bit, as
+    when it is kept. Kept, its .grad gets dL/dmeans2d, added to on a second backward."""
+    import gc
+    import weakref
+
+    render, context, means = _torch_renderer(random_scene(rng, n=300, width=32, height=24, sh_degree=0))
+    img, _, meta = render()
+    kept = meta["means2d"]
+    img.sum().backward(retain_graph=True)
+    want, first = means.grad.clone(), kept.grad.clone()
+    held = means.grad.untyped_storage().nbytes()  # the inputs' and means2d's gradients
+    assert kept.grad.shape == kept.shape and first.abs().sum() > 0
+    img.sum().backward()
+    np.testing.assert_array_equal(kept.grad.numpy(), 2 * first.numpy())
+
+    means.grad = None
+    img, _, meta = render()
+    loss = img.sum()
+    dropped = weakref.ref(meta["means2d"])
+    del meta
+    gc.collect()
+    assert dropped() is None and loss.grad_fn is not None
+    loss.backward()
+    np.testing.assert_array_equal(means.grad.numpy(), want.numpy())
+    assert means.grad.untyped_storage().nbytes() == held - kept.numel() * 4  # none for means2d
+    assert "means2d_grad" not in {b.name for b in context.workspace.memory_report()}  # nor in the workspace

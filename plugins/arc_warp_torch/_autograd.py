@@ -410,20 +410,53 @@ def _shape_fits(spec: tuple, shape: torch.Size) -> bool:
     return True
 
 
-@dataclass
 class Means2dSink:
     """Where the screen-space gradient of the projected means goes in backward.
 
-    `tensor` ([C, N, D] or, for one camera, [N, D]; D >= 2) is passed to the autograd
-    function as an input, so torch adds dL/d(means2d) (pixels, times `scale` per axis)
-    into its .grad; columns past 2 get 0. If `absgrad_owner` is given, the per-Gaussian
-    |dL/d(means2d)| summed over pixels is added into `absgrad_owner.absgrad` (same shape
-    as the owner, created on first use).
+    `tensor` ([C, N, D] or, for one camera, [N, D]; D >= 2) receives dL/d(means2d)
+    (pixels, times `scale` per axis) in its .grad; columns past 2 get 0. If
+    `absgrad_owner` is given, the per-Gaussian |dL/d(means2d)| summed over pixels is
+    added into `absgrad_owner.absgrad` (same shape as the owner, created on first use).
+
+    By default `tensor` is passed to the autograd function as an input, so torch adds the
+    gradient into its .grad (and the tensor may have a grad_fn of its own).
+    ``attached=True`` (`rasterization`'s own leaf): the sink holds both tensors weakly and
+    is no input of the graph: the backward adds the gradient into ``tensor.grad`` itself
+    (as torch would) if the tensor is still alive, and skips computing it once the caller
+    has dropped it, so neither the tensor nor its gradient is held through the optimizer
+    step.
     """
 
-    tensor: torch.Tensor
-    scale: Tuple[float, float] = (1.0, 1.0)
-    absgrad_owner: Optional[torch.Tensor] = None
+    __slots__ = ("_tensor", "scale", "_absgrad_owner", "attached")
+
+    def __init__(self, tensor: torch.Tensor, scale: Tuple[float, float] = (1.0, 1.0),
+                 absgrad_owner: Optional[torch.Tensor] = None, attached: bool = False):
+        hold = weakref.ref if attached else _Held
+        self._tensor = hold(tensor)
+        self._absgrad_owner = None if absgrad_owner is None else hold(absgrad_owner)
+        self.scale, self.attached = scale, attached
+
+    @property
+    def tensor(self) -> Optional[torch.Tensor]:
+        """The tensor whose .grad receives the gradient; None once an attached one died."""
+        return self._tensor()
+
+    @property
+    def absgrad_owner(self) -> Optional[torch.Tensor]:
+        """The tensor whose .absgrad receives the absolute sums, or None."""
+        return None if self._absgrad_owner is None else self._absgrad_owner()
+
+
+class _Held:
+    """A strong reference with weakref.ref's call interface."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self):
+        return self.value
 
 
 @dataclass
@@ -515,10 +548,16 @@ class _RenderGaussians(torch.autograd.Function):
         grad_mode = torch.is_grad_enabled()
         guard = grad_mode and any(g is not None and g.requires_grad for g in cotangents)
         with torch.no_grad() if grad_mode else _NO_SCOPE:
-            grads, means2d_grad = _warp_backward(ctx.context, ctx.outs, saved[:5], ctx.sink, cotangents, ctx.images)
+            grads, means2d_grad, target = _warp_backward(ctx.context, ctx.outs, saved[:5], ctx.sink, cotangents,
+                                                         ctx.images)
         needed = ctx.needs_input_grad
         result = [None] * 4  # context, queued, sink, sink_tensor
-        if ctx.sink is not None and needed[3]:
+        if target is not None and ctx.sink.attached:
+            if target.grad is None:  # what torch's AccumulateGrad does for a leaf
+                target.grad = means2d_grad
+            else:
+                target.grad += means2d_grad
+        elif target is not None and needed[3]:
             result[3] = _guarded(means2d_grad) if guard else means2d_grad
         for i, g in enumerate(grads):
             result.append(None if not needed[4 + i] else _guarded(g) if guard else g)
@@ -550,13 +589,16 @@ def _finished(node_ref, workspace: Workspace, frames) -> None:
 
 def _warp_backward(context, outs, inputs, sink, output_grads, images):
     """Run the core backward (`backwards_checked`) on torch cotangents ([C, ...]); return
-    torch grads shaped like `inputs` and the sink's means2d gradient (None without a sink).
-    ``images``: a weak reference to the block of the render's images (dead: a deferred
-    check's re-render writes into the frames' images instead, `leave_images`)."""
+    torch grads shaped like `inputs`, the sink's means2d gradient and the sink's tensor
+    (both None without a sink, or once an attached sink's tensor died: then no means2d
+    gradient is computed). ``images``: a weak reference to the block of the render's
+    images (dead: a deferred check's re-render writes into the frames' images instead,
+    `leave_images`)."""
     c, n = len(outs), inputs[0].shape[0]
+    target = None if sink is None else sink.tensor
     # a [C, N, 2] (or, for one camera, [N, 2]) sink's gradient is written in place, into
     # the buffer of the leaf gradients (see `RenderContext.gradients`)
-    direct = sink is not None and sink.tensor.shape[-1] == 2
+    direct = target is not None and target.shape[-1] == 2
     torch_grads, batched = context.gradients(inputs, (c, n, 2) if direct else None)
     with context.stream():
         output_grads = [g if g is None or (g.dtype is torch.float32 and g.is_contiguous())
@@ -576,7 +618,7 @@ def _warp_backward(context, outs, inputs, sink, output_grads, images):
                     out.means2d_grad.zero_()
                 if out.means2d_absgrad is not None:
                     out.means2d_absgrad.zero_()
-            backwards_checked(outs, cotangents, into, False, m2d_grads)
+            backwards_checked(outs, cotangents, into, False, m2d_grads, target is not None)
 
         queue()
         # the forward's deferred checks, once the backward is queued (the host waits for
@@ -586,9 +628,8 @@ def _warp_backward(context, outs, inputs, sink, output_grads, images):
             leave_images(context.workspace, outs)
         if any(out is r for r in settle_deferred(context.workspace) for out in outs):
             queue()
-    if sink is None:
-        return torch_grads, None
-    target = sink.tensor
+    if target is None:
+        return torch_grads, None, None
     if batched is None:
         m2d = target.new_zeros(target.shape)
         batched = m2d.view(c, n, target.shape[-1])
@@ -597,8 +638,8 @@ def _warp_backward(context, outs, inputs, sink, output_grads, images):
     else:
         m2d = batched if target.dim() == 3 else batched.view(target.shape)
     _scale(batched, sink.scale)
-    if sink.absgrad_owner is not None:
-        owner = sink.absgrad_owner
+    owner = sink.absgrad_owner
+    if owner is not None:
         if getattr(owner, "absgrad", None) is None:
             owner.absgrad = torch.zeros_like(owner, requires_grad=False)
         absgrad = owner.absgrad.view(c, n, owner.shape[-1])
@@ -606,7 +647,7 @@ def _warp_backward(context, outs, inputs, sink, output_grads, images):
             part = context.torch_view(out.means2d_absgrad)
             for axis in (0, 1):
                 absgrad[i, :, axis] += part[:, axis] * sink.scale[axis]
-    return torch_grads, m2d
+    return torch_grads, m2d, target
 
 
 def _backward_views(context, torch_grads, batched, output_grads, c):
@@ -689,7 +730,7 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     c, n = len(cameras), means.shape[0]
     if means2d_out is None:
         means2d_out = means.new_empty((c, n, 2))
-    sink_tensor = None if sink is None else sink.tensor
+    sink_tensor = None if sink is None or sink.attached else sink.tensor
     if not isinstance(cameras, DeviceCameras):
         cameras = tuple(cameras)
     means2d_out = means2d_out.detach()

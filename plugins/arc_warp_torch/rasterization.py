@@ -91,17 +91,19 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
 
 def _call_key(tensors: tuple, options: tuple) -> Optional[tuple]:
     """What a `rasterization` call's checks depend on, for `RenderContext.checked_calls`:
-    ``options`` and, per tensor, its memory, shape, dtype, device, requires_grad and
-    contiguity; a host tensor's values too (host cameras are read by value; their
-    [C, 4, 4] and [C, 3, 3] are small). None if one of them is not a cpu or cuda tensor
-    (the checks then run, and raise)."""
-    key = list(options)
+    ``options`` and, per tensor, its memory, shape, dtype, requires_grad and contiguity
+    (its device too: under CUDA's unified addressing, memory on different devices, the
+    host's included, never shares an address); a host tensor's values too (host cameras
+    are read by value; their [C, 4, 4] and [C, 3, 3] are small). None if one of them is
+    not a cpu or cuda tensor (the checks then run, and raise). Made on every call: a few
+    microseconds (a key with torch.device objects in it costs twice as much to hash)."""
+    key = [options]
     for t in tensors:
         if not isinstance(t, torch.Tensor) or not (t.is_cuda or t.is_cpu):
             return None
-        key.append((t.data_ptr(), t.shape, t.dtype, t.device, t.requires_grad, t.is_contiguous()))
+        key.append((t.data_ptr(), t.shape, t.dtype, t.requires_grad, t.is_contiguous()))
     for t in tensors[-2:]:  # viewmats, Ks
-        if t.device.type == "cpu":
+        if t.is_cpu:
             if t.dtype not in (torch.float32, torch.float64):
                 return None  # checked, or converted, by _cameras every call
             key.append(t.detach().numpy().tobytes())
@@ -207,7 +209,13 @@ def rasterization(
                 enabled it is a leaf tensor with requires_grad=True whose .grad receives
                 dL/dmeans2d (pixels) during backward, for densification; calling
                 .retain_grad() on it, as gsplat code does, is harmless. With absgrad=True
-                its .absgrad attribute gets the per-pixel absolute gradient sum.
+                its .absgrad attribute gets the per-pixel absolute gradient sum. It is
+                not an input of the autograd graph: the render's backward adds into its
+                .grad while the tensor is alive, and computes no such gradient once the
+                caller has dropped it (a loop that does not read it holds neither it nor
+                its gradient through the optimizer step, like gsplat's intermediate
+                means2d without retain_grad). So read it from .grad after backward:
+                torch.autograd.grad(loss, meta["means2d"]) and hooks on it do not see it.
             "radii": [C, N, 2] int32 screen-space extents in pixels, (0, 0) = culled.
             "width", "height", "n_cameras": ints.
 
@@ -288,7 +296,7 @@ def rasterization(
         means2d = means.new_empty((c, n, 2)).requires_grad_(need_grad)
     sink = None
     if need_grad:
-        sink = Means2dSink(means2d, absgrad_owner=means2d if absgrad else None)
+        sink = Means2dSink(means2d, absgrad_owner=means2d if absgrad else None, attached=True)
     r = render_batch(*inputs, cameras, settings, sink, means2d, context, depths=render_mode != "RGB")
 
     alphas = r.alpha[..., None]

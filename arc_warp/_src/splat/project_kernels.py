@@ -236,7 +236,8 @@ def project_one(
 
 @functools.cache
 def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, overwrite: bool = False,
-                     sh_apart: bool = False, scale_activation: str = "none", opacity_activation: str = "none"):
+                     sh_apart: bool = False, scale_activation: str = "none", opacity_activation: str = "none",
+                     means2d: bool = True):
     """Per-Gaussian backward of the projection stage, and of the colour stage unless
     ``sh_apart``.
 
@@ -254,6 +255,8 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
     are log-scales / logits (activated as in the forward) and their gradients are w.r.t.
     those raw values: dL/ds * s and dL/do * o (1 - o), applied to this call's share before
     it is added (or written).
+    ``means2d`` False: nobody reads dL/dmeans2d, so ``v_means2d`` is not touched (it may be
+    None).
     """
     exp_scales = scale_activation == "exp"
     sigmoid_opacities = opacity_activation == "sigmoid"
@@ -292,7 +295,8 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
                 v_quats[i] = wp.vec4(0.0)
                 v_scales[i] = wp.vec3(0.0)
                 v_opacities[i] = 0.0
-                v_means2d[i] = wp.vec2(0.0)
+                if wp.static(means2d):
+                    v_means2d[i] = wp.vec2(0.0)
                 if wp.static(absgrad):
                     v_means2d_abs[i] = wp.vec2(0.0)
                 if wp.static(not sh_apart):
@@ -310,10 +314,11 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
             if wp.static(not overwrite):
                 v_o = v_opacities[i] + v_o
             v_opacities[i] = v_o
-        v_m2 = v_xy
-        if wp.static(not overwrite):
-            v_m2 = v_means2d[i] + v_m2
-        v_means2d[i] = v_m2
+        if wp.static(means2d):
+            v_m2 = v_xy
+            if wp.static(not overwrite):
+                v_m2 = v_means2d[i] + v_m2
+            v_means2d[i] = v_m2
         if wp.static(absgrad):
             v_abs = wp.vec2(g[G_ABS], g[G_ABS + 1])
             if wp.static(not overwrite):

@@ -129,7 +129,8 @@ def project_backward(
     / logits."""
     frame.launch(
         make_project_bwd(inputs.sh_coeffs, settings.absgrad, settings.antialiased, not accumulate,
-                         sh_v_means is not None, settings.scale_activation, settings.opacity_activation),
+                         sh_v_means is not None, settings.scale_activation, settings.opacity_activation,
+                         means2d_grad is not None),
         inputs.count,
         [
             inputs.means,

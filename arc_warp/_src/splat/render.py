@@ -677,17 +677,19 @@ def render_gaussians_backward(
 
 
 def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: GaussianGrads, accumulate: bool,
-                      means2d_grads: list) -> None:
+                      means2d_grads: list, means2d: bool = True) -> None:
     """:func:`render_gaussians_backward` of the C renders of one call from arguments it
     has checked (also the torch bridge's entry), in order, into one ``grads`` matching the
     inputs: the first adds with ``accumulate`` (or writes), the others add.
     ``cotangents`` holds per render (color, alpha, depth, expected_depth), each shaped
     like the render's images or None (zero); ``means2d_grads`` per render an (N,) wp.vec2
-    or None (``out.means2d_grad``). With graphs, consecutive backwards with graph keys go
-    through one ``Frame.replay`` (:func:`_replay_together`)."""
+    or None (``out.means2d_grad``); ``means2d`` False: no 2D mean gradients are written
+    (nobody reads them; ``means2d_grads`` is then ignored). With graphs, consecutive
+    backwards with graph keys go through one ``Frame.replay`` (:func:`_replay_together`)."""
     batch = []
     for i, (out, cot, means2d_grad) in enumerate(zip(outs, cotangents, means2d_grads)):
-        frame, key, queue = _prepare_backward(out, *cot, grads, accumulate or i > 0, means2d_grad)
+        frame, key, queue = _prepare_backward(out, *cot, grads, accumulate or i > 0,
+                                              means2d_grad if means2d else None, means2d)
         if key is not None:
             batch.append((frame, key, (queue,)))
             continue
@@ -699,7 +701,7 @@ def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: 
 
 def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.array | None,
                       v_depth: wp.array | None, v_expected: wp.array | None, grads: GaussianGrads,
-                      accumulate: bool, means2d_grad: wp.array | None) -> tuple:
+                      accumulate: bool, means2d_grad: wp.array | None, means2d: bool = True) -> tuple:
     """One render's backward (arguments as :func:`backwards_checked`, one render's),
     prepared but not queued: ``(frame, key, queue)``; ``queue(None)`` queues it, for a ``Frame.replay`` by
     ``key`` unless ``key`` is None (no graphs, or ``"deterministic"``, which reads the
@@ -708,7 +710,7 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
     frame = out._frame
     if inputs.count == 0:
         return frame, None, lambda _: None
-    if means2d_grad is None:
+    if means2d_grad is None and means2d:
         means2d_grad = out.means2d_grad
     settings = out.settings
     # resolved when the workspace was made, never here (no lazy calibration in a step)
