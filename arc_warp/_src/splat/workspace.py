@@ -60,6 +60,24 @@ class BufferInfo(NamedTuple):
     nbytes: int  # bytes allocated (a capacity buffer's spare room included)
 
 
+class _BlockPlan:
+    """The layout of one block of buffers a frame hands back and takes back together
+    (:meth:`Frame.release`, :meth:`Frame.restore`): their names and bytes, each one's
+    aligned offset, the total, and the block's base the last time it came back with the
+    buffers at those offsets. Valid while the workspace's allocation count is
+    ``allocations`` (no buffer was made or moved since)."""
+
+    __slots__ = ("sizes", "names", "offsets", "total", "allocations", "base")
+
+    def __init__(self, sizes: dict, allocations: int):
+        self.sizes, self.names, self.allocations, self.base = sizes, frozenset(sizes), allocations, None
+        self.offsets, total = [], 0
+        for name, nbytes in sizes.items():
+            self.offsets.append((name, total))
+            total += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        self.total = total
+
+
 class Frame:
     """The buffers of one render in flight: its forward state, scratch and outputs.
 
@@ -87,6 +105,8 @@ class Frame:
         self._owners: dict = {}
         self._blocks: dict[frozenset, object] = {}
         self._released: dict = {}
+        self._plans: dict = {}  # release's ``names`` -> _BlockPlan of a whole-frame release
+        self._restoring = None  # the _BlockPlan of what is released, if one release made it
         self._keep: set = set()  # names of buffers never handed back (zeros_once, host_array)
 
     @property
@@ -141,19 +161,33 @@ class Frame:
         Work already queued on the allocator's stream still reads them safely: a
         stream-ordered allocator (torch's) hands the memory out again only to work queued
         after it."""
-        if self._workspace.allocator is None:
+        workspace = self._workspace
+        if workspace.allocator is None:
             return
-        device = self._workspace.device
-        chosen = [(name, a.capacity) for name, a in self._arrays.items()
-                  if a.device == device and name not in self._keep and name not in self._released
-                  and (names is None or name in names)]
-        if sum(nbytes for _, nbytes in chosen) < RELEASE_MIN_BYTES:
-            return
-        for name, nbytes in chosen:
-            self._released[name] = nbytes
+        # a training step releases the same buffers each time: their block's layout is
+        # worked out once per buffers made (the allocation count)
+        plan = self._plans.get(names) if not self._released else None
+        if plan is None or plan.allocations != workspace.allocations:
+            device = workspace.device
+            chosen = {name: a.capacity for name, a in self._arrays.items()
+                      if a.device == device and name not in self._keep and name not in self._released
+                      and (names is None or name in names)}
+            if sum(chosen.values()) < RELEASE_MIN_BYTES:
+                return
+            plan = _BlockPlan(chosen, workspace.allocations)
+            if not self._released:
+                if len(self._plans) >= 8:
+                    self._plans.clear()
+                self._plans[names] = plan
+        for name in plan.sizes:
             self._owners.pop(name, None)
-        for names in [k for k in self._blocks if k <= self._released.keys()]:
-            del self._blocks[names]  # a restored block none of whose buffers is in use
+        self._restoring = plan if not self._released else None
+        self._released.update(plan.sizes)
+        if self._blocks.keys() == {plan.names}:
+            self._blocks.clear()  # the block of the last restore: every buffer in it released
+        else:
+            for block in [k for k in self._blocks if k <= self._released.keys()]:
+                del self._blocks[block]  # a restored block none of whose buffers is in use
         self._retired = None
 
     def restore(self) -> None:
@@ -164,14 +198,15 @@ class Frame:
         released, self._released = self._released, {}
         if not released:
             return
-        offsets, total = {}, 0
-        for name, nbytes in released.items():
-            offsets[name] = total
-            total += -(-nbytes // SCRATCH_ALIGN) * SCRATCH_ALIGN
         workspace = self._workspace
-        base, self._blocks[frozenset(released)] = workspace.allocator(total)
+        plan, self._restoring = self._restoring, None
+        if plan is None:  # released in parts
+            plan = _BlockPlan(released, workspace.allocations)
+        base, self._blocks[plan.names] = workspace.allocator(plan.total)
+        if base == plan.base:
+            return  # where this plan's block last came back: its buffers are there (release checked them)
         moved = False
-        for name, offset in offsets.items():
+        for name, offset in plan.offsets:
             a = self._arrays[name]
             if a.ptr != base + offset:
                 self._arrays[name] = wp.array(ptr=base + offset, dtype=a.dtype, shape=a.shape, capacity=a.capacity,
@@ -179,6 +214,7 @@ class Frame:
                 moved = True
         if moved:
             workspace.allocations += 1
+        plan.base, plan.allocations = base, workspace.allocations
 
     def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
         """``wp.launch(kernel, dim, inputs=args)`` on the current stream, prepared once per
