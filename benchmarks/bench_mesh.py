@@ -17,8 +17,10 @@ nvdiffrast.torch`` works. Each call is timed twice: as a user's call on an idle 
 (its host work included), and as device time (queued behind a spin kernel, timed from
 the spin's end: the host work is hidden, as in a loop that queues ahead;
 ``bench_train_step.behind_spin``). Agreement with nvdiffrast: max |image difference|
-and gradient cosine similarity. ``--smoke`` runs tiny sizes on the CPU (host timing)
-to check the script itself.
+and gradient cosine similarity; for ``raster`` and ``chain`` also the cosine with the
+upstream gradient zero where our rasterize clamps u, v (``clamp_mask``: nvdiffrast's
+backward ignores that clamp, ours differentiates it). ``--smoke`` runs tiny sizes on the
+CPU (host timing) to check the script itself.
 
 Usage::
 
@@ -83,6 +85,24 @@ def cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(a @ b / (a.norm() * b.norm() + 1e-30))
 
 
+def clamp_mask(rast: torch.Tensor, spread: bool = False):
+    """(mask, covered) [B, H, W] bool of our ``rast``: ``mask`` is where rasterize's clamp of
+    (u, v) to the triangle acts (``raster_kernels.clamped_uv``: snapped coverage put the
+    pixel centre outside the exact triangle), so its backward differs from nvdiffrast's.
+    The clamp leaves (u, v) on the triangle's border: u = 0 or v = 0 where it clamps one at
+    0, u + v = 1 to float32 rounding (a few 1e-7) where it rescales them; a border 1e-6 wide
+    takes both, and the rare unclamped centres that close to an edge (the same derivative
+    in both libraries: leaving them out changes nothing). ``spread``: also the pixels'
+    4-neighbours, whose upstream gradient antialias passes to a pixel's colour."""
+    u, v = rast[..., 0].double(), rast[..., 1].double()
+    covered = rast[..., 3] > 0
+    mask = covered & ((u <= 1e-6) | (v <= 1e-6) | (u + v >= 1 - 1e-6))
+    if spread:
+        p = torch.nn.functional.pad(mask, (1, 1, 1, 1))
+        mask = mask | p[:, :-2, 1:-1] | p[:, 2:, 1:-1] | p[:, 1:-1, :-2] | p[:, 1:-1, 2:]
+    return mask, covered
+
+
 def grid_mesh(n_tri: int, device):
     """A screen-filling, gently perspective grid of about ``n_tri`` triangles: pos [1, V, 4], tri [F, 3]."""
     n = max(2, int(math.sqrt(n_tri / 2)))
@@ -105,11 +125,13 @@ def sphere(n_tri: int, device):
     return pos, torch.from_numpy(f).to(device), torch.from_numpy(uv).to(device)
 
 
-def run_pair(name, make, inputs, reps, results):
+def run_pair(name, make, inputs, reps, results, mask=None):
     """Times forward and backward of ``make(lib, reduce)`` (returns the output) for each mode
     and nvdiffrast, interleaved, as a user's call (host included, the device idle before
     it) and as device time (host hidden); checks agreement. ``inputs``: tensors whose
-    gradients are compared."""
+    gradients are compared. ``mask``: None, or returns ``(mask, covered)`` [B, H, W] bool
+    (``clamp_mask``): the gradients are also compared with the upstream gradient zeroed at
+    ``mask`` (``grad_cosine_unclamped``)."""
     row, fwds, bwds = {}, {}, {}
     g = None
     ref = {}
@@ -120,16 +142,27 @@ def run_pair(name, make, inputs, reps, results):
         out = fwd()
         if g is None:
             g = torch.randn_like(out)
-        grads = torch.autograd.grad(out, inputs, g, retain_graph=True, allow_unused=True)
+            upstream = {"grad_cosine": g}
+            if mask is not None:
+                with torch.no_grad():
+                    m, covered = mask()
+                upstream["grad_cosine_unclamped"] = g * ~m[..., None]
+                masked = float(m.sum() / covered.sum().clamp(min=1))
+                print(f"{name:9s} unclamped cosine: upstream gradient zero at {masked:.2%} of the covered pixels")
+        grads = {k: torch.autograd.grad(out, inputs, gk, retain_graph=True, allow_unused=True)
+                 for k, gk in upstream.items()}
         bwds[key] = lambda out=out: torch.autograd.grad(  # noqa: E731
             out, inputs, g, retain_graph=True, allow_unused=True)
         row[key] = {}
         if mode == "arc":
             ref = {"out": out.detach(), "grads": grads}
+            if mask is not None:
+                row[key]["unclamped_masked_fraction"] = masked
         if lib == "nvdiffrast" and ref:
             row[key]["max_abs_image_diff"] = float((out.detach() - ref["out"]).abs().max())
-            row[key]["grad_cosine"] = [cosine(a, b) for a, b in zip(ref["grads"], grads)
-                                       if a is not None and b is not None]
+            for k in grads:
+                row[key][k] = [cosine(a, b) for a, b in zip(ref["grads"][k], grads[k])
+                               if a is not None and b is not None]
     with torch.no_grad():
         t_fwd = timed_all(fwds, reps)
         t_fwd_dev = timed_all(fwds, reps, hidden=True) if DEVICE.type == "cuda" else {}
@@ -139,8 +172,8 @@ def run_pair(name, make, inputs, reps, results):
         row[key].update(forward_ms=t_fwd[key], backward_ms=t_bwd[key], forward_device_ms=t_fwd_dev.get(key),
                         backward_device_ms=t_bwd_dev.get(key))
         dev = (f"  device fwd {t_fwd_dev[key]:8.3f} ms  bwd {t_bwd_dev[key]:8.3f} ms" if t_fwd_dev else "")
-        print(f"{name:9s} {key:18s} fwd {t_fwd[key]:8.3f} ms  bwd {t_bwd[key]:8.3f} ms{dev}  "
-              f"{row[key].get('grad_cosine', '')}", flush=True)
+        cos = "  ".join(f"{k.removeprefix('grad_')} {row[key][k]}" for k in upstream if k in row[key])
+        print(f"{name:9s} {key:18s} fwd {t_fwd[key]:8.3f} ms  bwd {t_bwd[key]:8.3f} ms{dev}  {cos}", flush=True)
     results[name] = row
 
 
@@ -170,7 +203,7 @@ def bench_interp_raster(size, n_tri, reps, results, which):
             kw = {"reduce": mode} if mode else {}
             rast, _ = lib.rasterize(ctx if lib is ours else nctx, pos, tri, (size, size), grad_db=False, **kw)
             return rast
-        run_pair("raster", make_r, (pos,), reps, results)
+        run_pair("raster", make_r, (pos,), reps, results, mask=lambda: clamp_mask(make_r(ours, None)))
     if "interp" in which:
         with torch.no_grad():
             rast, _ = ours.rasterize(ctx, pos, tri, (size, size))
@@ -205,7 +238,12 @@ def bench_chain(size, n_tri, tex_size, reps, results):
         key = "ours" if lib is ours else "nvdiffrast"
         return chain(lib, ctxs[key], topo[key], pos, tri, uv, tex, size, mode)
 
-    run_pair("chain", make, (pos, tex), reps, results)
+    # spread: antialias passes the gradient of a pixel's 4-neighbours to its colour where a
+    # silhouette edge runs between them. On this sphere none of the clamp's pixels is at one
+    # (checked on the CPU: the pixel-only mask leaves them no colour gradient either); the
+    # spread makes that hold for any scene, at 4-5x the masked pixels.
+    run_pair("chain", make, (pos, tex), reps, results,
+             mask=lambda: clamp_mask(ours.rasterize(ctxs["ours"], pos, tri, (size, size))[0], spread=True))
 
 
 def main(argv=None):
