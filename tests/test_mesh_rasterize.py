@@ -327,6 +327,30 @@ def test_backward_where_snapping_covers_a_centre_outside(rng, order):
             assert abs(got[0, v, k] - fd) <= 2e-3 * scale, (v, k, got[0, v, k], fd)
 
 
+def test_backward_off_the_clamps_pixels_is_the_unclamped_one(rng):
+    # With the upstream gradient zero at the pixels whose u, v the resolve clamps (rast's
+    # u, v on the triangle's border: u = 0, v = 0 or u + v = 1 to rounding), the gradient is
+    # that of the unclamped barycentrics, as nvdiffrast differentiates them: the clamp's
+    # derivative adds nothing elsewhere. benchmarks/bench_mesh.py (clamp_mask) compares the
+    # two libraries so; with those pixels' gradient kept, the clamp matters.
+    pos, tri = random_mesh(rng, n_tri=200, n_vert=300, spread=1.0)  # slivers: snapping covers centres outside
+    rast, _ = run(pos, tri)
+    u, v = rast[..., 0].astype(np.float64), rast[..., 1].astype(np.float64)
+    clamped = (rast[..., 3] > 0) & ((u <= 1e-6) | (v <= 1e-6) | (u + v >= 1 - 1e-6))
+    assert clamped.sum() >= 3
+    g = rng.standard_normal(rast.shape).astype(np.float32)
+    gdb = rng.standard_normal(rast.shape).astype(np.float32) * 0.1
+
+    def ours_and_unclamped(g, gdb):
+        got = mesh.rasterize_backward(wa(pos), wa(tri, wp.int32), wa(rast), wa(g), wa(gdb)).numpy()
+        return got, reference_pos_grad(pos, tri, rast[..., 3], g, gdb, clamp=False)
+
+    keep = ~clamped[..., None]
+    got, want = ours_and_unclamped(g * keep, gdb * keep)
+    np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
+    got, want = ours_and_unclamped(g, gdb)
+    assert np.abs(got - want).max() > 1e-2 * np.abs(want).max()
+
 def test_tape_and_finite_differences(rng):
     pos, tri = random_mesh(rng, batch=1, n_tri=3)
     g = rng.standard_normal((1, H, W, 4)).astype(np.float32)
