@@ -327,29 +327,68 @@ def test_backward_where_snapping_covers_a_centre_outside(rng, order):
             assert abs(got[0, v, k] - fd) <= 2e-3 * scale, (v, k, got[0, v, k], fd)
 
 
+def clamp_mask(rast):
+    """[B, H, W] bool: the pixels whose u, v the resolve clamps (rast's u, v on the triangle's
+    border: u = 0, v = 0 or u + v = 1 to rounding), as benchmarks/bench_mesh.py's clamp_mask."""
+    u, v = rast[..., 0].astype(np.float64), rast[..., 1].astype(np.float64)
+    return (rast[..., 3] > 0) & ((u <= 1e-6) | (v <= 1e-6) | (u + v >= 1 - 1e-6))
+
+
+def ours_and_unclamped(pos, tri, rast, g, gdb):
+    """(our dL/dpos, the float64 one of the unclamped barycentrics) at ``rast``'s triangles."""
+    got = mesh.rasterize_backward(wa(pos), wa(tri, wp.int32), wa(rast), wa(g), wa(gdb)).numpy()
+    return got, reference_pos_grad(pos, tri, rast[..., 3], g, gdb, clamp=False)
+
+
 def test_backward_off_the_clamps_pixels_is_the_unclamped_one(rng):
-    # With the upstream gradient zero at the pixels whose u, v the resolve clamps (rast's
-    # u, v on the triangle's border: u = 0, v = 0 or u + v = 1 to rounding), the gradient is
-    # that of the unclamped barycentrics, as nvdiffrast differentiates them: the clamp's
-    # derivative adds nothing elsewhere. benchmarks/bench_mesh.py (clamp_mask) compares the
-    # two libraries so; with those pixels' gradient kept, the clamp matters.
+    # With the upstream gradient zero at the pixels whose u, v the resolve clamps, the
+    # gradient is that of the unclamped barycentrics, as nvdiffrast differentiates them: the
+    # clamp's derivative adds nothing elsewhere. benchmarks/bench_mesh.py (clamp_mask)
+    # compares the two libraries so; with those pixels' gradient kept, the clamp matters.
     pos, tri = random_mesh(rng, n_tri=200, n_vert=300, spread=1.0)  # slivers: snapping covers centres outside
     rast, _ = run(pos, tri)
-    u, v = rast[..., 0].astype(np.float64), rast[..., 1].astype(np.float64)
-    clamped = (rast[..., 3] > 0) & ((u <= 1e-6) | (v <= 1e-6) | (u + v >= 1 - 1e-6))
+    clamped = clamp_mask(rast)
     assert clamped.sum() >= 3
     g = rng.standard_normal(rast.shape).astype(np.float32)
     gdb = rng.standard_normal(rast.shape).astype(np.float32) * 0.1
-
-    def ours_and_unclamped(g, gdb):
-        got = mesh.rasterize_backward(wa(pos), wa(tri, wp.int32), wa(rast), wa(g), wa(gdb)).numpy()
-        return got, reference_pos_grad(pos, tri, rast[..., 3], g, gdb, clamp=False)
-
     keep = ~clamped[..., None]
-    got, want = ours_and_unclamped(g * keep, gdb * keep)
+    got, want = ours_and_unclamped(pos, tri, rast, g * keep, gdb * keep)
     np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
-    got, want = ours_and_unclamped(g, gdb)
+    got, want = ours_and_unclamped(pos, tri, rast, g, gdb)
     assert np.abs(got - want).max() > 1e-2 * np.abs(want).max()
+
+
+def tiny_triangle_grid(rng, n):
+    """A screen-filling grid of 2 n^2 triangles (pos [1, V, 4], tri [F, 3]), its vertices
+    jittered by up to 0.2 of a cell, at w in [0.8, 1.6]."""
+    t = np.linspace(-1.0, 1.0, n + 1)
+    x, y = (c + rng.uniform(-0.2, 0.2, c.shape) * (t[1] - t[0]) for c in np.meshgrid(t, t))
+    w = rng.uniform(0.8, 1.6, x.shape)
+    z = rng.uniform(-0.5, 0.5, x.shape)
+    pos = np.stack([x * w, y * w, z * w, w], -1).reshape(1, -1, 4).astype(np.float32)
+    k = np.arange((n + 1) ** 2).reshape(n + 1, n + 1)
+    a, b, c, d = k[:-1, :-1], k[:-1, 1:], k[1:, 1:], k[1:, :-1]
+    return pos, np.concatenate([np.stack([a, b, c], -1), np.stack([a, c, d], -1)]).reshape(-1, 3).astype(np.int32)
+
+
+def test_backward_of_tiny_triangles_clamps_where_the_forward_does(rng):
+    # 15k triangles of ~4 pixels (the density of bench_mesh's 1M-triangle grid at 2048^2):
+    # small against their distance from the NDC origin, where edge functions from absolute
+    # coordinates nearly cancel (c_i against a_i X + b_i Y; float32 u off by 1e-5, up to
+    # 5e-4). The backward takes u, v and the lines relative to the pixel centre, as the
+    # resolve: it clamps exactly where the forward did (from absolute coordinates a few
+    # centres near an edge fell on its other side, the clamp's derivative dropping their u or
+    # v: errors 1e-2 to 2e-1 of the largest) and its derivatives are as precise as float32
+    # sums allow (~1e-5 of the largest; 4e-4 from absolute coordinates).
+    pos, tri = tiny_triangle_grid(rng, 88)
+    rast = mesh.rasterize(wa(pos), wa(tri, wp.int32), (248, 264))[0].numpy()
+    keep = ~clamp_mask(rast)[..., None]
+    assert keep.mean() > 0.9
+    g = rng.standard_normal(rast.shape).astype(np.float32)
+    gdb = rng.standard_normal(rast.shape).astype(np.float32) * 0.1
+    got, want = ours_and_unclamped(pos, tri, rast, g * keep, gdb * keep)
+    np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max())
+
 
 def test_tape_and_finite_differences(rng):
     pos, tri = random_mesh(rng, batch=1, n_tri=3)

@@ -44,12 +44,6 @@ def fma32(a: float, b: float, c: float) -> float:
     ...
 
 
-@wp.func
-def homogeneous(p: wp.vec4) -> wp.vec3:
-    """(x, y, w) of a clip-space position: the 2D homogeneous point the rasteriser sees."""
-    return wp.vec3(p[0], p[1], p[3])
-
-
 TILE = 16
 """A 256-thread block covers a TILE x TILE pixel tile, each 32-lane warp an 8 x 4 patch of it:
 lanes of a warp then hit nearby triangles and texels, which is what ARC merges."""

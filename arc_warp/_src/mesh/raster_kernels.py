@@ -22,7 +22,9 @@ The resolve then computes (u, v, z/w) and their derivatives as nvdiffrast's pixe
 does: perspective-correct, from the unsnapped float32 positions of the winning triangle,
 u, v clamped to it. The backward differentiates that, clamp included (nvdiffrast's
 differentiates the unclamped u, v): a centre that snapping puts inside a thin triangle
-can be far outside it in exact barycentrics.
+can be far outside it in exact barycentrics. It recomputes u, v as the resolve does, to
+the bit (``pixel_lines``, relative to the pixel centre), so it takes the clamp's
+derivative exactly where the forward clamped.
 """
 
 import functools
@@ -34,7 +36,6 @@ from arc_warp._src.mesh.funcs import (
     fma32,
     float_bits,
     float_to_id,
-    homogeneous,
     id_to_float,
     tile_pixel,
 )
@@ -525,6 +526,32 @@ def pixel_ndc(x: int, scale: float, offset: float) -> float:
 
 
 @wp.func
+def centred(p: wp.vec4, fx: float, fy: float) -> wp.vec3:
+    """(x, y, w) of clip-space ``p`` with the pixel centre (fx, fy) (NDC) moved to the
+    origin: (x - fx w, y - fy w, w)."""
+    return wp.vec3(p[0] - fx * p[3], p[1] - fy * p[3], p[3])
+
+
+@wp.func
+def pixel_lines(r0: wp.vec3, r1: wp.vec3, r2: wp.vec3) -> wp.mat33:
+    """Rows L_i = r_j x r_k ((i, j, k) cyclic) of the vertices :func:`centred` at a pixel
+    centre: the edge functions E_i = a_i X + b_i Y + c_i, L_i = (a_i, b_i, c_i), of NDC
+    (X, Y) relative to the centre, so the centre's are the c_i (nvdiffrast's pixel
+    shader's a0, a1, a2, to the bit). Relative to the centre they are far more precise in
+    float32 than from absolute coordinates for a triangle small against its distance from
+    the NDC origin (there c_i and a_i X + b_i Y nearly cancel)."""
+    return wp.matrix_from_rows(wp.cross(r1, r2), wp.cross(r2, r0), wp.cross(r0, r1))
+
+
+@wp.func
+def pixel_barycentrics(lines: wp.mat33) -> wp.vec3:
+    """(u, v, 1/S) at the centre of :func:`pixel_lines` ``lines``: (c_0, c_1, 1) / S,
+    S = c_0 + c_1 + c_2, as the resolve computes them (before :func:`clamped_uv`)."""
+    iw = 1.0 / (lines[0][2] + lines[1][2] + lines[2][2])
+    return wp.vec3(lines[0][2] * iw, lines[1][2] * iw, iw)
+
+
+@wp.func
 def clamped_uv(u: float, v: float) -> wp.vec2:
     """(u, v) clamped to the triangle, as nvdiffrast's pixel shader does: u, v >= 0 and
     u + v <= 1 despite round-off and for centres that snapped coverage puts outside the
@@ -572,18 +599,14 @@ def raster_resolve(
     p2 = pos[vb, f[2]]
     fx = pixel_ndc(x, xs, xo)
     fy = pixel_ndc(y, ys, yo)
-    p0x = p0[0] - fx * p0[3]
-    p0y = p0[1] - fy * p0[3]
-    p1x = p1[0] - fx * p1[3]
-    p1y = p1[1] - fy * p1[3]
-    p2x = p2[0] - fx * p2[3]
-    p2y = p2[1] - fy * p2[3]
-    a0 = p1x * p2y - p1y * p2x
-    a1 = p2x * p0y - p2y * p0x
-    a2 = p0x * p1y - p0y * p1x
-    iw = 1.0 / (a0 + a1 + a2)
+    lines = pixel_lines(centred(p0, fx, fy), centred(p1, fx, fy), centred(p2, fx, fy))
+    a0 = lines[0][2]
+    a1 = lines[1][2]
+    a2 = lines[2][2]
+    bary = pixel_barycentrics(lines)
+    iw = bary[2]
     zw = (p0[2] * a0 + p1[2] * a1 + p2[2] * a2) / (p0[3] * a0 + p1[3] * a1 + p2[3] * a2)
-    uv = clamped_uv(a0 * iw, a1 * iw)
+    uv = clamped_uv(bary[0], bary[1])
     u = uv[0]
     v = uv[1]
     rast[b, y, x] = wp.vec4(u, v, wp.clamp(zw, -1.0, 1.0), id_to_float(t + 1))
@@ -621,17 +644,18 @@ def clamp_grads(u: float, v: float, g: wp.vec2) -> wp.vec2:
 
 
 @wp.func
-def line_grads(lines: wp.mat33, fx: float, fy: float, g: wp.vec4, gdb: wp.vec4, xs: float, ys: float) -> wp.mat33:
-    """dL/dL_i (rows, float32 3x3) of one pixel, given dL/d(u', v') in ``g[0:2]`` and
-    dL/d(rast_db) in ``gdb``, as :func:`raster_resolve` computes them.
+def line_grads(lines: wp.mat33, g: wp.vec4, gdb: wp.vec4, xs: float, ys: float) -> wp.mat33:
+    """dL/dL_i (rows, float32 3x3) of one pixel's :func:`pixel_lines`, given dL/d(u', v')
+    in ``g[0:2]`` and dL/d(rast_db) in ``gdb``, as :func:`raster_resolve` computes them.
 
-    u = E_0/S, v = E_1/S, S = sum E_i, E_i = a_i X + b_i Y + c_i with L_i = (a_i, b_i, c_i);
+    u = c_0/S, v = c_1/S, S = sum c_i, the resolve's very float32 u, v
+    (:func:`pixel_barycentrics`), so the clamp's derivative acts where the forward clamps;
     (u', v') the clamped u, v (:func:`clamped_uv`, :func:`clamp_grads`); the derivatives are
     (a_0 - u' A)/S etc. with A = sum a_i, B = sum b_i."""
-    e = lines * wp.vec3(fx, fy, 1.0)
-    s = e[0] + e[1] + e[2]
-    u = e[0] / s
-    v = e[1] / s
+    bary = pixel_barycentrics(lines)
+    u = bary[0]
+    v = bary[1]
+    r = bary[2]
     uvc = clamped_uv(u, v)
     uc = uvc[0]
     vc = uvc[1]
@@ -641,26 +665,26 @@ def line_grads(lines: wp.mat33, fx: float, fy: float, g: wp.vec4, gdb: wp.vec4, 
     g2 = ys * gdb[1]
     g3 = xs * gdb[2]
     g4 = ys * gdb[3]
-    dux = (lines[0][0] - uc * a) / s
-    duy = (lines[0][1] - uc * bsum) / s
-    dvx = (lines[1][0] - vc * a) / s
-    dvy = (lines[1][1] - vc * bsum) / s
-    guv = clamp_grads(u, v, wp.vec2(g[0] - (g1 * a + g2 * bsum) / s, g[1] - (g3 * a + g4 * bsum) / s))
+    dux = (lines[0][0] - uc * a) * r
+    duy = (lines[0][1] - uc * bsum) * r
+    dvx = (lines[1][0] - vc * a) * r
+    dvy = (lines[1][1] - vc * bsum) * r
+    guv = clamp_grads(u, v, wp.vec2(g[0] - (g1 * a + g2 * bsum) * r, g[1] - (g3 * a + g4 * bsum) * r))
     gu = guv[0]
     gv = guv[1]
-    gs = -(g1 * dux + g2 * duy + g3 * dvx + g4 * dvy) / s - (gu * u + gv * v) / s
-    ga_sum = -(g1 * uc + g3 * vc) / s
-    gb_sum = -(g2 * uc + g4 * vc) / s
-    ge = wp.vec3(gu / s + gs, gv / s + gs, gs)
-    ga = wp.vec3(g1 / s + ga_sum, g3 / s + ga_sum, ga_sum) + ge * fx
-    gb = wp.vec3(g2 / s + gb_sum, g4 / s + gb_sum, gb_sum) + ge * fy
-    return wp.mat33(ga[0], gb[0], ge[0], ga[1], gb[1], ge[1], ga[2], gb[2], ge[2])
+    gs = -(g1 * dux + g2 * duy + g3 * dvx + g4 * dvy + gu * u + gv * v) * r
+    ga_sum = -(g1 * uc + g3 * vc) * r
+    gb_sum = -(g2 * uc + g4 * vc) * r
+    return wp.mat33(g1 * r + ga_sum, g2 * r + gb_sum, gu * r + gs,
+                    g3 * r + ga_sum, g4 * r + gb_sum, gv * r + gs,
+                    ga_sum, gb_sum, gs)
 
 
 @wp.func
-def xyw_grad(g: wp.vec3) -> wp.vec4:
-    """A gradient in (x, y, w) as a clip-space (x, y, z, w) gradient (z gets none)."""
-    return wp.vec4(g[0], g[1], 0.0, g[2])
+def xyw_grad(g: wp.vec3, fx: float, fy: float) -> wp.vec4:
+    """A gradient in :func:`centred` (x', y', w) as a clip-space (x, y, z, w) gradient: x' =
+    x - fx w, y' = y - fy w, so d/dw takes -fx d/dx' - fy d/dy' (z gets none)."""
+    return wp.vec4(g[0], g[1], 0.0, g[2] - fx * g[0] - fy * g[1])
 
 
 @functools.cache
@@ -710,30 +734,25 @@ def make_raster_bwd(mode: str):
                 gdb = grad_db[ii]
         gl = wp.mat33(0.0)
         vb = b * instanced
-        p0 = wp.vec4(0.0)
-        p1 = wp.vec4(0.0)
-        p2 = wp.vec4(0.0)
+        fx = pixel_ndc(x, xs, xo)
+        fy = pixel_ndc(y, ys, yo)
+        h0 = wp.vec3(0.0)
+        h1 = wp.vec3(0.0)
+        h2 = wp.vec3(0.0)
         if valid:
-            p0 = pos[vb, f[0]]
-            p1 = pos[vb, f[1]]
-            p2 = pos[vb, f[2]]
-            lines = wp.matrix_from_rows(
-                wp.cross(homogeneous(p1), homogeneous(p2)),
-                wp.cross(homogeneous(p2), homogeneous(p0)),
-                wp.cross(homogeneous(p0), homogeneous(p1)),
-            )
-            gl = line_grads(lines, pixel_ndc(x, xs, xo), pixel_ndc(y, ys, yo), g, gdb, xs, ys)
-        # L_i = v_j x v_k: d/dv_j = v_k x g_i, d/dv_k = g_i x v_j
-        h0 = homogeneous(p0)
-        h1 = homogeneous(p1)
-        h2 = homogeneous(p2)
+            # the resolve's lines: u, v as it computes them, and precise derivatives
+            h0 = centred(pos[vb, f[0]], fx, fy)
+            h1 = centred(pos[vb, f[1]], fx, fy)
+            h2 = centred(pos[vb, f[2]], fx, fy)
+            gl = line_grads(pixel_lines(h0, h1, h2), g, gdb, xs, ys)
+        # L_i = h_j x h_k: d/dh_j = h_k x g_i, d/dh_k = g_i x h_j
         g0 = wp.cross(h1, gl[2]) + wp.cross(gl[1], h2)
         g1 = wp.cross(h2, gl[0]) + wp.cross(gl[2], h0)
         g2 = wp.cross(h0, gl[1]) + wp.cross(gl[0], h1)
         base = vb * num_v
         planned = plan(base + f[0], valid, threshold)
-        add(grad_pos, base + f[0], xyw_grad(g0), valid, threshold, planned)
-        add(grad_pos, base + f[1], xyw_grad(g1), valid, threshold, planned)
-        add(grad_pos, base + f[2], xyw_grad(g2), valid, threshold, planned)
+        add(grad_pos, base + f[0], xyw_grad(g0, fx, fy), valid, threshold, planned)
+        add(grad_pos, base + f[1], xyw_grad(g1, fx, fy), valid, threshold, planned)
+        add(grad_pos, base + f[2], xyw_grad(g2, fx, fy), valid, threshold, planned)
 
     return wp.kernel(raster_bwd, enable_backward=False, module="unique")
