@@ -718,10 +718,17 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
     key = None
     if out._key is not None and settings.reduce != "deterministic":  # deterministic reads the exact total
         # a render without intersections skips the rasteriser backward (raster_backward)
-        key = GraphKey((out._key, out._bins.n_isects == 0, threshold, accumulate,
-                        *(signature(v) for v in (v_color, v_alpha, v_depth, v_expected)),
-                        *(signature(g) for g in (grads.means, grads.quats, grads.scales, grads.opacities, grads.colors)),
-                        signature(means2d_grad), signature(out.means2d_absgrad)))
+        # looked up by the arrays themselves before their signatures are made (an array
+        # object keeps its pointer and shape, and a training step passes the same ones)
+        parts = (out._key, out._bins.n_isects == 0, threshold, accumulate, v_color, v_alpha, v_depth, v_expected,
+                 grads.means, grads.quats, grads.scales, grads.opacities, grads.colors, means2d_grad,
+                 out.means2d_absgrad)
+        keys = frame._workspace.backward_keys
+        key = keys.get(parts)
+        if key is None:
+            if len(keys) >= 256:  # bounded: it holds the arrays
+                keys.clear()
+            key = keys[parts] = GraphKey((*parts[:4], *(signature(a) for a in parts[4:])))
 
     # what the queued work uses of ``out``, not ``out`` itself: a kept queue must not keep
     # the output (and so its frame) alive

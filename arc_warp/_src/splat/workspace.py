@@ -452,6 +452,9 @@ class Workspace:
         # render calls that replayed a kept graph, newest first, to repeat without their
         # preparation (render.py `_RenderPlan`); at most RENDER_PLANS
         self.render_plans: list = []
+        # a backward's graph key by the arrays and render key it is made of (render.py
+        # `_prepare_backward`): a repeated backward skips making their signatures
+        self.backward_keys: dict = {}
         # (weak reference to the output, pending check, output arrays) of renders queued with
         # their checks deferred (render.py `render_checked(defer=True)`, `settle_deferred`)
         self.deferred: list = []
