@@ -119,7 +119,7 @@ class RenderContext:
     def keep_checked_call(self, key: tuple, checked: tuple) -> None:
         """Keep what `rasterization` made of a call's arguments (SH degree, cameras,
         settings, whether gradients are needed) by ``key``: a call whose tensors (memory,
-        shape, dtype, device, requires_grad, contiguity) and options are the same passes
+        shape, dtype, requires_grad, contiguity) and options are the same passes
         the same checks, so a training step skips them (`rasterization`'s `_call_key`)."""
         if len(self.checked_calls) >= 64:  # bounded: pointers of freed memory pile up
             self.checked_calls.clear()
@@ -614,7 +614,7 @@ def _warp_backward(context, outs, inputs, sink, output_grads, images):
             if batched is not None and c > 1:
                 batched[1:].zero_()
             for out, m2d_grad in zip(outs[1:], m2d_grads[1:]):  # each camera's own buffers
-                if m2d_grad is None:
+                if m2d_grad is None and target is not None:
                     out.means2d_grad.zero_()
                 if out.means2d_absgrad is not None:
                     out.means2d_absgrad.zero_()

@@ -91,12 +91,12 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
 
 def _call_key(tensors: tuple, options: tuple) -> Optional[tuple]:
     """What a `rasterization` call's checks depend on, for `RenderContext.checked_calls`:
-    ``options`` and, per tensor, its memory, shape, dtype, requires_grad and contiguity
-    (its device too: under CUDA's unified addressing, memory on different devices, the
-    host's included, never shares an address); a host tensor's values too (host cameras
-    are read by value; their [C, 4, 4] and [C, 3, 3] are small). None if one of them is
-    not a cpu or cuda tensor (the checks then run, and raise). Made on every call: a few
-    microseconds (a key with torch.device objects in it costs twice as much to hash)."""
+    ``options`` and, per tensor, its memory, shape, dtype, requires_grad and contiguity (not
+    its device: under CUDA's unified addressing, memory on different devices, the host's
+    included, never shares an address, and torch.device objects would double the key's
+    hashing cost, paid on every call); a host tensor's values too (host cameras are read
+    by value; their [C, 4, 4] and [C, 3, 3] are small). None if one of them is not a cpu
+    or cuda tensor (the checks then run, and raise)."""
     key = [options]
     for t in tensors:
         if not isinstance(t, torch.Tensor) or not (t.is_cuda or t.is_cpu):

@@ -688,8 +688,7 @@ def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: 
     backwards with graph keys go through one ``Frame.replay`` (:func:`_replay_together`)."""
     batch = []
     for i, (out, cot, means2d_grad) in enumerate(zip(outs, cotangents, means2d_grads)):
-        frame, key, queue = _prepare_backward(out, *cot, grads, accumulate or i > 0,
-                                              means2d_grad if means2d else None, means2d)
+        frame, key, queue = _prepare_backward(out, *cot, grads, accumulate or i > 0, means2d_grad, means2d)
         if key is not None:
             batch.append((frame, key, (queue,)))
             continue
@@ -710,7 +709,9 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
     frame = out._frame
     if inputs.count == 0:
         return frame, None, lambda _: None
-    if means2d_grad is None and means2d:
+    if not means2d:
+        means2d_grad = None
+    elif means2d_grad is None:
         means2d_grad = out.means2d_grad
     settings = out.settings
     # resolved when the workspace was made, never here (no lazy calibration in a step)

@@ -183,11 +183,8 @@ class Frame:
             self._owners.pop(name, None)
         self._restoring = plan if not self._released else None
         self._released.update(plan.sizes)
-        if self._blocks.keys() == {plan.names}:
-            self._blocks.clear()  # the block of the last restore: every buffer in it released
-        else:
-            for block in [k for k in self._blocks if k <= self._released.keys()]:
-                del self._blocks[block]  # a restored block none of whose buffers is in use
+        for block in [k for k in self._blocks if k <= self._released.keys()]:
+            del self._blocks[block]  # a restored block none of whose buffers is in use
         self._retired = None
 
     def restore(self) -> None:
