@@ -132,6 +132,73 @@ def test_a_training_loop_that_hands_its_buffers_back_computes_the_same(rng, movi
         assert allocations[-1] == allocations[-3]
 
 
+@pytest.mark.parametrize("count", [1, 2])
+def test_a_step_takes_its_memory_back_in_one_allocation(rng, count):
+    """A steady step's render takes back its frames' and the shared scratch's memory in one
+    allocator call (``Workspace.restore``), not one per frame."""
+    scene = random_scene(rng, n=60, width=40, height=32, sh_degree=1)
+    vm, ks = _views(scene, count, "cpu")
+    weights = torch.tensor(rng.normal(size=(count, scene.height, scene.width, 3)), dtype=torch.float32)
+    allocator = PoisoningAllocator()
+    calls = []
+
+    def counting(nbytes):
+        calls.append(nbytes)
+        return allocator(nbytes)
+
+    context = _context(counting)
+    p = params_of(scene)
+    for _ in range(4):
+        _step(p, scene, vm, ks, context, weights)
+    calls.clear()
+    _step(p, scene, vm, ks, context, weights)
+    assert len(calls) == 1, calls
+    assert allocator.live == 0
+
+
+def test_a_render_finished_by_garbage_collection_mid_call_hands_back_after_it(rng, monkeypatch):
+    """A render whose graph is only reachable through a reference cycle is finished by the
+    garbage collector, which can run inside a later render or backward on the same
+    workspace: its frames and the shared scratch (in use by that call) are handed back
+    after the call, so the call computes what a keeping context computes."""
+    import gc
+
+    import arc_warp._src.splat.render as render_module
+
+    scene = random_scene(rng, n=60, width=40, height=32, sh_degree=1)
+    vm, ks = _views(scene, 1, "cpu")
+    weights = torch.tensor(rng.normal(size=(1, scene.height, scene.width, 3)), dtype=torch.float32)
+    allocator = PoisoningAllocator(moving=True)
+    results = {}
+    for name, context in (("keep", _context(None)), ("release", _context(allocator))):
+        p = params_of(scene)
+        _step(p, scene, vm, ks, context, weights)
+        cycle = [rasterization(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"], vm, ks,
+                               scene.width, scene.height, context=context)]
+        cycle.append(cycle)  # its node and frame now die only in a garbage collection
+        del cycle
+        sort, collected = render_module.sort_intersections, []
+
+        def collecting(*args, **kwargs):  # the collector runs after the projection filled the scratch
+            collected.append(gc.collect())
+            return sort(*args, **kwargs)
+
+        gc.disable()
+        try:
+            monkeypatch.setattr(render_module, "sort_intersections", collecting)
+            results[name] = _step(p, scene, vm, ks, context, weights)
+            monkeypatch.setattr(render_module, "sort_intersections", sort)
+        finally:
+            gc.enable()
+        assert collected and collected[0] > 0
+        if name == "release":
+            assert allocator.live == 0  # handed back once the call ended
+    (img_k, g_k), (img_r, g_r) = results["keep"], results["release"]
+    torch.testing.assert_close(img_r, img_k, rtol=0, atol=0)
+    for k in g_k:
+        torch.testing.assert_close(g_r[k], g_k[k], rtol=0, atol=0, msg=k)
+
+
 def test_a_densification_between_released_steps_computes_the_same(rng):
     """New, larger parameter tensors midway (a densification: every frame buffer changes
     size) on a releasing context: each step's images and gradients equal a keeping

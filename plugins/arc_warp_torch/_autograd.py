@@ -467,7 +467,7 @@ class BatchRender:
     alpha: torch.Tensor  # [C, H, W]
     depth: Optional[torch.Tensor]  # [C, H, W] sum of w_i z_i (None: not asked for)
     expected_depth: Optional[torch.Tensor]  # [C, H, W] depth / alpha, 0 where alpha == 0 (or None)
-    means2d: torch.Tensor  # [C, N, 2] pixels, not differentiable (see Means2dSink)
+    means2d: torch.Tensor  # [C, N, 2] pixels, not differentiable (see Means2dSink, render_batch's means2d_grad)
     radii: torch.Tensor  # [C, N, 2] int32 pixels, (0, 0) = culled
 
 
@@ -506,42 +506,40 @@ class _RaiseOnDoubleBackward(torch.autograd.Function):
 
 
 class _RenderGaussians(torch.autograd.Function):
-    """(means, quats, scales, opacities, colors) -> (color, alpha, depth, expected_depth,
-    radii), or without the two depth images when `depths` is False (fewer outputs: less
-    autograd bookkeeping per call), for C cameras of one size: the node of a render
+    """(means, quats, scales, opacities, colors) -> (color, alpha, depth, expected_depth),
+    or without the two depth images when `depths` is False (fewer outputs: less autograd
+    bookkeeping per call), for C cameras of one size: the node of a render
     `_queue_render` queued just before it (so the device starts before torch's autograd
-    bookkeeping runs), whose outputs it returns; the projected means went into
-    `means2d_out`. Backward runs the core backward of the C cameras
+    bookkeeping runs), whose images it returns (the projected means and radii, not
+    differentiable, went into tensors of their own, which it saves). Backward runs the core backward of the C cameras
     (`backwards_checked`) into one gradient buffer: the first camera writes every entry,
     the others add."""
 
     @staticmethod
     def forward(ctx, context, queued, sink, sink_tensor, means, quats, scales, opacities, colors):
         ctx.set_materialize_grads(False)
-        returned, radii, outs, means2d_out, block = queued
-        ctx.mark_non_differentiable(radii)
-        # Saved only so torch raises if anything the Warp backward reads was modified in place;
-        # the marker dies when torch frees them (after a backward without retain_graph, or
-        # with the graph), which drops what the backward needed (`_finished`).
-        marker = torch.empty(0)
-        ctx.save_for_backward(means, quats, scales, opacities, colors, marker)
+        returned, radii, outs, means2d, block = queued
+        # Saved so torch raises if anything the Warp backward reads was modified in place,
+        # and so that the projected means and radii it reads (through non-owning views, see
+        # RenderContext.view) stay alive, as aliases: the caller's tensors are the caller's
+        # alone. The radii alias dies when torch frees them (after a backward without
+        # retain_graph, or with the graph), which drops what the backward needed (`_finished`).
+        marker = radii.detach()
+        ctx.save_for_backward(means, quats, scales, opacities, colors, means2d, marker)
         ctx.outs, ctx.sink, ctx.context = outs, sink, context
         # The images are not held: the backward does not read them, and a loss that drops
         # them (an L1 of the image) frees their memory before the gradients are made; a
         # deferred check's re-render writes into them only while the caller holds them.
         ctx.images = weakref.ref(block)
-        # The backward reads these through non-owning views (see RenderContext.view); the
-        # caller may drop them first. Neither has a grad_fn, so this makes no cycle.
-        ctx.keep_alive = (means2d_out, radii)
         frames = [out._frame for out in outs] if context.workspace.allocator is not None else None
         weakref.finalize(marker, _finished, weakref.ref(ctx), context.workspace, frames)
-        return (*returned, radii)
+        return returned
 
     @staticmethod
     def backward(ctx, *output_grads):
         saved = ctx.saved_tensors
-        # (color, alpha[, depth, expected_depth]) cotangents; radii's last
-        cotangents = (*output_grads[:-1], None, None)[:4]
+        # (color, alpha[, depth, expected_depth]) cotangents
+        cotangents = (*output_grads, None, None)[:4]
         # torch runs a backward with grad mode on only under create_graph=True; then hand
         # back grads whose own backward raises (as torch's once_differentiable does, with a
         # message naming this renderer)
@@ -582,7 +580,7 @@ def _finished(node_ref, workspace: Workspace, frames) -> None:
     backward, on its device thread, or when the graph is dropped."""
     node = node_ref()
     if node is not None:
-        node.outs = node.keep_alive = None
+        node.outs = None
     if frames is not None:
         workspace.release(frames)
 
@@ -669,39 +667,48 @@ def _scale(t: torch.Tensor, scale: Tuple[float, float]):
             t[..., axis] *= scale[axis]
 
 
-def _queue_render(context, cameras, settings, depths: bool, defer: bool, means2d_out: torch.Tensor,
-                  inputs: tuple) -> tuple:
-    """Allocate a render's outputs and queue it: ``(images, radii, outs, means2d_out, block)``
+def _queue_render(context, cameras, settings, depths: bool, defer: bool, inputs: tuple) -> tuple:
+    """Allocate a render's outputs and queue it: ``(images, radii, outs, means2d, block)``
     for `_RenderGaussians` (images: color, alpha[, depth, expected_depth]; outs: the core's
-    RenderOutputs). The images are views of one allocation (``block``): one allocator
-    call, not four; without `depths` the depth images are empty, which the rasteriser
-    leaves unwritten."""
+    RenderOutputs; means2d: [C, N, 2] projected means). The images are views of one
+    allocation (``block``): one allocator call, not four; without `depths` the depth
+    images are empty, which the rasteriser leaves unwritten. Only what the queued work
+    needs (the outputs' memory, the checked views) is made before it is queued; the
+    tensors handed back are viewed after, while the device already works."""
     c, n = len(cameras), inputs[0].shape[0]
     size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
     h, w = size.height, size.width
-    plane = c * h * w
     with context.outputs():
-        block = inputs[0].new_empty((6 if depths else 4) * plane)
+        block = inputs[0].new_empty((6 if depths else 4) * c * h * w)
+        means2d = inputs[0].new_empty((c, n, 2))
         radii = torch.empty((c, n, 2), dtype=torch.int32, device=block.device)
-    depth_images = ((block.as_strided((c, h, w), (h * w, w, 1), k * plane) for k in (4, 5)) if depths
-                    else (block.as_strided((c, 0, 0), (0, 0, 0)),) * 2)
-    images = (block.as_strided((c, h, w, 3), (3 * h * w, 3 * w, 3, 1)),
-              block.as_strided((c, h, w), (h * w, w, 1), 3 * plane), *depth_images)
     # one lookup by every pointer and size the Warp views depend on (the images' layout
     # in their block is fixed by c, h, w)
     means, quats, scales, opacities, colors = inputs
     key = ("forward", means.data_ptr(), quats.data_ptr(), scales.data_ptr(), opacities.data_ptr(),
-           colors.data_ptr(), colors.shape, settings.sh_degree, block.data_ptr(), means2d_out.data_ptr(),
+           colors.data_ptr(), colors.shape, settings.sh_degree, block.data_ptr(), means2d.data_ptr(),
            radii.data_ptr(), c, h, w, depths)
     checked, targets = context._memoized(key, lambda: (
         context.inputs(inputs, settings),
-        context.per_camera((*images, means2d_out, radii), (*IMAGE_DTYPES, wp.vec2, wp.vec2i),
-                           (*IMAGE_NAMES, "means2d", "radii"))))
+        context.per_camera((*_images(block, c, h, w, depths, empty=True), means2d, radii),
+                           (*IMAGE_DTYPES, wp.vec2, wp.vec2i), (*IMAGE_NAMES, "means2d", "radii"))))
     pairs = [(cameras, i) for i in range(c)] if isinstance(cameras, DeviceCameras) else [(cam, None) for cam in cameras]
     with context.stream():
         # all C cameras queued before the one wait that checks them (or none: defer)
         outs = render_checked(checked, pairs, settings, context.workspace, targets, defer)
-    return images if depths else images[:2], radii, outs, means2d_out, block
+    return _images(block, c, h, w, depths), radii, outs, means2d, block
+
+
+def _images(block: torch.Tensor, c: int, h: int, w: int, depths: bool, empty: bool = False) -> tuple:
+    """The image views of a render's output block: color [C, H, W, 3] and alpha [C, H, W],
+    then with ``depths`` depth and expected depth [C, H, W], or with ``empty`` two empty
+    [C, 0, 0] views in their place (the rasteriser leaves empty images unwritten)."""
+    plane = c * h * w
+    images = (block.as_strided((c, h, w, 3), (3 * h * w, 3 * w, 3, 1)),
+              block.as_strided((c, h, w), (h * w, w, 1), 3 * plane))
+    if depths:
+        return (*images, *(block.as_strided((c, h, w), (h * w, w, 1), k * plane) for k in (4, 5)))
+    return (*images, *(block.as_strided((c, 0, 0), (0, 0, 0)),) * 2) if empty else images
 
 
 def render_batch(means: torch.Tensor,  # [N, 3] float32
@@ -712,39 +719,44 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
                  cameras: Union[Sequence[Camera], DeviceCameras],
                  settings: RenderSettings,
                  sink: Optional[Means2dSink] = None,
-                 means2d_out: Optional[torch.Tensor] = None,  # [C, N, 2] float32
-                 context: Optional[RenderContext] = None, depths: bool = True) -> BatchRender:
+                 context: Optional[RenderContext] = None, depths: bool = True,
+                 means2d_grad: bool = False) -> BatchRender:
     """Differentiable render of C cameras of one image size in one autograd node; inputs
     must be float32, contiguous, on one cpu/cuda device (use `check_tensor`).
     `depths` False leaves the depth images out (`depth`, `expected_depth` None).
 
-    `means2d_out` (allocated if None) receives the projected means; it may be the sink's
-    tensor (its values are then written in place, outside autograd). `settings.absgrad`
-    must be True when the sink has an `absgrad_owner`. `context` None uses
-    `default_context(means.device)`. Under `torch.use_deterministic_algorithms(True)` the
-    backward reduces with `reduce="deterministic"` whatever `settings.reduce` says."""
+    The projected means (`BatchRender.means2d`) are not differentiable; their gradient
+    goes to `sink`, or, with `means2d_grad` (and no `sink`), to the returned means2d
+    itself: a leaf with requires_grad=True whose .grad receives it while the caller holds
+    it (an attached `Means2dSink`; with `settings.absgrad` its .absgrad gets the absolute
+    sums): `rasterization`'s meta["means2d"]. `settings.absgrad` must be True when the sink
+    has an `absgrad_owner`. `context` None uses `default_context(means.device)`. Under
+    `torch.use_deterministic_algorithms(True)` the backward reduces with
+    `reduce="deterministic"` whatever `settings.reduce` says."""
     if torch.are_deterministic_algorithms_enabled() and settings.reduce != "deterministic":
         settings = dataclasses.replace(settings, reduce="deterministic")
     if context is None:
         context = default_context(means.device)
-    c, n = len(cameras), means.shape[0]
-    if means2d_out is None:
-        means2d_out = means.new_empty((c, n, 2))
-    sink_tensor = None if sink is None or sink.attached else sink.tensor
     if not isinstance(cameras, DeviceCameras):
         cameras = tuple(cameras)
-    means2d_out = means2d_out.detach()
     # checked in the backward, after it is queued, when one can run (RenderContext notes)
     defer = (context.defer_checks and settings.reduce != "deterministic" and torch.is_grad_enabled()
              and (means.requires_grad or quats.requires_grad or scales.requires_grad or opacities.requires_grad
                   or colors.requires_grad))
     inputs = (means, quats, scales, opacities, colors)
-    queued = _queue_render(context, cameras, settings, depths, defer, means2d_out, inputs)
+    queued = _queue_render(context, cameras, settings, depths, defer, inputs)
+    means2d = queued[3]
+    if means2d_grad and sink is None:
+        # the node saves an alias (its backward reads the values): the leaf is the caller's alone
+        queued = (*queued[:3], means2d.detach(), queued[4])
+        sink = Means2dSink(means2d.requires_grad_(True), absgrad_owner=means2d if settings.absgrad else None,
+                           attached=True)
+    sink_tensor = None if sink is None or sink.attached else sink.tensor
     apply = _RenderGaussians.apply if torch._C._are_functorch_transforms_active() else _APPLY
-    *images, radii = apply(context, queued, sink, sink_tensor, *inputs)
+    images = apply(context, queued, sink, sink_tensor, *inputs)
     if not depths:
-        images += [None, None]
-    return BatchRender(*images, means2d_out, radii)
+        images = (*images, None, None)
+    return BatchRender(*images, means2d, queued[1])
 
 
 def render_camera(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor,

@@ -7,7 +7,7 @@ import torch
 
 from arc_warp import DeviceCameras
 
-from ._autograd import Means2dSink, RenderContext, check_tensor, default_context, render_batch
+from ._autograd import RenderContext, check_tensor, default_context, render_batch
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 # scales_activation / opacities_activation -> RenderSettings.scale_activation / opacity_activation
@@ -242,26 +242,30 @@ def rasterization(
         grad2d = meta["means2d"].grad          # [C, N, 2], pixels
         seen = (meta["radii"] > 0).all(-1)    # [C, N]
     """
-    if render_mode not in RENDER_MODES:
-        raise ValueError(f"render_mode: expected one of {RENDER_MODES}, got {render_mode!r}")
-    scale_activation = _option("scales_activation", scales_activation, SCALES_ACTIVATIONS)
-    opacity_activation = _option("opacities_activation", opacities_activation, OPACITIES_ACTIVATIONS)
-    for name, v in (("width", width), ("height", height)):
-        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ValueError(f"{name}: expected a positive int, got {v!r}")
-    if rasterize_mode not in ("classic", "antialiased"):
-        raise ValueError(f"rasterize_mode: expected 'classic' or 'antialiased', got {rasterize_mode!r}")
     grad_enabled = torch.is_grad_enabled()
+    # the options as passed (their types too where an equal value of another type, 1920.0
+    # for 1920, would be refused): a call like one checked before skips their checks
     key = _call_key((means, quats, scales, opacities, colors, viewmats, Ks),
-                    (width, height, sh_degree, near_plane, far_plane, reduce, threshold, absgrad, rasterize_mode,
-                     scale_activation, opacity_activation, grad_enabled))
+                    (width, height, type(width), type(height), sh_degree, near_plane, far_plane, reduce, threshold,
+                     absgrad, render_mode, rasterize_mode, scales_activation, opacities_activation, grad_enabled))
     if context is None and key is not None:
         context = default_context(means.device)
-    kept = None if key is None else context.checked_calls.get(key)
+    try:
+        kept = None if key is None else context.checked_calls.get(key)
+    except TypeError:  # an unhashable option: the checks below say what is wrong with it
+        kept = key = None
     if kept is not None:  # a call like one checked before: the same tensors, cameras and options
         sh_degree, cameras, settings, need_grad = kept
-        device, n = means.device, means.shape[0]
     else:
+        if render_mode not in RENDER_MODES:
+            raise ValueError(f"render_mode: expected one of {RENDER_MODES}, got {render_mode!r}")
+        scale_activation = _option("scales_activation", scales_activation, SCALES_ACTIVATIONS)
+        opacity_activation = _option("opacities_activation", opacities_activation, OPACITIES_ACTIVATIONS)
+        for name, v in (("width", width), ("height", height)):
+            if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+                raise ValueError(f"{name}: expected a positive int, got {v!r}")
+        if rasterize_mode not in ("classic", "antialiased"):
+            raise ValueError(f"rasterize_mode: expected 'classic' or 'antialiased', got {rasterize_mode!r}")
         passed = (means, quats, scales, opacities, colors)
         means = check_tensor("means", means, (None, 3))
         device, n = means.device, means.shape[0]
@@ -286,19 +290,12 @@ def rasterization(
         if not isinstance(backgrounds, torch.Tensor) or backgrounds.shape not in ((3,), (c, 3)):
             got = list(backgrounds.shape) if isinstance(backgrounds, torch.Tensor) else type(backgrounds).__name__
             raise ValueError(f"backgrounds: expected a [3] or [{c}, 3] tensor, got {got}")
-        backgrounds = check_tensor("backgrounds", backgrounds.expand(c, 3), (c, 3), device)
+        backgrounds = check_tensor("backgrounds", backgrounds.expand(c, 3), (c, 3), means.device)
 
-    inputs = (means, quats, scales, opacities, colors)
-    # The projected means are written straight into the leaf that receives their gradient;
-    # it comes from the context's output pool, as the render's outputs do (the render itself
-    # runs outside: its workspace may allocate from torch's default pool).
-    with context.outputs():
-        means2d = means.new_empty((c, n, 2)).requires_grad_(need_grad)
-    sink = None
-    if need_grad:
-        sink = Means2dSink(means2d, absgrad_owner=means2d if absgrad else None, attached=True)
-    r = render_batch(*inputs, cameras, settings, sink, means2d, context, depths=render_mode != "RGB")
-
+    # the projected means are written straight into the leaf that receives their gradient
+    r = render_batch(means, quats, scales, opacities, colors, cameras, settings, None, context,
+                     depths=render_mode != "RGB", means2d_grad=need_grad)
+    means2d = r.means2d
     alphas = r.alpha[..., None]
     channels = []
     if render_mode.startswith("RGB"):

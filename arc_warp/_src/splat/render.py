@@ -159,7 +159,7 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
     output arrays by name per camera. All cameras are queued before the one wait that
     checks them (:func:`_settle`); with graphs, consecutive cameras with graph keys go
     through one ``Frame.replay`` (:func:`_replay_together`). A call that repeats one whose
-    cameras all replayed one kept graph is repeated from its :class:`_RenderPlan`.
+    cameras all replayed one kept graph per stage is repeated from its :class:`_RenderPlan`.
 
     ``defer``: if ``inputs`` are the workspace's previous call's (the same memory, shapes
     and settings: a training loop's steady state, whose kept sort size has 25% headroom over
@@ -169,6 +169,13 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
     function runs first on every call (so it never returns before the checks of an
     earlier call's renders). Other inputs (new Gaussians, after a densification for
     instance, whose totals may jump) are checked here."""
+    with workspace.busy:
+        return _render_checked(inputs, cameras, settings, workspace, per_camera, defer)
+
+
+def _render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettings, workspace: Workspace,
+                    per_camera: list, defer: bool) -> list[RenderOutput]:
+    """:func:`render_checked` inside ``workspace.busy``."""
     try:
         settle_deferred(workspace)
     except ValueError as e:
@@ -200,8 +207,9 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
             replayed.append(prepared)
         batch.clear()
 
-    for (cam, index), targets in zip(cameras, per_camera):
-        frame = workspace.acquire()
+    frames = [workspace.acquire() for _ in cameras]
+    workspace.restore(frames)  # their memory handed back after earlier backwards, in one block
+    for (cam, index), targets, frame in zip(cameras, per_camera, frames):
         key, stages, finish = _prepare_forward(inputs, cam, index, settings, frame, targets, input_key, own_arena)
         if key is not None:
             batch.append((frame, targets, key, stages, finish))
@@ -218,14 +226,14 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
 
 
 class _RenderPlan:
-    """A render call (every camera's render through one kept graph) kept to be repeated:
+    """A render call (every camera's render through one kept graph per stage) kept to be repeated:
     the same inputs, cameras, settings and output arrays, on frames that are free again,
     with the workspace's buffers and kept sort sizes unchanged. Repeating it launches the
-    graph, copies the outputs of the call that made it and settles them (one wait, the
+    graphs, copies the outputs of the call that made it and settles them (one wait, the
     totals checked as always), without preparing anything: a training step's render
     spends most of its host time in that preparation."""
 
-    __slots__ = ("workspace", "input_key", "cameras", "settings", "per_camera", "frames", "graph", "allocations",
+    __slots__ = ("workspace", "input_key", "cameras", "settings", "per_camera", "frames", "graphs", "allocations",
                  "sizes", "outputs", "pending")
 
     @classmethod
@@ -233,14 +241,15 @@ class _RenderPlan:
         """Keep the call that just queued ``prepared`` (its cameras' (frame, key, stages))
         and ``queued`` ((output, pending, targets) per camera), if its graph is kept."""
         frames = [frame for frame, _, _ in prepared]
-        graph = frames[0].kept_graph(_together_key("forward", prepared))
-        if graph is None:
-            return  # queued without a graph (its first time): nothing to repeat yet
+        graphs = [frames[0].kept_graph(_together_key("forward", prepared, stage))
+                  for stage in range(len(prepared[0][2]))]
+        if None in graphs:
+            return  # queued without graphs (its first time): nothing to repeat yet
         plan = cls()
         plan.workspace, plan.input_key, plan.settings = workspace, input_key, settings
         plan.cameras, plan.per_camera = list(cameras), list(per_camera)
         # the graph's buffers stay where they are while no buffer is allocated
-        plan.frames, plan.graph, plan.allocations = frames, graph, workspace.allocations
+        plan.frames, plan.graphs, plan.allocations = frames, graphs, workspace.allocations
         # copies (the originals release their frames), without this call's inputs: a repeat
         # sets its own (the backward reads their .grad through them, in the Warp API); made
         # before any backward, so their means2d_grad is still to be made (zeroed) per render
@@ -272,7 +281,8 @@ class _RenderPlan:
         if workspace.allocations != self.allocations or any(workspace.sort_size(grid) != size
                                                              for grid, size in self.sizes):
             return None
-        self.frames[0].launch_graph(self.graph)
+        for graph in self.graphs:
+            self.frames[0].launch_graph(graph)
         workspace.lease(self.frames)
         queued = []
         for kept, frame, pending, targets in zip(self.outputs, self.frames, self.pending, self.per_camera):
@@ -304,30 +314,34 @@ def _replay_together(kind: str, prepared: list) -> list:
     previous one's result (the first None); every render has as many. Stage by stage:
     all renders' first stages, then all second ones, so the forward's one wait (recorded
     at the end of each count stage) ends once every camera is counted, not after the
-    sorts and rasterisers of the cameras before the last. One ``Frame.replay`` of them
-    all on the first frame, keyed by all their keys and frames (each frame's buffers
-    are baked into the graph; frames live as long as their workspace, so their ids are
-    never reused), instead of C graph launches and C lookups."""
+    sorts and rasterisers of the cameras before the last. Each stage of them all is one
+    ``Frame.replay`` on the first frame, keyed by the stage and all their keys and frames
+    (each frame's buffers are baked into the graph; frames live as long as their
+    workspace, so their ids are never reused): C renders cost a graph launch per stage,
+    not C of them and C lookups, and the device starts on the first stage's small graph
+    while the host launches the next ones (a graph's launch takes host time in
+    proportion to its nodes)."""
     if not prepared:
         return []
+    frame = prepared[0][0]
     # every frame's memory back before a capture (Frame.restore allocates): the first
     # frame's Frame.replay restores, but a render's stages would restore the others inside it
-    prepared[0][0]._workspace.restore([frame for frame, _, _ in prepared[1:]])
+    frame._workspace.restore([other for other, _, _ in prepared[1:]])
+    results = [None] * len(prepared)
+    for stage in range(len(prepared[0][2])):
+        def queue(stage=stage, previous=results):
+            return [stages[stage](result) for (_, _, stages), result in zip(prepared, previous)]
 
-    def queue():
-        results = [None] * len(prepared)
-        for depth in range(len(prepared[0][2])):
-            results = [stages[depth](result) for (_, _, stages), result in zip(prepared, results)]
-        return results
-
-    return prepared[0][0].replay(_together_key(kind, prepared), queue)
+        results = frame.replay(_together_key(kind, prepared, stage), queue)
+    return results
 
 
-def _together_key(kind: str, prepared: list):
-    """The ``Frame.replay`` key of :func:`_replay_together`'s renders (or backwards)."""
+def _together_key(kind: str, prepared: list, stage: int):
+    """The ``Frame.replay`` key of stage ``stage`` of :func:`_replay_together`'s renders (or
+    backwards)."""
     if len(prepared) == 1:
-        return kind, prepared[0][1]
-    return GraphKey((kind, tuple(key for _, key, _ in prepared), tuple(id(frame) for frame, _, _ in prepared)))
+        return kind, stage, prepared[0][1]
+    return GraphKey((kind, stage, tuple(key for _, key, _ in prepared), tuple(id(frame) for frame, _, _ in prepared)))
 
 
 def _camera_args(workspace: Workspace, camera: Camera) -> wp.array:
@@ -391,13 +405,15 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
 
     The intersection sort is sized by the workspace's kept capacity without waiting for
     the device, or (``exact``, or no capacity yet) by reading the total back first.
-    With a kept capacity and graphs, ``key`` is not None: ``stages`` are two callables
-    for :func:`_replay_together` (a CUDA graph once the same arguments repeat): the
-    first queues the projection through the flags copy and records the event the host
-    waits on, the second (given the first's result) the sort through the rasteriser;
-    ``finish(the second's result)`` makes the output. ``own_arena``: the counts and
-    depth order go to ``frame``'s own scratch arena, not the shared one, so the first
-    stages of several renders can run before their second ones.
+    With a kept capacity and graphs, ``key`` is not None: ``stages`` are three
+    callables for :func:`_replay_together` (a CUDA graph each once the same arguments
+    repeat), each given the previous one's result: the projection and colours (a small
+    first graph, which the device starts on while the host launches the others), the
+    depth sort and count through the flags copy and the event the host waits on, and
+    the tile sort through the rasteriser; ``finish(the last one's result)`` makes the
+    output. ``own_arena``: the counts and depth order go to ``frame``'s own scratch
+    arena, not the shared one, so the first stages of several renders can run before
+    their later ones.
     Otherwise ``finish(None)`` queues the render kernel by kernel. ``input_key`` is the
     part of the graph keys common to all cameras (None: no graphs). ``finish`` returns
     the output and, for a render queued with a kept size, what :func:`_settle` checks
@@ -426,18 +442,24 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
         key = GraphKey((input_key, camera_key, sort_size, tuple(signature(a) for a in images_out.values()),
                         signature(means2d), signature(radii), own_arena))
 
-    def queue_count():
+    def queue_projected(_):
         flags = frame.array("flags", 1 + len(BAD_SLOTS), wp.int32, zero=True)
         params = cam if index is None else device_camera_params(camera, index, flags, frame)
         arena = frame if own_arena else None
         proj = project(inputs, params, settings, *grid, flags, frame, means2d, radii, arena)
-        if n == 0:
-            return params, _unbound(proj, inputs), None, None
-        compute_colors(inputs, params, proj, flags, frame)  # flags bad colours before the readback
-        depth = count_intersections(proj, flags, frame)
+        if n > 0:
+            compute_colors(inputs, params, proj, flags, frame)  # flags bad colours before the readback
+        return params, _unbound(proj, inputs), flags
+
+    def queue_counted(projected):
+        params, proj, flags = projected
+        depth = count_intersections(bound(proj), flags, frame)
         host_flags = frame.host_array("host_flags", flags.shape[0], wp.int32)
         wp.copy(host_flags, flags)
-        return params, _unbound(proj, inputs), depth, host_flags
+        if event is not None:  # always on CUDA, where graphs run
+            # external: recorded into a graph when captured (the host waits on it)
+            frame.device.stream.record_event(event, external=key is not None)
+        return params, proj, depth, host_flags
 
     def bound(proj):
         """``proj`` with this call's arrays (outputs, plain RGB inputs) put back."""
@@ -457,12 +479,6 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
 
     event = frame.event() if n > 0 else None
 
-    def queue_counted(_):
-        counted = queue_count()
-        if event is not None:  # always on CUDA, where graphs run
-            frame.device.stream.record_event(event, external=True)
-        return counted
-
     def queue_rastered(counted):
         params, proj, depth, host_flags = counted
         return params, proj, host_flags, queue_raster(bound(proj), depth, sort_size)
@@ -475,17 +491,18 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
             pending = _Pending(frame.host_numpy(host_flags), event, sort_size, grid)
         else:
             size = sort_size
-            params, proj, depth, host_flags = queue_count()
-            proj = bound(proj)
             if n > 0:
-                if event is not None:
-                    frame.device.stream.record_event(event)  # the device's stream, whatever device is current
+                params, proj, depth, host_flags = queue_counted(queue_projected(None))
                 if size is None:
                     if event is not None:
                         wp.synchronize_event(event)  # the one host sync of this render
                     size = _read_total(frame.host_numpy(host_flags), workspace, grid)
                 else:
                     pending = _Pending(frame.host_numpy(host_flags), event, size, grid)
+            else:
+                params, proj, _ = queue_projected(None)
+                depth = None
+            proj = bound(proj)
             rastered = queue_raster(proj, depth, size)
         bins, images, means2d_absgrad = rastered
         bins = replaced(bins)  # its n_isects is this render's
@@ -512,7 +529,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
         _track_images(out)
         return out, pending
 
-    return key, (queue_counted, queue_rastered) if key is not None else None, finish
+    return key, (queue_projected, queue_counted, queue_rastered) if key is not None else None, finish
 
 
 def _track_images(out: RenderOutput) -> None:
@@ -573,8 +590,9 @@ def settle_deferred(workspace: Workspace) -> list[RenderOutput]:
     re-rendered (a backward queued before for one of them must be run again)."""
     if not workspace.deferred:
         return []
-    entries, workspace.deferred = workspace.deferred, []
-    redone = _settle([(ref(), p, targets) for ref, p, targets in entries], workspace)
+    with workspace.busy:  # a re-render queues work through the frames
+        entries, workspace.deferred = workspace.deferred, []
+        redone = _settle([(ref(), p, targets) for ref, p, targets in entries], workspace)
     if redone:
         warnings.warn(
             f"arc_warp: {len(redone)} render(s) queued with the kept intersection capacity overflowed it (the "
@@ -686,6 +704,14 @@ def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: 
     or None (``out.means2d_grad``); ``means2d`` False: no 2D mean gradients are written
     (nobody reads them; ``means2d_grads`` is then ignored). With graphs, consecutive
     backwards with graph keys go through one ``Frame.replay`` (:func:`_replay_together`)."""
+    if outs:
+        with outs[0]._frame._workspace.busy:
+            _backwards_checked(outs, cotangents, grads, accumulate, means2d_grads, means2d)
+
+
+def _backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: GaussianGrads, accumulate: bool,
+                       means2d_grads: list, means2d: bool) -> None:
+    """:func:`backwards_checked` inside its workspace's ``busy``."""
     batch = []
     for i, (out, cot, means2d_grad) in enumerate(zip(outs, cotangents, means2d_grads)):
         frame, key, queue = _prepare_backward(out, *cot, grads, accumulate or i > 0, means2d_grad, means2d)

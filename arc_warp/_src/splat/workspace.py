@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import gc
 import weakref
 from typing import NamedTuple
 
@@ -187,19 +188,27 @@ class Frame:
             del self._blocks[block]  # a restored block none of whose buffers is in use
         self._retired = None
 
-    def restore(self) -> None:
+    def restore_plan(self) -> _BlockPlan | None:
+        """The layout of the block :meth:`restore` takes back (None: nothing released)."""
+        if not self._released:
+            return None
+        if self._restoring is None:  # released in parts
+            self._restoring = _BlockPlan(self._released, self._workspace.allocations)
+        return self._restoring
+
+    def restore(self, block: tuple | None = None) -> None:
         """Take back the memory :meth:`release` handed back, as one block; a buffer at its
         old address keeps its array (so kept graphs, launches and views stay valid), and if
         any moved, the workspace's ``allocations`` count changes (kept graphs are not
-        replayed). No-op unless released."""
-        released, self._released = self._released, {}
-        if not released:
+        replayed). No-op unless released. ``block``: the (pointer, owner) of memory to
+        take it back at, of at least ``restore_plan().total`` bytes (``Workspace.restore``
+        takes several frames' back in one allocation); None allocates it."""
+        plan = self.restore_plan()
+        if plan is None:
             return
+        self._released, self._restoring = {}, None
         workspace = self._workspace
-        plan, self._restoring = self._restoring, None
-        if plan is None:  # released in parts
-            plan = _BlockPlan(released, workspace.allocations)
-        base, self._blocks[plan.names] = workspace.allocator(plan.total)
+        base, self._blocks[plan.names] = workspace.allocator(plan.total) if block is None else block
         if base == plan.base:
             return  # where this plan's block last came back: its buffers are there (release checked them)
         moved = False
@@ -281,10 +290,18 @@ class Frame:
             return result
         del self._seen[key]
         stream = self.device.stream
-        # captured on a stream of our own: torch's default (legacy NULL) stream cannot capture
-        with wp.ScopedStream(workspace.capture_stream(), sync_enter=False):
-            with wp.ScopedCapture(self.device, force_module_load=False) as capture:
-                result = queue()
+        # no garbage collection inside the capture: a collected object's CUDA calls (freeing
+        # pinned memory, destroying a graph or stream) are illegal while a stream captures
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            # captured on a stream of our own: torch's default (legacy NULL) stream cannot capture
+            with wp.ScopedStream(workspace.capture_stream(), sync_enter=False):
+                with wp.ScopedCapture(self.device, force_module_load=False) as capture:
+                    result = queue()
+        finally:
+            if collecting:
+                gc.enable()
         wp.capture_launch(capture.graph, stream=stream)
         if workspace.allocations == key[1]:  # else its buffers moved: never replayed
             self._graphs[key] = (capture.graph, result)
@@ -382,6 +399,27 @@ class Frame:
         return [(name, a) for name, a in self._arrays.items() if name not in self._released]
 
 
+class _Busy:
+    """``Workspace.busy``: a re-entrant context marking a call that queues work through the
+    workspace's frames; releases asked for inside it (``Workspace.release``) run at its end."""
+
+    __slots__ = ("workspace", "depth")
+
+    def __init__(self, workspace: Workspace):
+        self.workspace, self.depth = workspace, 0
+
+    def __enter__(self):
+        self.depth += 1
+
+    def __exit__(self, *exc):
+        self.depth -= 1
+        workspace = self.workspace
+        if not self.depth and workspace._release_later:
+            frames, workspace._release_later = workspace._release_later, []
+            workspace.release(frames)
+        return False
+
+
 class Workspace:
     """Buffers and settings of repeated renders on one device (explicit state, no globals).
 
@@ -461,6 +499,9 @@ class Workspace:
         self._sort_sizes: dict[tuple[int, int], list] = {}  # grid -> [size, recent totals]
         self._views: dict[tuple, wp.array] = {}  # (pointer, dtype, shape) -> non-owning view
         self._capture_stream = None
+        # ``with workspace.busy:`` around a call that queues work through the frames
+        self.busy = _Busy(self)
+        self._release_later: list[Frame] = []  # frames released while busy (see release)
 
     def _allocate(self, shape: tuple, dtype, zero: bool, host: bool = False) -> tuple[wp.array, object]:
         """A new buffer and what holds its memory (None: the array itself)."""
@@ -483,15 +524,30 @@ class Workspace:
         """Hand back the memory of ``frames`` (renders whose backward can no longer run)
         and of the shared frame's render scratch (``Frame.release``) to the ``allocator``;
         no-op without one. The shared frame's other buffers stay: the mesh ops keep state
-        in some of theirs from call to call."""
+        in some of theirs from call to call. Inside a call that queues work on this
+        workspace (:attr:`busy`: a garbage collection can finish an old render there),
+        the release waits for the call's end: the call is using the shared scratch."""
+        if self.busy.depth:
+            self._release_later.extend(frames)
+            return
         for frame in frames:
             frame.release()
         self._shared.release(SHARED_SCRATCH)
 
     def restore(self, frames) -> None:
-        """Take back the memory of ``frames`` and of the shared frame (``Frame.restore``)."""
-        for frame in (*frames, self._shared):
-            frame.restore()
+        """Take back the memory of ``frames`` and of the shared frame (``Frame.restore``), in
+        one allocation: each frame's block is a part of it, alive while any frame uses its
+        part (one allocator call, where each was one: a training step's render restores its
+        frame and the shared scratch before its graphs launch)."""
+        parts = [(frame, plan) for frame in (*frames, self._shared) if (plan := frame.restore_plan()) is not None]
+        if len(parts) < 2:
+            for frame, _ in parts:
+                frame.restore()
+            return
+        ptr, owner = self.allocator(sum(plan.total for _, plan in parts))
+        for frame, plan in parts:
+            frame.restore((ptr, owner))
+            ptr += plan.total
 
     @property
     def shared(self) -> Frame:
