@@ -58,7 +58,7 @@ def test_replayed_graphs_match_kernel_launches(rng, reduce):
         for g, w in zip(got[3:], want[3:]):  # gradients: up to the order of float atomics
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5)
         if step >= 2:  # captured on the second repeat, replayed after
-            assert len(out._frame._graphs) == 4  # the forward's three stages (a graph each), the backward
+            assert len(out._frame._graphs) == 3  # the forward's two graphs (FORWARD_GRAPHS), the backward
         del out
     assert not any(f._graphs for f in plain._free)
 
@@ -75,7 +75,7 @@ def test_graph_replay_overflow_rerenders_exactly(rng):
         frame = out._frame
         del out
     kept = ws.sort_size((4, 3))
-    assert len(frame._graphs) == 3  # the forward's three stages, replayed since the third render
+    assert len(frame._graphs) == 2  # the forward's two graphs, replayed since the third render
     small.scales[:] *= 8.0  # many more tiles per Gaussian, same pointers
     _upload(small, arrays)
     out = render_gaussians(*arrays, camera, workspace=ws)
@@ -89,7 +89,7 @@ def test_torch_training_loop_replays_graphs(rng, cameras):
     """A torch loop (L1 loss, in-place gradient steps on the leaf tensors it renders) with
     graphs gives the parameters that kernel-by-kernel launches give, and replays its
     renders and backwards as graphs once they repeat: the same graphs per step (the
-    forward's stages, the backward) whatever the number of cameras."""
+    forward's two, the backward) whatever the number of cameras."""
     torch = pytest.importorskip("torch")
     from arc_warp_torch import RenderContext, rasterization
 
@@ -138,8 +138,8 @@ def test_torch_training_loop_replays_graphs(rng, cameras):
     want = train(RenderContext("cuda", graphs=False))
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
-    # per step, each for all cameras: the forward's three stages (one entry when repeated
+    # per step, each for all cameras: the forward's two graphs (one entry when repeated
     # from the render plan) and the backward; the last two steps repeat and replay all
     assert launches[-4:] == [True] * 4, launches
     assert repeats.count(True) >= 6, repeats
-    assert len(launches) <= 4 * 12, launches  # not per camera
+    assert len(launches) <= 3 * 12, launches  # not per camera

@@ -159,7 +159,7 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
     output arrays by name per camera. All cameras are queued before the one wait that
     checks them (:func:`_settle`); with graphs, consecutive cameras with graph keys go
     through one ``Frame.replay`` (:func:`_replay_together`). A call that repeats one whose
-    cameras all replayed one kept graph per stage is repeated from its :class:`_RenderPlan`.
+    cameras all replayed kept graphs is repeated from its :class:`_RenderPlan`.
 
     ``defer``: if ``inputs`` are the workspace's previous call's (the same memory, shapes
     and settings: a training loop's steady state, whose kept sort size has 25% headroom over
@@ -198,7 +198,7 @@ def _render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSetti
 
     def flush():
         prepared = [(frame, key, stages) for frame, _, key, stages, _ in batch]
-        results = _replay_together("forward", prepared)
+        results = _replay_together("forward", prepared, FORWARD_GRAPHS)
         for (frame, targets, _, _, finish), result in zip(batch, results):
             out, pending = finish(result)
             workspace.release_with(out, frame)
@@ -226,7 +226,7 @@ def _render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSetti
 
 
 class _RenderPlan:
-    """A render call (every camera's render through one kept graph per stage) kept to be repeated:
+    """A render call (every camera's render through kept graphs, ``FORWARD_GRAPHS``) kept to be repeated:
     the same inputs, cameras, settings and output arrays, on frames that are free again,
     with the workspace's buffers and kept sort sizes unchanged. Repeating it launches the
     graphs, copies the outputs of the call that made it and settles them (one wait, the
@@ -241,8 +241,8 @@ class _RenderPlan:
         """Keep the call that just queued ``prepared`` (its cameras' (frame, key, stages))
         and ``queued`` ((output, pending, targets) per camera), if its graph is kept."""
         frames = [frame for frame, _, _ in prepared]
-        graphs = [frames[0].kept_graph(_together_key("forward", prepared, stage))
-                  for stage in range(len(prepared[0][2]))]
+        graphs = [frames[0].kept_graph(_together_key("forward", prepared, group))
+                  for group in range(len(FORWARD_GRAPHS))]
         if None in graphs:
             return  # queued without graphs (its first time): nothing to repeat yet
         plan = cls()
@@ -308,19 +308,23 @@ def _input_key(inputs: GaussianInputs, settings: RenderSettings) -> GraphKey:
     return key
 
 
-def _replay_together(kind: str, prepared: list) -> list:
+# The forward's stages (`_prepare_forward`) by graph: the projection alone, so the device
+# starts on a small graph's launch while the host launches the rest (a graph's launch
+# takes host time in proportion to its nodes; the projection's device time covers it)
+FORWARD_GRAPHS = ((0,), (1, 2))
+
+
+def _replay_together(kind: str, prepared: list, graphs: tuple = ((0,),)) -> list:
     """Queues the (frame, key, stages) of C renders (or backwards) and returns their
     results. ``stages`` are callables run through the render's frame, each given the
     previous one's result (the first None); every render has as many. Stage by stage:
     all renders' first stages, then all second ones, so the forward's one wait (recorded
     at the end of each count stage) ends once every camera is counted, not after the
-    sorts and rasterisers of the cameras before the last. Each stage of them all is one
-    ``Frame.replay`` on the first frame, keyed by the stage and all their keys and frames
-    (each frame's buffers are baked into the graph; frames live as long as their
-    workspace, so their ids are never reused): C renders cost a graph launch per stage,
-    not C of them and C lookups, and the device starts on the first stage's small graph
-    while the host launches the next ones (a graph's launch takes host time in
-    proportion to its nodes)."""
+    sorts and rasterisers of the cameras before the last. ``graphs`` groups consecutive
+    stage indices; each group of them all is one ``Frame.replay`` on the first frame,
+    keyed by the group and all their keys and frames (each frame's buffers are baked
+    into the graph; frames live as long as their workspace, so their ids are never
+    reused): C renders cost a graph launch per group, not C of them and C lookups."""
     if not prepared:
         return []
     frame = prepared[0][0]
@@ -328,20 +332,22 @@ def _replay_together(kind: str, prepared: list) -> list:
     # frame's Frame.replay restores, but a render's stages would restore the others inside it
     frame._workspace.restore([other for other, _, _ in prepared[1:]])
     results = [None] * len(prepared)
-    for stage in range(len(prepared[0][2])):
-        def queue(stage=stage, previous=results):
-            return [stages[stage](result) for (_, _, stages), result in zip(prepared, previous)]
+    for group, stages in enumerate(graphs):
+        def queue(stages=stages, results=results):
+            for stage in stages:
+                results = [queued[stage](result) for (_, _, queued), result in zip(prepared, results)]
+            return results
 
-        results = frame.replay(_together_key(kind, prepared, stage), queue)
+        results = frame.replay(_together_key(kind, prepared, group), queue)
     return results
 
 
-def _together_key(kind: str, prepared: list, stage: int):
-    """The ``Frame.replay`` key of stage ``stage`` of :func:`_replay_together`'s renders (or
-    backwards)."""
+def _together_key(kind: str, prepared: list, group: int):
+    """The ``Frame.replay`` key of graph ``group`` of :func:`_replay_together`'s renders
+    (or backwards)."""
     if len(prepared) == 1:
-        return kind, stage, prepared[0][1]
-    return GraphKey((kind, stage, tuple(key for _, key, _ in prepared), tuple(id(frame) for frame, _, _ in prepared)))
+        return kind, group, prepared[0][1]
+    return GraphKey((kind, group, tuple(key for _, key, _ in prepared), tuple(id(frame) for frame, _, _ in prepared)))
 
 
 def _camera_args(workspace: Workspace, camera: Camera) -> wp.array:
@@ -406,11 +412,11 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
     The intersection sort is sized by the workspace's kept capacity without waiting for
     the device, or (``exact``, or no capacity yet) by reading the total back first.
     With a kept capacity and graphs, ``key`` is not None: ``stages`` are three
-    callables for :func:`_replay_together` (a CUDA graph each once the same arguments
-    repeat), each given the previous one's result: the projection and colours (a small
-    first graph, which the device starts on while the host launches the others), the
-    depth sort and count through the flags copy and the event the host waits on, and
-    the tile sort through the rasteriser; ``finish(the last one's result)`` makes the
+    callables for :func:`_replay_together` (CUDA graphs once the same arguments repeat,
+    grouped by ``FORWARD_GRAPHS``), each given the previous one's result: the projection
+    and colours (a small first graph, which the device starts on while the host launches
+    the rest), the depth sort and count through the flags copy and the event the host
+    waits on, and the tile sort through the rasteriser; ``finish(the last one's result)`` makes the
     output. ``own_arena``: the counts and depth order go to ``frame``'s own scratch
     arena, not the shared one, so the first stages of several renders can run before
     their later ones.
