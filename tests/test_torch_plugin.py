@@ -467,6 +467,15 @@ def test_repeated_call_skips_its_checks_but_not_what_can_change(rng, monkeypatch
     got, _ = step(sh_degree=0)
     torch.testing.assert_close(got, want.detach(), rtol=0, atol=0)
 
+    # options are looked up as passed, before their checks: an equal value of a refused
+    # type, or a bad option, after kept calls is refused as on a first call
+    with pytest.raises(ValueError, match="width"):
+        api.rasterization(*(p[k] for k in PARAMS), vm, ks, float(scene.width), scene.height, context=context)
+    with pytest.raises(ValueError, match="render_mode"):
+        render(p, scene, vm, ks, context=context, render_mode="RGBX")
+    with pytest.raises(ValueError, match="reduce"):
+        render(p, scene, vm, ks, context=context, reduce=["arc"])  # unhashable: not a key
+
     with pytest.raises(ValueError, match="camera gradients"):
         render(p, scene, vm.requires_grad_(True), ks, context=context)
 

@@ -511,9 +511,9 @@ class _RenderGaussians(torch.autograd.Function):
     bookkeeping per call), for C cameras of one size: the node of a render
     `_queue_render` queued just before it (so the device starts before torch's autograd
     bookkeeping runs), whose images it returns (the projected means and radii, not
-    differentiable, went into tensors of their own, which it saves). Backward runs the core backward of the C cameras
-    (`backwards_checked`) into one gradient buffer: the first camera writes every entry,
-    the others add."""
+    differentiable, went into tensors of their own, which it saves). Backward runs the
+    core backward of the C cameras (`backwards_checked`) into one gradient buffer: the
+    first camera writes every entry, the others add."""
 
     @staticmethod
     def forward(ctx, context, queued, sink, sink_tensor, means, quats, scales, opacities, colors):
