@@ -91,6 +91,7 @@ HOST_PARTS = (
     ("arc_warp._src.splat.workspace", "Workspace.restore"),
     ("arc_warp_torch._autograd", "backwards_checked"),
     ("arc_warp_torch._autograd", "RenderContext.stream"),
+    ("arc_warp_torch._autograd", "RenderContext.warp_stream"),
     ("arc_warp_torch._autograd", "RenderContext.inputs"),
     ("arc_warp_torch._autograd", "RenderContext.per_camera"),
     ("arc_warp_torch._autograd", "RenderContext.grads"),

@@ -23,7 +23,7 @@ def emulate_graphs(monkeypatch, replays: list) -> None:
     """Patch ``Frame`` so that graphs are emulated (see the module notes); the kind of each
     replayed key ("forward" / "backward") is appended to ``replays``."""
     monkeypatch.setattr(Frame, "_replay", _emulated_replay(replays))
-    monkeypatch.setattr(Frame, "launch_graph", lambda frame, graph: graph())
+    monkeypatch.setattr(Frame, "launch_graph", lambda frame, graph, stream=None: graph())
 
 
 def _emulated_replay(replays):

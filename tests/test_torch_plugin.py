@@ -484,15 +484,24 @@ def test_repeated_call_skips_its_checks_but_not_what_can_change(rng, monkeypatch
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_side_stream_matches_default_stream(rng):
     """CUDA tensors, zero-copy, launched on a non-default torch stream, agree with the same
-    render on the default stream (the CPU path is covered by every other test here)."""
+    render on the default stream (the CPU path is covered by every other test here), also
+    once repeated steps replay graphs and repeat their render plan on that stream."""
+    from arc_warp_torch import RenderContext
+
     scene = random_scene(rng, n=64, width=48, height=32, sh_degree=2)
     results = []
     for use_side_stream in (False, True):
         gpu = params_of(scene, device="cuda")
+        context = RenderContext("cuda")
         stream = torch.cuda.Stream() if use_side_stream else torch.cuda.current_stream()
         with torch.cuda.stream(stream):
-            colors_g, _, meta_g = render(gpu, scene)
-            colors_g.square().sum().backward()
+            viewmats, ks = cameras_of(scene, device="cuda")
+            for _ in range(5):  # captured on the second repeat, then repeated from the plan
+                for k in PARAMS:
+                    gpu[k].grad = None
+                colors_g, _, meta_g = render(gpu, scene, viewmats, ks, context=context)
+                colors_g.square().sum().backward()
+        assert context.workspace.render_plans
         torch.cuda.synchronize()
         results.append((colors_g.detach().cpu().numpy(), meta_g["radii"].cpu().numpy(),
                         {k: gpu[k].grad.cpu().numpy() for k in PARAMS}))

@@ -19,6 +19,7 @@ import warp as wp
 
 from arc_warp import Camera, DeviceCameras, GaussianGrads, RenderSettings, Workspace
 from arc_warp._src.splat.render import backwards_checked, leave_images, render_checked, settle_deferred
+from arc_warp._src.splat.workspace import CurrentStream
 from arc_warp._src.splat.validate import check_inputs
 
 _NO_SCOPE = contextlib.nullcontext()  # reusable: entering it does nothing
@@ -33,9 +34,10 @@ class RenderContext:
       retain_graph), its outputs' frame serves the next render even while its image is
       still referenced, so a training loop holds one frame, not two, and the radii and
       projected means it kept for the backward are dropped (`_finished`);
-    - one ``wp.Stream`` per torch CUDA stream, made on first use of that stream, made
-      Warp's current stream for the bridge's calls (`stream`), so Warp launches on
-      torch's current stream;
+    - one ``wp.Stream`` per torch CUDA stream, made on first use of that stream
+      (`warp_stream`), made Warp's current stream for the bridge's calls (`stream`), or
+      handed to the core (a render repeated from its plan launches its graphs on it),
+      so Warp launches on torch's current stream;
     - on CUDA, Warp's pool release threshold, set here when this context is made:
       ``pool_release_fraction`` of device memory stays pooled across the per-step sync
       (CUDA's default 0 hands every freed block back at each sync, so each step would
@@ -278,15 +280,21 @@ class RenderContext:
             t = self._torch_views[key] = wp.to_torch(a, requires_grad=False)
         return t
 
-    def stream(self):
-        """Context in which Warp launches on torch's current stream (no-op on the CPU)."""
-        if self.device.type != "cuda":
-            return _NO_SCOPE
+    def warp_stream(self) -> Optional[wp.Stream]:
+        """The ``wp.Stream`` of torch's current stream on this device (None on the CPU)."""
+        if self._wdevice.is_cpu:
+            return None
         handle = _current_stream_handle(self.device.index)
         stream = self._streams.get(handle)
         if stream is None:
             stream = self._streams[handle] = wp.stream_from_torch(self.device)
-        return _StreamScope(self._wdevice, stream)
+        return stream
+
+    def stream(self):
+        """Context in which Warp launches on torch's current stream (no-op on the CPU)."""
+        if self._wdevice.is_cpu:
+            return _NO_SCOPE
+        return CurrentStream(self._wdevice, self.warp_stream())
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)  # absent from some builds
@@ -331,27 +339,6 @@ class _PoolScope:
         _POOL_CALLS[1](*self.pool_key)
         _POOL_CALLS[2](*self.pool_key)
         return False
-
-
-class _StreamScope:
-    """Makes ``stream`` the current stream of its Warp ``device`` for a block, without a
-    wait on the previous one (torch orders on its stream everything the bridge's
-    launches read and write: its tensors and the workspace's buffers) and without
-    making the device current (the bridge's Warp calls name their device)."""
-
-    __slots__ = ("device", "stream", "saved")
-
-    def __init__(self, device, stream):
-        self.device, self.stream = device, stream
-
-    def __enter__(self):
-        self.saved = self.device.stream
-        if self.saved is not self.stream:
-            self.device.set_stream(self.stream, sync=False)
-
-    def __exit__(self, *exc):
-        if self.saved is not self.stream:
-            self.device.set_stream(self.saved, sync=False)
 
 
 @functools.cache
@@ -693,9 +680,8 @@ def _queue_render(context, cameras, settings, depths: bool, defer: bool, inputs:
         context.per_camera((*_images(block, c, h, w, depths, empty=True), means2d, radii),
                            (*IMAGE_DTYPES, wp.vec2, wp.vec2i), (*IMAGE_NAMES, "means2d", "radii"))))
     pairs = [(cameras, i) for i in range(c)] if isinstance(cameras, DeviceCameras) else [(cam, None) for cam in cameras]
-    with context.stream():
-        # all C cameras queued before the one wait that checks them (or none: defer)
-        outs = render_checked(checked, pairs, settings, context.workspace, targets, defer)
+    # all C cameras queued before the one wait that checks them (or none: defer), on torch's stream
+    outs = render_checked(checked, pairs, settings, context.workspace, targets, defer, context.warp_stream())
     return _images(block, c, h, w, depths), radii, outs, means2d, block
 
 

@@ -20,7 +20,7 @@ from arc_warp._src.splat.records import (BinResult, GaussianGrads, GaussianInput
 from arc_warp._src.splat.sh_ops import color_backward, compute_colors
 from arc_warp._src.splat.validate import check_array, check_grads, check_inputs, raise_on_flags
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
-from arc_warp._src.splat.workspace import RENDER_PLANS, Frame, GraphKey, Workspace, signature
+from arc_warp._src.splat.workspace import RENDER_PLANS, CurrentStream, Frame, GraphKey, Workspace, signature
 from arc_warp._src.tape import active_tape
 
 # Names and dtypes of the (H, W) images a caller may supply through ``outputs``.
@@ -152,7 +152,7 @@ def render_gaussians(
 
 
 def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettings, workspace: Workspace,
-                   per_camera: list, defer: bool = False) -> list[RenderOutput]:
+                   per_camera: list, defer: bool = False, stream: wp.Stream | None = None) -> list[RenderOutput]:
     """The renders of :func:`render_gaussians` from arguments it has checked (also the
     torch bridge's entry, which checks its tensors itself): ``cameras`` as
     (Camera, None) or (DeviceCameras, index) pairs, ``per_camera`` one dict of valid
@@ -168,19 +168,26 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
     caller runs after queueing their backward (the torch bridge does), and which this
     function runs first on every call (so it never returns before the checks of an
     earlier call's renders). Other inputs (new Gaussians, after a densification for
-    instance, whose totals may jump) are checked here."""
+    instance, whose totals may jump) are checked here.
+
+    ``stream``: the stream to queue on (None: the device's current stream). A call
+    repeated from its plan launches its graphs there directly; anything else runs with
+    it made the device's current stream (:class:`CurrentStream`)."""
     with workspace.busy:
-        return _render_checked(inputs, cameras, settings, workspace, per_camera, defer)
+        return _render_checked(inputs, cameras, settings, workspace, per_camera, defer,
+                               CurrentStream(workspace.device, stream))
 
 
 def _render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettings, workspace: Workspace,
-                    per_camera: list, defer: bool) -> list[RenderOutput]:
-    """:func:`render_checked` inside ``workspace.busy``."""
-    try:
-        settle_deferred(workspace)
-    except ValueError as e:
-        raise ValueError(f"{e} (found in an earlier render on this workspace, whose checks were deferred to a "
-                         "backward that did not run)") from e
+                    per_camera: list, defer: bool, on_stream: CurrentStream) -> list[RenderOutput]:
+    """:func:`render_checked` inside ``workspace.busy``; ``on_stream`` makes its stream current."""
+    if workspace.deferred:
+        try:
+            with on_stream:  # a render found overflowed is rendered again
+                settle_deferred(workspace)
+        except ValueError as e:
+            raise ValueError(f"{e} (found in an earlier render on this workspace, whose checks were deferred to a "
+                             "backward that did not run)") from e
     input_key = _input_key(inputs, settings) if workspace.graphs else None
     if defer:
         same = input_key if input_key is not None else (tuple(signature(a) for a in inputs.arrays), settings)
@@ -189,9 +196,16 @@ def _render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSetti
         workspace.last_input_key = None
     for plan in workspace.render_plans:
         if plan.matches(input_key, cameras, settings, per_camera):
-            outs = plan.repeat(inputs, settings, defer)
+            outs = plan.repeat(inputs, settings, defer, on_stream)
             if outs is not None:
                 return outs
+    with on_stream:
+        return _render_prepared(inputs, cameras, settings, workspace, per_camera, defer, input_key)
+
+
+def _render_prepared(inputs: GaussianInputs, cameras: list, settings: RenderSettings, workspace: Workspace,
+                     per_camera: list, defer: bool, input_key) -> list[RenderOutput]:
+    """:func:`render_checked`'s renders prepared camera by camera (no plan repeats them)."""
     queued, batch, replayed = [], [], []
     # batched cameras are binned after all of them are counted, so each keeps its counts
     own_arena = input_key is not None and len(cameras) > 1
@@ -269,11 +283,13 @@ class _RenderPlan:
                 and all(cam is kept[0] and index == kept[1] for (cam, index), kept in zip(cameras, self.cameras))
                 and per_camera == self.per_camera)
 
-    def repeat(self, inputs: GaussianInputs, settings: RenderSettings, defer: bool) -> list[RenderOutput] | None:
-        """The call's outputs for ``inputs`` (those of :meth:`matches`), queued and settled
-        again (or their checks deferred, ``render_checked``'s ``defer``); None if it cannot
-        be repeated (a frame is leased, the workspace allocated, a kept sort size changed):
-        the caller then prepares the call as usual."""
+    def repeat(self, inputs: GaussianInputs, settings: RenderSettings, defer: bool,
+               on_stream: CurrentStream) -> list[RenderOutput] | None:
+        """The call's outputs for ``inputs`` (those of :meth:`matches`), queued on
+        ``on_stream``'s stream and settled again (or their checks deferred,
+        ``render_checked``'s ``defer``); None if it cannot be repeated (a frame is leased,
+        the workspace allocated, a kept sort size changed): the caller then prepares the
+        call as usual."""
         workspace = self.workspace
         if not workspace.is_free(self.frames):
             return None
@@ -282,7 +298,7 @@ class _RenderPlan:
                                                              for grid, size in self.sizes):
             return None
         for graph in self.graphs:
-            self.frames[0].launch_graph(graph)
+            self.frames[0].launch_graph(graph, on_stream.stream)
         workspace.lease(self.frames)
         queued = []
         for kept, frame, pending, targets in zip(self.outputs, self.frames, self.pending, self.per_camera):
@@ -292,7 +308,11 @@ class _RenderPlan:
             _track_images(out)
             workspace.release_with(out, frame)
             queued.append((out, pending, targets))
-        _settle(queued, workspace, defer)
+        if defer:
+            _settle(queued, workspace, defer)
+        else:
+            with on_stream:  # an overflowed render is rendered again
+                _settle(queued, workspace)
         return [out for out, _, _ in queued]
 
 

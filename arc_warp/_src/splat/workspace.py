@@ -318,9 +318,9 @@ class Frame:
         entry = self._graphs.get(GraphKey((key, self._workspace.allocations)))
         return None if entry is None else entry[0]
 
-    def launch_graph(self, graph) -> None:
-        """Launch a graph of this frame on the current stream."""
-        wp.capture_launch(graph)
+    def launch_graph(self, graph, stream: wp.Stream | None = None) -> None:
+        """Launch a graph of this frame on ``stream`` (None: the device's current stream)."""
+        wp.capture_launch(graph, stream=stream)
 
     def host_array(self, name: str, shape, dtype) -> wp.array:
         """A host buffer ``name`` that device copies into without blocking (page-locked on
@@ -397,6 +397,29 @@ class Frame:
     def buffers(self) -> list[tuple[str, wp.array]]:
         """(name, array) of every buffer this frame holds (none of those it released)."""
         return [(name, a) for name, a in self._arrays.items() if name not in self._released]
+
+
+class CurrentStream:
+    """Makes ``stream`` the current stream of its Warp ``device`` for a block, without a
+    wait on the previous one (the caller orders the work: the torch bridge queues
+    everything on torch's stream) and without making the device current (the calls
+    inside name their device). ``stream`` None leaves the current stream. One block at a
+    time: entering it again inside its block would lose the stream to restore."""
+
+    __slots__ = ("device", "stream", "saved")
+
+    def __init__(self, device, stream: wp.Stream | None):
+        self.device, self.stream = device, stream
+
+    def __enter__(self):
+        self.saved = self.device.stream if self.stream is not None else None
+        if self.saved is not self.stream:
+            self.device.set_stream(self.stream, sync=False)
+
+    def __exit__(self, *exc):
+        if self.saved is not self.stream:
+            self.device.set_stream(self.saved, sync=False)
+        return False
 
 
 class _Busy:
