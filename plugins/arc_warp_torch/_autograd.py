@@ -32,8 +32,9 @@ class RenderContext:
       no Warp arrays, and the ARC threshold is resolved (calibrated if needed) here, at
       creation, never inside a training step; once a render's backward has run (without
       retain_graph), its outputs' frame serves the next render even while its image is
-      still referenced, so a training loop holds one frame, not two, and the radii and
-      projected means it kept for the backward are dropped (`_finished`);
+      still referenced, so a training loop holds one frame, not two (`_finished`), and
+      the aliases of the radii and projected means it saved for the backward are freed
+      with its other saved tensors;
     - one ``wp.Stream`` per torch CUDA stream, made on first use of that stream
       (`warp_stream`), made Warp's current stream for the bridge's calls (`stream`), or
       handed to the core (a render repeated from its plan launches its graphs on it),
@@ -561,10 +562,11 @@ def _guarded(g: torch.Tensor) -> torch.Tensor:
 
 def _finished(node_ref, workspace: Workspace, frames) -> None:
     """Once torch has freed a render node's saved tensors (its backward cannot run again),
-    drop its outputs, whose frames then serve the next render, and the radii and projected
-    means it kept, and hand the frames' memory back to torch (``frames``; None: the
-    workspace keeps it, ``release_workspace`` off). Runs where torch frees them: in the
-    backward, on its device thread, or when the graph is dropped."""
+    drop its outputs, whose frames then serve the next render (the radii and projected
+    means went with the saved tensors), and hand the frames' memory back to torch
+    (``frames``; None: the workspace keeps it, ``release_workspace`` off). Runs where
+    torch frees them: in the backward, on its device thread, or when the graph is
+    dropped."""
     node = node_ref()
     if node is not None:
         node.outs = None

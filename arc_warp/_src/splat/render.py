@@ -436,10 +436,10 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
     grouped by ``FORWARD_GRAPHS``), each given the previous one's result: the projection
     and colours (a small first graph, which the device starts on while the host launches
     the rest), the depth sort and count through the flags copy and the event the host
-    waits on, and the tile sort through the rasteriser; ``finish(the last one's result)`` makes the
-    output. ``own_arena``: the counts and depth order go to ``frame``'s own scratch
-    arena, not the shared one, so the first stages of several renders can run before
-    their later ones.
+    waits on, and the tile sort through the rasteriser; ``finish(the last one's
+    result)`` makes the output. ``own_arena``: the counts and depth order go to
+    ``frame``'s own scratch arena, not the shared one, so the first stages of several
+    renders can run before their later ones.
     Otherwise ``finish(None)`` queues the render kernel by kernel. ``input_key`` is the
     part of the graph keys common to all cameras (None: no graphs). ``finish`` returns
     the output and, for a render queued with a kept size, what :func:`_settle` checks

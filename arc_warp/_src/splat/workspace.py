@@ -563,9 +563,7 @@ class Workspace:
         part (one allocator call, where each was one: a training step's render restores its
         frame and the shared scratch before its graphs launch)."""
         parts = [(frame, plan) for frame in (*frames, self._shared) if (plan := frame.restore_plan()) is not None]
-        if len(parts) < 2:
-            for frame, _ in parts:
-                frame.restore()
+        if not parts:
             return
         ptr, owner = self.allocator(sum(plan.total for _, plan in parts))
         for frame, plan in parts:
