@@ -12,6 +12,7 @@ its peak). The total peak of a phase is torch's plus Warp's.
 Usage::
 
     python benchmarks/memory_phases.py --n 1000000 --libs arc arc_fused gsplat
+    python benchmarks/memory_phases.py --n 1000000 --libs arc_fused gsplat --regime large
 """
 
 import argparse
@@ -31,12 +32,12 @@ def _site(frames) -> str:
     return " < ".join(keep) or "(torch internals)"
 
 
-def phase_peaks(lib, n, width, height, warm_steps=12):
+def phase_peaks(lib, n, width, height, regime="small", warm_steps=12):
     """{phase: (peak bytes, {site: (bytes, blocks)})} for "forward+backward" and "adam"."""
     dev = torch.device("cuda")
     torch.cuda.memory._record_memory_history(max_entries=2_000_000, stacks="python")
     try:
-        raw, viewmats, ks = bts.make_scene(n, "small", width, height, 1)
+        raw, viewmats, ks = bts.make_scene(n, regime, width, height, 1)
         viewmats, ks = viewmats.to(dev), ks.to(dev)
         target = torch.rand(1, height, width, 3, device=dev)
         params = lib.params(raw, dev)
@@ -88,6 +89,7 @@ def main(argv=None) -> int:
     ap.add_argument("--libs", nargs="+", default=["arc", "gsplat"])
     ap.add_argument("--width", type=int, default=1920)
     ap.add_argument("--height", type=int, default=1080)
+    ap.add_argument("--regime", default="small", choices=sorted(bts.REGIMES))
     ap.add_argument("--top", type=int, default=12, help="sites listed per phase")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -96,10 +98,11 @@ def main(argv=None) -> int:
 
     libs, notes = bts._renderers(args.libs, args.width, args.height)
     mib = 2.0 ** 20
-    print(f"# {torch.cuda.get_device_name()}, N={args.n}, {args.width}x{args.height}, SH 3; {'; '.join(notes)}")
+    print(f"# {torch.cuda.get_device_name()}, N={args.n}, {args.regime} splats, {args.width}x{args.height}, SH 3; "
+          f"{'; '.join(notes)}")
     for name, lib in libs.items():
         warp_before = wp.get_mempool_used_mem_current("cuda:0")
-        peaks = phase_peaks(lib, args.n, args.width, args.height)
+        peaks = phase_peaks(lib, args.n, args.width, args.height, args.regime)
         warp = (wp.get_mempool_used_mem_current("cuda:0") - warp_before) / mib
         print(f"\n## {name}: Warp workspace {warp:.1f} MiB")
         for phase, (peak, sites) in peaks.items():

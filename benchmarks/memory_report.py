@@ -32,6 +32,7 @@ import warp as wp
 from bench_train_step import SH_DEGREE, _activated, _params, make_scene
 
 PER_INTERSECTION = ("sort_ids", "entry_grads")  # buffers sized by the sort (its keys are in the scratch arena)
+ARENAS = ("scratch", "grad_scratch")  # the forward's and, with release_workspace, the backward's scratch
 
 
 def _kind(name, shape, n, pixels):
@@ -40,7 +41,7 @@ def _kind(name, shape, n, pixels):
         return "isect"
     if len(shape) == 2 and shape[0] * shape[1] == pixels:
         return "pixel"
-    if name == "scratch" or (n > 0 and shape[0] % n == 0):
+    if name in ARENAS or (n > 0 and shape[0] % n == 0):
         return "gaussian"
     return "other"
 
@@ -73,8 +74,10 @@ def report(n, width, height, cameras, device, steps=3, regime="small"):
     rows = [(f"warp frame {b.frame}", b.name, b.dtype.__name__, b.shape, b.nbytes,
              _kind(b.name, b.shape, n, width * height)) for b in ws.memory_report()]
     c = cameras
-    rows += [("torch bridge", "images (color, alpha, depth, expected_depth)", "float32", (c, height, width, 6),
-              24 * c * width * height, "pixel"),
+    rows += [("torch bridge", "images (color, depth, expected_depth)", "float32", (c, height, width, 5),
+              20 * c * width * height, "pixel"),
+             ("torch bridge", "alpha (with radii and means2d)", "float32", (c, height, width), 4 * c * width * height,
+              "pixel"),
              ("torch bridge", "radii", "int32", (c, n, 2), 8 * c * n, "gaussian"),
              ("torch bridge", "means2d (+ its grad, in the leaf-gradient buffer)", "float32", (c, n, 2),
               16 * c * n, "gaussian"),

@@ -107,6 +107,37 @@ def test_images_the_loss_dropped_are_freed_before_the_backward_and_an_overflow_s
         torch.testing.assert_close(grads[k], want[k], rtol=1e-5, atol=1e-5 * want[k].abs().max().item(), msg=k)
 
 
+def test_an_alpha_image_kept_without_its_colours_gets_the_render_redone(rng, device, monkeypatch):
+    """The alpha image shares the projected means' memory, which the backward keeps alive,
+    not the colours': a loop that drops the colours but keeps the alphas through the
+    backward, where an overflow is found, gets the render redone into those alphas (the
+    colours into the frame's own images), equal to a context that checks at once."""
+    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)
+    scene = random_scene(rng, n=60, width=48, height=40, sh_degree=1, size_px_range=(0.3, 1.0))
+    p = params_of(scene, device=device)
+    vm, ks = _views(scene, 1, device)
+    weights = torch.tensor(rng.normal(size=(1, scene.height, scene.width, 3)), dtype=torch.float32, device=device)
+
+    def step(context):
+        colors, alphas, _ = rasterization(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"],
+                                          vm, ks, scene.width, scene.height, context=context)
+        loss = (colors * weights).sum() + alphas.sum()
+        del colors
+        loss.backward()
+        for k in PARAMS:
+            p[k].grad = None
+        return alphas.detach().clone()
+
+    deferred = RenderContext(device, defer_checks=True)
+    for _ in range(3):
+        step(deferred)
+    with torch.no_grad():
+        p["scales"] *= 6.0
+    with pytest.warns(RuntimeWarning, match="overflowed"):
+        alphas = step(deferred)
+    torch.testing.assert_close(alphas, step(RenderContext(device, defer_checks=False)), rtol=0, atol=0)
+
+
 def test_a_render_with_grad_defers_its_checks_to_its_backward(rng):
     """With ``defer_checks`` the forward of a render that will be differentiated, of the
     same tensors as the previous render, keeps its checks (one per camera) and its

@@ -1,4 +1,4 @@
-"""Graph keys on the CPU: ``Frame.replay`` emulated (its ``_replay``) so that a key seen before re-runs the
+"""Graph keys on the CPU: ``Frame.replay`` emulated so that a key seen before re-runs the
 work queued by its first call (as a CUDA graph replays the launches it captured, with
 their pointers baked in) instead of the current call's. A key that missed a pointer or
 value a render or backward uses would then replay stale work, and the results below
@@ -22,7 +22,7 @@ NAMES = ("means", "quats", "scales", "opacities", "colors")
 def emulate_graphs(monkeypatch, replays: list) -> None:
     """Patch ``Frame`` so that graphs are emulated (see the module notes); the kind of each
     replayed key ("forward" / "backward") is appended to ``replays``."""
-    monkeypatch.setattr(Frame, "_replay", _emulated_replay(replays))
+    monkeypatch.setattr(Frame, "replay", _emulated_replay(replays))
     monkeypatch.setattr(Frame, "launch_graph", lambda frame, graph, stream=None: graph())
 
 

@@ -563,8 +563,9 @@ def test_cuda_cameras_of_the_last_call_are_rechecked_where_they_can_change(rng):
 
 def test_rgb_mode_allocates_and_writes_no_depth_images(rng):
     """render_mode="RGB" renders the same colours, alphas and gradients as "RGB+D" (whose
-    depth channel is the depth sum), but its images' block holds 4 planes (colour, alpha),
-    not 6: the depth images are neither allocated nor written."""
+    depth channel is the depth sum), but its colours' block holds 3 planes, not 5 (with
+    depth and expected depth): the depth images are neither allocated nor written; the
+    alpha image is not in that block (it shares the projected means' allocation)."""
     scene = random_scene(rng, n=30, width=24, height=18, sh_degree=1)
     got = {}
     for mode in ("RGB", "RGB+D"):
@@ -579,4 +580,4 @@ def test_rgb_mode_allocates_and_writes_no_depth_images(rng):
     torch.testing.assert_close(rgb[1], rgbd[1], rtol=0, atol=0)
     for k in PARAMS:
         torch.testing.assert_close(rgb[2][k], rgbd[2][k], rtol=0, atol=0, msg=k)
-    assert rgb[3].untyped_storage().nbytes() == 4 * scene.height * scene.width * 4
+    assert rgb[3].untyped_storage().nbytes() == 3 * scene.height * scene.width * 4

@@ -133,9 +133,12 @@ def test_a_training_loop_that_hands_its_buffers_back_computes_the_same(rng, movi
 
 
 @pytest.mark.parametrize("count", [1, 2])
-def test_a_step_takes_its_memory_back_in_one_allocation(rng, count):
-    """A steady step's render takes back its frames' and the shared scratch's memory in one
-    allocator call (``Workspace.restore``), not one per frame."""
+def test_a_step_takes_its_memory_back_in_two_allocations_and_its_backward_holds_no_sort_keys(rng, count):
+    """A steady step's render takes back its frames' and the backward scratch's memory in
+    one allocator call and the forward's scratch arena (the sorts' keys) in another
+    (``Workspace.restore``), not one per frame; the arena goes back when the render call
+    returns (``Workspace.release_forward``), so the backward runs without it, on scratch of
+    its own, which goes back with the frames after it."""
     scene = random_scene(rng, n=60, width=40, height=32, sh_degree=1)
     vm, ks = _views(scene, count, "cpu")
     weights = torch.tensor(rng.normal(size=(count, scene.height, scene.width, 3)), dtype=torch.float32)
@@ -151,8 +154,13 @@ def test_a_step_takes_its_memory_back_in_one_allocation(rng, count):
     for _ in range(4):
         _step(p, scene, vm, ks, context, weights)
     calls.clear()
-    _step(p, scene, vm, ks, context, weights)
-    assert len(calls) == 1, calls
+    colors, alphas, meta = rasterization(*(p[k] for k in PARAMS), vm, ks, scene.width, scene.height,
+                                         context=context)
+    held = {b.name for b in context.workspace.memory_report() if b.frame == 0}
+    assert held == {"grad_scratch"}, held  # the forward's arena is back with the allocator
+    assert len(calls) == 2, calls
+    ((colors * weights).sum() + alphas.sum()).backward()
+    assert len(calls) == 2, calls  # the backward found its scratch back
     assert allocator.live == 0
 
 
@@ -347,7 +355,7 @@ def test_emulated_graph_replays_follow_released_buffers(rng, monkeypatch, moving
     replays = []
     repeats = _emulate(monkeypatch)
     allocator = PoisoningAllocator(moving)
-    monkeypatch.setattr(Frame, "_replay", _capturing_replay(replays, allocator))
+    monkeypatch.setattr(Frame, "replay", _capturing_replay(replays, allocator))
     released = Workspace("cpu", allocator=allocator)
     released.graphs = True
     got = loop(released)
@@ -364,7 +372,7 @@ def test_emulated_graph_replays_follow_released_buffers(rng, monkeypatch, moving
 
 
 def _capturing_replay(replays, allocator):
-    """``Frame._replay`` emulated as on CUDA: a key's first call runs ``queue()``, its
+    """``Frame.replay`` emulated as on CUDA: a key's first call runs ``queue()``, its
     second runs it as the capture run does and keeps it, later calls re-run the kept one
     (a graph replays the captured work, pointers baked in). Captures and replays run with
     the allocator refusing: a CUDA capture would break on an allocation, and a graph

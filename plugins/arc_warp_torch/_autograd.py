@@ -515,9 +515,10 @@ class _RenderGaussians(torch.autograd.Function):
         marker = radii.detach()
         ctx.save_for_backward(means, quats, scales, opacities, colors, means2d, marker)
         ctx.outs, ctx.sink, ctx.context = outs, sink, context
-        # The images are not held: the backward does not read them, and a loss that drops
-        # them (an L1 of the image) frees their memory before the gradients are made; a
-        # deferred check's re-render writes into them only while the caller holds them.
+        # The colour and depth images are not held: the backward does not read them, and a
+        # loss that drops them frees their memory before the gradients are made; a deferred
+        # check's re-render writes into them only while the caller holds them (the alpha
+        # image shares the saved aliases' memory, alive while the backward can run).
         ctx.images = weakref.ref(block)
         frames = [out._frame for out in outs] if context.workspace.allocator is not None else None
         weakref.finalize(marker, _finished, weakref.ref(ctx), context.workspace, frames)
@@ -579,8 +580,8 @@ def _warp_backward(context, outs, inputs, sink, output_grads, images):
     torch grads shaped like `inputs`, the sink's means2d gradient and the sink's tensor
     (both None without a sink, or once an attached sink's tensor died: then no means2d
     gradient is computed). ``images``: a weak reference to the block of the render's
-    images (dead: a deferred check's re-render writes into the frames' images instead,
-    `leave_images`)."""
+    colour and depth images (dead: a deferred check's re-render writes them into the
+    frames' images instead, `leave_images`)."""
     c, n = len(outs), inputs[0].shape[0]
     target = None if sink is None else sink.tensor
     # a [C, N, 2] (or, for one camera, [N, 2]) sink's gradient is written in place, into
@@ -612,7 +613,7 @@ def _warp_backward(context, outs, inputs, sink, output_grads, images):
         # nothing the device has not done long since); a render they redid needs its
         # backward again (every camera's, since the first writes what the others add to)
         if context.workspace.deferred and images() is None:
-            leave_images(context.workspace, outs)
+            leave_images(context.workspace, outs, ("color", "depth", "expected_depth"))
         if any(out is r for r in settle_deferred(context.workspace) for out in outs):
             queue()
     if target is None:
@@ -659,43 +660,49 @@ def _scale(t: torch.Tensor, scale: Tuple[float, float]):
 def _queue_render(context, cameras, settings, depths: bool, defer: bool, inputs: tuple) -> tuple:
     """Allocate a render's outputs and queue it: ``(images, radii, outs, means2d, block)``
     for `_RenderGaussians` (images: color, alpha[, depth, expected_depth]; outs: the core's
-    RenderOutputs; means2d: [C, N, 2] projected means). The images are views of one
-    allocation (``block``): one allocator call, not four; without `depths` the depth
-    images are empty, which the rasteriser leaves unwritten. Only what the queued work
-    needs (the outputs' memory, the checked views) is made before it is queued; the
-    tensors handed back are viewed after, while the device already works."""
+    RenderOutputs; means2d: [C, N, 2] projected means; block: what holds the colour and
+    depth images). The outputs are views of two allocations, not six: ``block`` holds the
+    colour and depth images (without `depths` the depth images are empty, which the
+    rasteriser leaves unwritten), the other the projected means, the radii and the alpha
+    image, which a loop that keeps only the colours through its optimizer step (the
+    backward reads none of them) frees after the backward. Only what the queued work needs
+    (the outputs' memory, the checked views) is made before it is queued; the tensors
+    handed back are viewed after, while the device already works."""
     c, n = len(cameras), inputs[0].shape[0]
     size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
     h, w = size.height, size.width
     with context.outputs():
-        block = inputs[0].new_empty((6 if depths else 4) * c * h * w)
-        means2d = inputs[0].new_empty((c, n, 2))
-        radii = torch.empty((c, n, 2), dtype=torch.int32, device=block.device)
-    # one lookup by every pointer and size the Warp views depend on (the images' layout
-    # in their block is fixed by c, h, w)
+        block = inputs[0].new_empty((5 if depths else 3) * c * h * w)
+        projected = inputs[0].new_empty(4 * c * n + c * h * w)
+    means2d = projected.as_strided((c, n, 2), (2 * n, 2, 1))
+    radii = projected.view(torch.int32).as_strided((c, n, 2), (2 * n, 2, 1), 2 * c * n)
+    alpha = projected.as_strided((c, h, w), (h * w, w, 1), 4 * c * n)
+    # one lookup by every pointer and size the Warp views depend on (the outputs' layout in
+    # their allocations is fixed by c, n, h, w)
     means, quats, scales, opacities, colors = inputs
     key = ("forward", means.data_ptr(), quats.data_ptr(), scales.data_ptr(), opacities.data_ptr(),
-           colors.data_ptr(), colors.shape, settings.sh_degree, block.data_ptr(), means2d.data_ptr(),
-           radii.data_ptr(), c, h, w, depths)
+           colors.data_ptr(), colors.shape, settings.sh_degree, block.data_ptr(), projected.data_ptr(), c, h, w,
+           depths)
     checked, targets = context._memoized(key, lambda: (
         context.inputs(inputs, settings),
-        context.per_camera((*_images(block, c, h, w, depths, empty=True), means2d, radii),
+        context.per_camera((*_images(block, alpha, c, h, w, depths, empty=True), means2d, radii),
                            (*IMAGE_DTYPES, wp.vec2, wp.vec2i), (*IMAGE_NAMES, "means2d", "radii"))))
     pairs = [(cameras, i) for i in range(c)] if isinstance(cameras, DeviceCameras) else [(cam, None) for cam in cameras]
     # all C cameras queued before the one wait that checks them (or none: defer), on torch's stream
     outs = render_checked(checked, pairs, settings, context.workspace, targets, defer, context.warp_stream())
-    return _images(block, c, h, w, depths), radii, outs, means2d, block
+    return _images(block, alpha, c, h, w, depths), radii, outs, means2d, block
 
 
-def _images(block: torch.Tensor, c: int, h: int, w: int, depths: bool, empty: bool = False) -> tuple:
-    """The image views of a render's output block: color [C, H, W, 3] and alpha [C, H, W],
-    then with ``depths`` depth and expected depth [C, H, W], or with ``empty`` two empty
-    [C, 0, 0] views in their place (the rasteriser leaves empty images unwritten)."""
+def _images(block: torch.Tensor, alpha: torch.Tensor, c: int, h: int, w: int, depths: bool,
+            empty: bool = False) -> tuple:
+    """color [C, H, W, 3] (a view of ``block``), ``alpha`` [C, H, W], then with ``depths``
+    depth and expected depth [C, H, W] (views of ``block`` after the colours), or with
+    ``empty`` two empty [C, 0, 0] views in their place (the rasteriser leaves empty images
+    unwritten)."""
     plane = c * h * w
-    images = (block.as_strided((c, h, w, 3), (3 * h * w, 3 * w, 3, 1)),
-              block.as_strided((c, h, w), (h * w, w, 1), 3 * plane))
+    images = (block.as_strided((c, h, w, 3), (3 * h * w, 3 * w, 3, 1)), alpha)
     if depths:
-        return (*images, *(block.as_strided((c, h, w), (h * w, w, 1), k * plane) for k in (4, 5)))
+        return (*images, *(block.as_strided((c, h, w), (h * w, w, 1), k * plane) for k in (3, 4)))
     return (*images, *(block.as_strided((c, 0, 0), (0, 0, 0)),) * 2) if empty else images
 
 

@@ -73,7 +73,7 @@ def raster_backward(
     share_room: bool = True,
 ) -> wp.array:
     """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents
-    (None: zero), zeroed, starting the backward's stage of ``frame.shared``'s scratch
+    (None: zero), zeroed, starting the backward's stage of ``frame.backward_shared``'s scratch
     arena (the forward's sorts are done with it), with room after them for the SH
     backward's (N,) vec3 view-direction share if ``share_room`` (``sh_ops.color_backward``
     puts it there unless given an array of its own).
@@ -91,13 +91,13 @@ def raster_backward(
     room = n * wp.types.type_size_in_bytes(grad_t)
     if share_room:  # the SH backward's (N,) vec3 share follows on the next SCRATCH_ALIGN boundary
         room += n * wp.types.type_size_in_bytes(wp.vec3) + SCRATCH_ALIGN
-    raster_grads = frame.shared.scratch(n, grad_t, room=room, zero=True)
+    raster_grads = frame.backward_shared.scratch(n, grad_t, room=room, zero=True)
     if bins.n_isects == 0:
         return raster_grads
     height, width = images.alpha.shape
     out = raster_grads
     if mode == "deterministic":
-        out = frame.shared.capacity("entry_grads", bins.n_isects, grad_t)
+        out = frame.backward_shared.capacity("entry_grads", bins.n_isects, grad_t)
         out.zero_()
     with cpu_launch_guard(frame.device):
         frame.launch(

@@ -174,8 +174,10 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
     repeated from its plan launches its graphs there directly; anything else runs with
     it made the device's current stream (:class:`CurrentStream`)."""
     with workspace.busy:
-        return _render_checked(inputs, cameras, settings, workspace, per_camera, defer,
+        outs = _render_checked(inputs, cameras, settings, workspace, per_camera, defer,
                                CurrentStream(workspace.device, stream))
+        workspace.release_forward()  # the backward has scratch of its own
+        return outs
 
 
 def _render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettings, workspace: Workspace,
@@ -348,9 +350,10 @@ def _replay_together(kind: str, prepared: list, graphs: tuple = ((0,),)) -> list
     if not prepared:
         return []
     frame = prepared[0][0]
-    # every frame's memory back before a capture (Frame.restore allocates): the first
-    # frame's Frame.replay restores, but a render's stages would restore the others inside it
-    frame._workspace.restore([other for other, _, _ in prepared[1:]])
+    # memory handed back comes back before the keys (a buffer that moved changes the
+    # allocation count) and any capture (Frame.restore allocates); the backward's without
+    # the forward's arena (normally a no-op: a render call restores its frames up front)
+    frame._workspace.restore([other for other, _, _ in prepared], forward=kind == "forward")
     results = [None] * len(prepared)
     for group, stages in enumerate(graphs):
         def queue(stages=stages, results=results):
@@ -629,14 +632,14 @@ def settle_deferred(workspace: Workspace) -> list[RenderOutput]:
     return redone
 
 
-def leave_images(workspace: Workspace, outs: list[RenderOutput]) -> None:
+def leave_images(workspace: Workspace, outs: list[RenderOutput], names=tuple(IMAGE_OUTPUTS)) -> None:
     """The deferred checks of ``outs`` (renders queued with ``render_checked(defer=True)``)
-    re-render them, if they must, into their frames' own images instead of the caller's
-    image arrays, which the caller no longer holds (the torch bridge does not keep a
-    render's images alive for its backward, which does not read them); their means2d and
-    radii still go to the caller's arrays."""
+    re-render them, if they must, into their frames' own images of ``names`` (default:
+    all four) instead of the caller's image arrays, which the caller no longer holds (the
+    torch bridge does not keep a render's colour and depth images alive for its backward,
+    which does not read them); their other outputs still go to the caller's arrays."""
     workspace.deferred = [
-        (ref, p, {k: v for k, v in targets.items() if k not in IMAGE_OUTPUTS}
+        (ref, p, {k: v for k, v in targets.items() if k not in names}
          if any(ref() is out for out in outs) else targets)
         for ref, p, targets in workspace.deferred]
 

@@ -70,7 +70,7 @@ def color_backward(
     """The SH backward as a kernel of its own: adds dL/dcoefficients into ``v_colors`` (or,
     without ``accumulate``, writes every entry) and returns the view-direction share of
     dL/dmeans for the projection backward to add (not written, nor read there, for SH
-    degree 0): in ``v_means`` if given, else in ``frame.shared``'s scratch arena after
+    degree 0): in ``v_means`` if given, else in ``frame.backward_shared``'s scratch arena after
     ``raster_grads`` (``raster_backward``'s ``share_room``). A backward that writes dL/dmeans
     passes that array: the projection backward reads each entry before writing it, so the
     share takes no scratch. Its threads' shares are summed with the accumulator of ``mode``
@@ -84,7 +84,7 @@ def color_backward(
     n, rows = inputs.colors.shape
     lanes = sh_lanes(inputs.sh_coeffs, rows, not accumulate)
     if v_means is None:
-        v_means = frame.shared.scratch(n, wp.vec3, after=raster_grads, zero=inputs.sh_coeffs > 1)
+        v_means = frame.backward_shared.scratch(n, wp.vec3, after=raster_grads, zero=inputs.sh_coeffs > 1)
     elif inputs.sh_coeffs > 1:
         v_means.zero_()
     dim = -(-n * lanes // SH_BWD_BLOCK) * SH_BWD_BLOCK

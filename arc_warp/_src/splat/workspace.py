@@ -19,6 +19,7 @@ SORT_SLACK = 4096  # entries added to every kept sort size, so small scenes rare
 GRAPHS_PER_FRAME = 24  # CUDA graphs a frame keeps (least recently used dropped first)
 # the shared frame's buffers a render leaves nothing in for a later call (Workspace.release)
 SHARED_SCRATCH = ("scratch", "entry_grads")
+BACKWARD_ARENA = "grad_scratch"  # the arena's name in the backward's own frame (Workspace.backward_shared)
 # Frame.release keeps buffers that sum to less: small blocks share an allocator's pool with
 # many small tensors, so they rarely come back at their address, and saving them is moot
 RELEASE_MIN_BYTES = 4 << 20
@@ -54,7 +55,7 @@ class GraphKey(tuple):
 class BufferInfo(NamedTuple):
     """One device buffer of a :class:`Workspace` (see ``Workspace.memory_report``)."""
 
-    frame: int  # 0: the shared frame (scratch of one call); 1, 2, ...: render frames
+    frame: int  # 0: the shared frames (scratch of one call, the backward's too); 1, 2, ...: render frames
     name: str
     dtype: type  # Warp dtype
     shape: tuple
@@ -89,8 +90,9 @@ class Frame:
     never share buffers.
     """
 
-    def __init__(self, workspace: Workspace, shared: Frame | None = None):
+    def __init__(self, workspace: Workspace, shared: Frame | None = None, arena: str = "scratch"):
         self._workspace = workspace
+        self._arena = arena  # the name of its scratch arena (see scratch)
         # buffers used only within one call (sort keys, scans, gradient scratch),
         # shared by all frames of the workspace: work on one stream is ordered
         self.shared = self if shared is None else shared
@@ -114,6 +116,11 @@ class Frame:
     def device(self):
         """The Warp device of the workspace this frame belongs to."""
         return self._workspace.device
+
+    @property
+    def backward_shared(self) -> Frame:
+        """The frame of the backward's scratch (``Workspace.backward_shared``)."""
+        return self._workspace.backward_shared
 
     def _buffer(self, name: str, shape, dtype, zero_new: bool, host: bool = False) -> tuple[wp.array, bool]:
         """The buffer ``name`` of exactly ``shape`` and ``dtype`` (on the host with ``host``),
@@ -264,14 +271,11 @@ class Frame:
         work; the graph is launched after it), and from then on replayed with one graph
         launch instead of ``queue()``'s Python and launches; the result stored with the
         graph is returned again, so it must not refer to anything outside the key.
-        ``key=None``, a CPU device or ``Workspace.graphs`` False just call ``queue()``."""
-        # memory handed back comes back before the key (a buffer that moved changes the
-        # allocation count) and before any capture (an allocation inside one would break it)
-        self._workspace.restore((self,))
-        return self._replay(key, queue)
+        ``key=None``, a CPU device or ``Workspace.graphs`` False just call ``queue()``.
 
-    def _replay(self, key, queue):
-        """:meth:`replay` once the memory is back: run, capture or replay ``queue``."""
+        Memory handed back (:meth:`release`) must be back first (``Workspace.restore``): a
+        buffer that moves changes the allocation count, and an allocation inside a
+        capture would break it."""
         workspace = self._workspace
         if key is None or not workspace.graphs:
             return queue()
@@ -357,7 +361,9 @@ class Frame:
     def scratch(self, shape, dtype, after: wp.array | None = None, room: int = 0, zero: bool = False) -> wp.array:
         """A ``shape`` view of ``dtype`` into this frame's scratch arena: one byte buffer
         whose stages take turns, so a stage's scratch costs no memory beyond the largest
-        stage's (the forward's depth and tile sorts and the backward's gradients share it).
+        stage's (the forward's depth and tile sorts and the backward's gradients share the
+        shared frame's, unless the backward has a frame of its own,
+        ``Workspace.backward_shared``).
 
         ``after`` None starts a stage: the view is at offset 0, and the arena is grown
         first (never shrunk) to ``room`` bytes, which should cover every part the stage
@@ -373,12 +379,13 @@ class Frame:
         size = wp.types.type_size_in_bytes(dtype)
         for d in shape:
             size *= d
-        arena = self._held("scratch")
+        arena = self._held(self._arena)
         if after is None:
             offset = 0
             self._retired = None
             if arena is None or arena.capacity < max(room, size):
-                arena = self._arrays["scratch"] = self._allocate("scratch", (max(room, size, 1),), wp.uint8, False)
+                arena = self._arrays[self._arena] = self._allocate(self._arena, (max(room, size, 1),), wp.uint8,
+                                                                   False)
         else:
             offset = -(-(after.ptr - arena.ptr + after.capacity) // SCRATCH_ALIGN) * SCRATCH_ALIGN
             if offset + size > arena.capacity:
@@ -387,8 +394,8 @@ class Frame:
                                        f"{arena.capacity}-byte arena; the stage's first part must ask for more room")
                 # moving the earlier parts would take a copy; their readers are queued before
                 # the next stage, which drops the old arena (freed in stream order)
-                self._retired = (arena, self._owners.get("scratch"))
-                arena = self._arrays["scratch"] = self._allocate("scratch", (room,), wp.uint8, False)
+                self._retired = (arena, self._owners.get(self._arena))
+                arena = self._arrays[self._arena] = self._allocate(self._arena, (room,), wp.uint8, False)
         view = self._workspace.view(arena.ptr + offset, dtype, shape)
         if zero:
             view.zero_()
@@ -503,6 +510,7 @@ class Workspace:
         self.allocations = 0
         self._free: list[Frame] = []
         self._shared = Frame(self)
+        self._backward_shared = None  # made on first use with an allocator (backward_shared)
         self._frames: list[Frame] = []  # every render frame made (leased or free), for memory_report
         # kernel arguments derived from a Camera, by id; the entry keeps the camera alive
         # so an id is never reused while cached
@@ -556,19 +564,49 @@ class Workspace:
         for frame in frames:
             frame.release()
         self._shared.release(SHARED_SCRATCH)
+        if self._backward_shared is not None:
+            self._backward_shared.release()
 
-    def restore(self, frames) -> None:
-        """Take back the memory of ``frames`` and of the shared frame (``Frame.restore``), in
-        one allocation: each frame's block is a part of it, alive while any frame uses its
-        part (one allocator call, where each was one: a training step's render restores its
-        frame and the shared scratch before its graphs launch)."""
-        parts = [(frame, plan) for frame in (*frames, self._shared) if (plan := frame.restore_plan()) is not None]
-        if not parts:
-            return
-        ptr, owner = self.allocator(sum(plan.total for _, plan in parts))
-        for frame, plan in parts:
-            frame.restore((ptr, owner))
-            ptr += plan.total
+    def release_forward(self) -> None:
+        """Hand back the shared frame's scratch arena (``Frame.release``) once a render call
+        has queued its work and settled: the forward's depth and tile sorts are done with
+        it, and the backward has a frame of its own (:attr:`backward_shared`), so a render's
+        backward does not hold the tile sort's keys, sized by the intersections. No-op
+        without an ``allocator``."""
+        if self.allocator is not None:
+            self._shared.release((self._shared._arena,))
+
+    def restore(self, frames, forward: bool = True) -> None:
+        """Take back the memory of ``frames`` and of the backward's scratch frame
+        (:attr:`backward_shared`; ``Frame.restore``) in one allocation: each frame's block
+        is a part of it, alive while any frame uses its part (one allocator call, where each
+        was one). With ``forward``, also the shared frame's arena, in an allocation of its
+        own (:meth:`release_forward` hands it back at the render call's end, while the
+        frames stay). A training step's render restores all of it before its graphs launch;
+        its backward then finds everything back."""
+        shared = self._backward_shared
+        parts = [(frame, plan) for frame in (*frames, self._shared if shared is None else shared)
+                 if (plan := frame.restore_plan()) is not None]
+        if parts:
+            ptr, owner = self.allocator(sum(plan.total for _, plan in parts))
+            for frame, plan in parts:
+                frame.restore((ptr, owner))
+                ptr += plan.total
+        if forward and shared is not None:
+            self._shared.restore()
+
+    @property
+    def backward_shared(self) -> Frame:
+        """The frame of the backward's scratch (its arena and ``reduce="deterministic"``'s
+        per-entry gradients): the shared frame itself, or with an ``allocator`` a frame of
+        its own, whose memory goes and comes back with the render frames', so the forward's
+        arena can go back at the end of each render call (:meth:`release_forward`). Two
+        arenas would cost more than one where nothing is handed back."""
+        if self.allocator is None:
+            return self._shared
+        if self._backward_shared is None:
+            self._backward_shared = Frame(self, arena=BACKWARD_ARENA)
+        return self._backward_shared
 
     @property
     def shared(self) -> Frame:
@@ -643,12 +681,14 @@ class Workspace:
 
     def memory_report(self) -> list[BufferInfo]:
         """Every device buffer this workspace holds, as :class:`BufferInfo` records: the
-        shared frame's (``frame`` 0) and each render frame's (1, 2, ... in order of
-        creation, leased or free). Host (page-locked) buffers are left out. Their
+        shared frames' (``frame`` 0: the shared one's and, with an allocator, the
+        backward's, whose arena is ``grad_scratch``) and each render frame's (1, 2, ... in
+        order of creation, leased or free); buffers handed back are left out. Host (page-locked) buffers are left out. Their
         ``nbytes`` sum to :meth:`nbytes`; what the buffers cost per Gaussian, intersection
         or pixel is the caller's to divide (``benchmarks/memory_report.py`` does)."""
+        shared = [(0, self._shared)] + ([(0, self._backward_shared)] if self._backward_shared is not None else [])
         return [BufferInfo(i, name, a.dtype, a.shape, a.capacity)
-                for i, frame in enumerate([self._shared, *self._frames])
+                for i, frame in (*shared, *enumerate(self._frames, 1))
                 for name, a in frame.buffers() if a.device == self.device]
 
     def nbytes(self) -> int:
