@@ -64,6 +64,38 @@ def test_an_overflow_found_in_the_backward_is_rendered_and_differentiated_again(
         torch.testing.assert_close(grads[k], want[k], rtol=1e-5, atol=1e-5 * want[k].abs().max().item(), msg=k)
 
 
+def _overflow_found_in_a_backward(rng, device, monkeypatch, step):
+    """``step(context, render, weights, p)`` (``render(context)``: rasterization's outputs for
+    one camera of the parameters ``p``; ``weights``: the colours' loss weights) three times on
+    a deferring context, whose kept sort size then follows small splats; then the splats
+    grown in place, so that the fourth step, queued with that size, overflows (found in its
+    backward, with a RuntimeWarning). Returns the fourth's result and that of a context
+    that checks at once."""
+    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)
+    scene = random_scene(rng, n=60, width=48, height=40, sh_degree=1, size_px_range=(0.3, 1.0))
+    p = params_of(scene, device=device)
+    vm, ks = _views(scene, 1, device)
+    weights = torch.tensor(rng.normal(size=(1, scene.height, scene.width, 3)), dtype=torch.float32, device=device)
+
+    def render(context):
+        return rasterization(*(p[k] for k in PARAMS), vm, ks, scene.width, scene.height, context=context)
+
+    def run(context):
+        result = step(context, render, weights, p)
+        for k in PARAMS:
+            p[k].grad = None
+        return result
+
+    deferred = RenderContext(device, defer_checks=True)
+    for _ in range(3):
+        run(deferred)
+    with torch.no_grad():
+        p["scales"] *= 6.0
+    with pytest.warns(RuntimeWarning, match="overflowed"):
+        got = run(deferred)
+    return got, run(RenderContext(device, defer_checks=False))
+
+
 def test_images_the_loss_dropped_are_freed_before_the_backward_and_an_overflow_still_redone(rng, device,
                                                                                           monkeypatch):
     """The render node does not hold its images (its backward does not read them): a loss
@@ -73,15 +105,8 @@ def test_images_the_loss_dropped_are_freed_before_the_backward_and_an_overflow_s
     import gc
     import weakref
 
-    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)
-    scene = random_scene(rng, n=60, width=48, height=40, sh_degree=1, size_px_range=(0.3, 1.0))
-    p = params_of(scene, device=device)
-    vm, ks = _views(scene, 1, device)
-    weights = torch.tensor(rng.normal(size=(1, scene.height, scene.width, 3)), dtype=torch.float32, device=device)
-
-    def step(context):
-        colors, alphas, meta = rasterization(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"],
-                                             vm, ks, scene.width, scene.height, context=context)
+    def step(context, render, weights, p):
+        colors, alphas, meta = render(context)
         loss = (colors * weights).sum() + alphas.sum()
         node, memory = colors.grad_fn, colors.untyped_storage().data_ptr()
         assert all(t.untyped_storage().data_ptr() != memory for t in node.saved_tensors)
@@ -90,19 +115,9 @@ def test_images_the_loss_dropped_are_freed_before_the_backward_and_an_overflow_s
         gc.collect()
         assert image() is None  # freed before the backward
         loss.backward()
-        grads = {k: p[k].grad.clone() for k in PARAMS}
-        for k in PARAMS:
-            p[k].grad = None
-        return grads
+        return {k: p[k].grad.clone() for k in PARAMS}
 
-    deferred = RenderContext(device, defer_checks=True)
-    for _ in range(3):
-        step(deferred)
-    with torch.no_grad():
-        p["scales"] *= 6.0
-    with pytest.warns(RuntimeWarning, match="overflowed"):
-        grads = step(deferred)
-    want = step(RenderContext(device, defer_checks=False))
+    grads, want = _overflow_found_in_a_backward(rng, device, monkeypatch, step)
     for k in want:
         torch.testing.assert_close(grads[k], want[k], rtol=1e-5, atol=1e-5 * want[k].abs().max().item(), msg=k)
 
@@ -112,30 +127,15 @@ def test_an_alpha_image_kept_without_its_colours_gets_the_render_redone(rng, dev
     not the colours': a loop that drops the colours but keeps the alphas through the
     backward, where an overflow is found, gets the render redone into those alphas (the
     colours into the frame's own images), equal to a context that checks at once."""
-    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)
-    scene = random_scene(rng, n=60, width=48, height=40, sh_degree=1, size_px_range=(0.3, 1.0))
-    p = params_of(scene, device=device)
-    vm, ks = _views(scene, 1, device)
-    weights = torch.tensor(rng.normal(size=(1, scene.height, scene.width, 3)), dtype=torch.float32, device=device)
-
-    def step(context):
-        colors, alphas, _ = rasterization(p["means"], p["quats"], p["scales"], p["opacities"], p["colors"],
-                                          vm, ks, scene.width, scene.height, context=context)
+    def step(context, render, weights, p):
+        colors, alphas, _ = render(context)
         loss = (colors * weights).sum() + alphas.sum()
         del colors
         loss.backward()
-        for k in PARAMS:
-            p[k].grad = None
         return alphas.detach().clone()
 
-    deferred = RenderContext(device, defer_checks=True)
-    for _ in range(3):
-        step(deferred)
-    with torch.no_grad():
-        p["scales"] *= 6.0
-    with pytest.warns(RuntimeWarning, match="overflowed"):
-        alphas = step(deferred)
-    torch.testing.assert_close(alphas, step(RenderContext(device, defer_checks=False)), rtol=0, atol=0)
+    alphas, want = _overflow_found_in_a_backward(rng, device, monkeypatch, step)
+    torch.testing.assert_close(alphas, want, rtol=0, atol=0)
 
 
 def test_a_render_with_grad_defers_its_checks_to_its_backward(rng):
