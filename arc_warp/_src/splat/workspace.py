@@ -683,9 +683,10 @@ class Workspace:
         """Every device buffer this workspace holds, as :class:`BufferInfo` records: the
         shared frames' (``frame`` 0: the shared one's and, with an allocator, the
         backward's, whose arena is ``grad_scratch``) and each render frame's (1, 2, ... in
-        order of creation, leased or free); buffers handed back are left out. Host (page-locked) buffers are left out. Their
-        ``nbytes`` sum to :meth:`nbytes`; what the buffers cost per Gaussian, intersection
-        or pixel is the caller's to divide (``benchmarks/memory_report.py`` does)."""
+        order of creation, leased or free). Buffers handed back and host (page-locked)
+        buffers are left out. Their ``nbytes`` sum to :meth:`nbytes`; what the buffers
+        cost per Gaussian, intersection or pixel is the caller's to divide
+        (``benchmarks/memory_report.py`` does)."""
         shared = [(0, self._shared)] + ([(0, self._backward_shared)] if self._backward_shared is not None else [])
         return [BufferInfo(i, name, a.dtype, a.shape, a.capacity)
                 for i, frame in (*shared, *enumerate(self._frames, 1))
