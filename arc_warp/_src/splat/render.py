@@ -346,14 +346,11 @@ def _replay_together(kind: str, prepared: list, graphs: tuple = ((0,),)) -> list
     stage indices; each group of them all is one ``Frame.replay`` on the first frame,
     keyed by the group and all their keys and frames (each frame's buffers are baked
     into the graph; frames live as long as their workspace, so their ids are never
-    reused): C renders cost a graph launch per group, not C of them and C lookups."""
+    reused): C renders cost a graph launch per group, not C of them and C lookups. The
+    frames' memory must be back (``Workspace.restore``: the callers restore up front)."""
     if not prepared:
         return []
     frame = prepared[0][0]
-    # memory handed back comes back before the keys (a buffer that moved changes the
-    # allocation count) and any capture (Frame.restore allocates); the backward's without
-    # the forward's arena (normally a no-op: a render call restores its frames up front)
-    frame._workspace.restore([other for other, _, _ in prepared], forward=kind == "forward")
     results = [None] * len(prepared)
     for group, stages in enumerate(graphs):
         def queue(stages=stages, results=results):
@@ -741,6 +738,10 @@ def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: 
 def _backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: GaussianGrads, accumulate: bool,
                        means2d_grads: list, means2d: bool) -> None:
     """:func:`backwards_checked` inside its workspace's ``busy``."""
+    # memory handed back comes back before any graph key is taken (a buffer that moved
+    # changes the allocation count) or capture (Frame.restore allocates), as a render call
+    # restores its frames up front; the backward's scratch, not the forward's arena
+    outs[0]._frame._workspace.restore([out._frame for out in outs], forward=False)
     batch = []
     for i, (out, cot, means2d_grad) in enumerate(zip(outs, cotangents, means2d_grads)):
         frame, key, queue = _prepare_backward(out, *cot, grads, accumulate or i > 0, means2d_grad, means2d)
