@@ -452,7 +452,7 @@ class BatchRender:
     """Torch outputs of C cameras of one size (float32 unless noted, on the input device)."""
 
     color: torch.Tensor  # [C, H, W, 3] without background
-    alpha: torch.Tensor  # [C, H, W]
+    alpha: torch.Tensor  # [C, H, W, 1], as rasterization returns it
     depth: Optional[torch.Tensor]  # [C, H, W] sum of w_i z_i (None: not asked for)
     expected_depth: Optional[torch.Tensor]  # [C, H, W] depth / alpha, 0 where alpha == 0 (or None)
     means2d: torch.Tensor  # [C, N, 2] pixels, not differentiable (see Means2dSink, render_batch's means2d_grad)
@@ -499,29 +499,30 @@ class _RenderGaussians(torch.autograd.Function):
     bookkeeping per call), for C cameras of one size: the node of a render
     `_queue_render` queued just before it (so the device starts before torch's autograd
     bookkeeping runs), whose images it returns (the projected means and radii, not
-    differentiable, went into tensors of their own, which it saves). Backward runs the
+    differentiable, went into an allocation of their own, which it holds through an
+    alias). Backward runs the
     core backward of the C cameras (`backwards_checked`) into one gradient buffer: the
     first camera writes every entry, the others add."""
 
     @staticmethod
     def forward(ctx, context, queued, sink, sink_tensor, means, quats, scales, opacities, colors):
         ctx.set_materialize_grads(False)
-        returned, radii, outs, means2d, block = queued
+        returned, outs, alias, block = queued
         # Saved so torch raises if anything the Warp backward reads was modified in place,
         # and so that the projected means and radii it reads (through non-owning views, see
-        # RenderContext.view) stay alive, as aliases: the caller's tensors are the caller's
-        # alone. The radii alias dies when torch frees them (after a backward without
-        # retain_graph, or with the graph), which drops what the backward needed (`_finished`).
-        marker = radii.detach()
-        ctx.save_for_backward(means, quats, scales, opacities, colors, means2d, marker)
+        # RenderContext.view) stay alive: ``alias``, a view of their allocation that only
+        # this node holds (the caller's tensors are the caller's alone). It dies when torch
+        # frees the saved tensors (after a backward without retain_graph, or with the
+        # graph), which drops what the backward needed (`_finished`).
+        ctx.save_for_backward(means, quats, scales, opacities, colors, alias)
         ctx.outs, ctx.sink, ctx.context = outs, sink, context
         # The colour and depth images are not held: the backward does not read them, and a
         # loss that drops them frees their memory before the gradients are made; a deferred
         # check's re-render writes into them only while the caller holds them (the alpha
-        # image shares the saved aliases' memory, alive while the backward can run).
+        # image shares the alias's memory, alive while the backward can run).
         ctx.images = weakref.ref(block)
         frames = [out._frame for out in outs] if context.workspace.allocator is not None else None
-        weakref.finalize(marker, _finished, weakref.ref(ctx), context.workspace, frames)
+        weakref.finalize(alias, _finished, weakref.ref(ctx), context.workspace, frames)
         return returned
 
     @staticmethod
@@ -563,8 +564,8 @@ def _guarded(g: torch.Tensor) -> torch.Tensor:
 
 def _finished(node_ref, workspace: Workspace, frames) -> None:
     """Once torch has freed a render node's saved tensors (its backward cannot run again),
-    drop its outputs, whose frames then serve the next render (the radii and projected
-    means went with the saved tensors), and hand the frames' memory back to torch
+    drop its outputs, whose frames then serve the next render (the alias of the radii
+    and projected means went with the saved tensors), and hand the frames' memory back to torch
     (``frames``; None: the workspace keeps it, ``release_workspace`` off). Runs where
     torch frees them: in the backward, on its device thread, or when the graph is
     dropped."""
@@ -642,8 +643,11 @@ def _backward_views(context, torch_grads, batched, output_grads, c):
     """Warp views a backward of C cameras writes and reads: the gradients (GaussianGrads),
     per camera its means2d gradient (None: without a direct sink, the workspace's, also on
     a second backward with retain_graph) and its (color, alpha, depth, expected_depth)
-    cotangents (None where torch gives none)."""
+    cotangents (None where torch gives none; alpha's [C, H, W, 1], viewed as [C, H, W])."""
     sinks = [{}] * c if batched is None else context.per_camera((batched,), (wp.vec2,), ("means2d",))
+    alpha = output_grads[1]
+    if alpha is not None:
+        output_grads = (output_grads[0], alpha.view(alpha.shape[:3]), *output_grads[2:])
     cotangents = context.per_camera(output_grads, IMAGE_DTYPES, IMAGE_NAMES) if any(
         g is not None for g in output_grads) else [{}] * c
     return (context.grads(torch_grads), [s.get("means2d") for s in sinks],
@@ -658,44 +662,52 @@ def _scale(t: torch.Tensor, scale: Tuple[float, float]):
 
 
 def _queue_render(context, cameras, settings, depths: bool, defer: bool, inputs: tuple) -> tuple:
-    """Allocate a render's outputs and queue it: ``(images, radii, outs, means2d, block)``
-    for `_RenderGaussians` (images: color, alpha[, depth, expected_depth]; outs: the core's
-    RenderOutputs; means2d: [C, N, 2] projected means; block: what holds the colour and
-    depth images). The outputs are views of two allocations, not six: ``block`` holds the
-    colour and depth images (without `depths` the depth images are empty, which the
-    rasteriser leaves unwritten), the other the projected means, the radii and the alpha
-    image, which a loop that keeps only the colours through its optimizer step (the
-    backward reads none of them) frees after the backward. Only what the queued work needs
-    (the outputs' memory, the checked views) is made before it is queued; the tensors
-    handed back are viewed after, while the device already works."""
+    """Allocate a render's outputs and queue it: ``(images, outs, means2d, radii, block)``
+    (images: color, alpha[, depth, expected_depth]; outs: the core's RenderOutputs;
+    means2d: [C, N, 2] projected means; radii: [C, N, 2] int32; block: what holds the
+    colour and depth images). The outputs are views of two allocations, not six:
+    ``block`` holds the colour and depth images (without `depths` the depth images are
+    empty, which the rasteriser leaves unwritten), the other the projected means, the
+    radii and the alpha image, which a loop that keeps only the colours through its
+    optimizer step (the backward reads none of them) frees after the backward. Only what
+    the queued work needs (the outputs' memory, the checked Warp views) is made before it
+    is queued; the torch views handed back are made after, while the device already works."""
     c, n = len(cameras), inputs[0].shape[0]
     size = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
     h, w = size.height, size.width
     with context.outputs():
         block = inputs[0].new_empty((5 if depths else 3) * c * h * w)
         projected = inputs[0].new_empty(4 * c * n + c * h * w)
-    means2d = projected.as_strided((c, n, 2), (2 * n, 2, 1))
-    radii = projected.view(torch.int32).as_strided((c, n, 2), (2 * n, 2, 1), 2 * c * n)
-    alpha = projected.as_strided((c, h, w), (h * w, w, 1), 4 * c * n)
+
+    def views(alpha_shape, alpha_strides):
+        """means2d, radii and alpha in ``projected``."""
+        return (projected.as_strided((c, n, 2), (2 * n, 2, 1)),
+                projected.view(torch.int32).as_strided((c, n, 2), (2 * n, 2, 1), 2 * c * n),
+                projected.as_strided(alpha_shape, alpha_strides, 4 * c * n))
+
+    def checked_views():
+        means2d, radii, alpha = views((c, h, w), (h * w, w, 1))  # [H, W] per camera for Warp
+        return (context.inputs(inputs, settings),
+                context.per_camera((*_images(block, alpha, c, h, w, depths, empty=True), means2d, radii),
+                                   (*IMAGE_DTYPES, wp.vec2, wp.vec2i), (*IMAGE_NAMES, "means2d", "radii")))
+
     # one lookup by every pointer and size the Warp views depend on (the outputs' layout in
     # their allocations is fixed by c, n, h, w)
     means, quats, scales, opacities, colors = inputs
     key = ("forward", means.data_ptr(), quats.data_ptr(), scales.data_ptr(), opacities.data_ptr(),
            colors.data_ptr(), colors.shape, settings.sh_degree, block.data_ptr(), projected.data_ptr(), c, h, w,
            depths)
-    checked, targets = context._memoized(key, lambda: (
-        context.inputs(inputs, settings),
-        context.per_camera((*_images(block, alpha, c, h, w, depths, empty=True), means2d, radii),
-                           (*IMAGE_DTYPES, wp.vec2, wp.vec2i), (*IMAGE_NAMES, "means2d", "radii"))))
+    checked, targets = context._memoized(key, checked_views)
     pairs = [(cameras, i) for i in range(c)] if isinstance(cameras, DeviceCameras) else [(cam, None) for cam in cameras]
     # all C cameras queued before the one wait that checks them (or none: defer), on torch's stream
     outs = render_checked(checked, pairs, settings, context.workspace, targets, defer, context.warp_stream())
-    return _images(block, alpha, c, h, w, depths), radii, outs, means2d, block
+    means2d, radii, alpha = views((c, h, w, 1), (h * w, w, 1, 1))  # as rasterization returns it
+    return _images(block, alpha, c, h, w, depths), outs, means2d, radii, block
 
 
 def _images(block: torch.Tensor, alpha: torch.Tensor, c: int, h: int, w: int, depths: bool,
             empty: bool = False) -> tuple:
-    """color [C, H, W, 3] (a view of ``block``), ``alpha`` [C, H, W], then with ``depths``
+    """color [C, H, W, 3] (a view of ``block``), ``alpha``, then with ``depths``
     depth and expected depth [C, H, W] (views of ``block`` after the colours), or with
     ``empty`` two empty [C, 0, 0] views in their place (the rasteriser leaves empty images
     unwritten)."""
@@ -739,11 +751,11 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
              and (means.requires_grad or quats.requires_grad or scales.requires_grad or opacities.requires_grad
                   or colors.requires_grad))
     inputs = (means, quats, scales, opacities, colors)
-    queued = _queue_render(context, cameras, settings, depths, defer, inputs)
-    means2d = queued[3]
+    images, outs, means2d, radii, block = _queue_render(context, cameras, settings, depths, defer, inputs)
+    # the node saves an alias of the projected means' allocation (`_RenderGaussians.forward`):
+    # the tensors handed back are the caller's alone
+    queued = (images, outs, means2d.detach(), block)
     if means2d_grad and sink is None:
-        # the node saves an alias (its backward reads the values): the leaf is the caller's alone
-        queued = (*queued[:3], means2d.detach(), queued[4])
         sink = Means2dSink(means2d.requires_grad_(True), absgrad_owner=means2d if settings.absgrad else None,
                            attached=True)
     sink_tensor = None if sink is None or sink.attached else sink.tensor
@@ -751,7 +763,7 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     images = apply(context, queued, sink, sink_tensor, *inputs)
     if not depths:
         images = (*images, None, None)
-    return BatchRender(*images, means2d, queued[1])
+    return BatchRender(*images, means2d, radii)
 
 
 def render_camera(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor,
@@ -763,5 +775,5 @@ def render_camera(means: torch.Tensor, quats: torch.Tensor, scales: torch.Tensor
     r = render_batch(means, quats, scales, opacities, colors,
                      camera if isinstance(camera, DeviceCameras) else (camera,), settings, sink,
                      context=context)
-    return CameraRender(r.color[0], r.alpha[0], r.depth[0], r.expected_depth[0], r.means2d[0],
+    return CameraRender(r.color[0], r.alpha[0, :, :, 0], r.depth[0], r.expected_depth[0], r.means2d[0],
                         r.radii[0])

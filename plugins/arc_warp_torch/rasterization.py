@@ -296,7 +296,7 @@ def rasterization(
     r = render_batch(means, quats, scales, opacities, colors, cameras, settings, None, context,
                      depths=render_mode != "RGB", means2d_grad=need_grad)
     means2d = r.means2d
-    alphas = r.alpha[..., None]
+    alphas = r.alpha
     channels = []
     if render_mode.startswith("RGB"):
         rgb = r.color

@@ -273,7 +273,8 @@ class _RenderPlan:
         plan.pending = [pending for _, pending, _ in queued]
         plan.sizes = [(p.grid, p.sort_size) for p in plan.pending]
         plans = workspace.render_plans
-        plans[:] = [p for p in plans if not (p.frames == frames and p.matches(input_key, cameras, settings, per_camera))]
+        plans[:] = [p for p in plans
+                    if not (p.frames == frames and p.matches(input_key, cameras, settings, per_camera))]
         plans.insert(0, plan)
         del plans[RENDER_PLANS:]
 

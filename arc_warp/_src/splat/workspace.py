@@ -563,7 +563,9 @@ class Workspace:
             return
         for frame in frames:
             frame.release()
-        self._shared.release(SHARED_SCRATCH)
+        shared = self._shared
+        if shared._arena not in shared._released:  # back with torch since release_forward, unless taken again
+            shared.release(SHARED_SCRATCH)
         if self._backward_shared is not None:
             self._backward_shared.release()
 
