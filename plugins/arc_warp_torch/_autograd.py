@@ -500,9 +500,8 @@ class _RenderGaussians(torch.autograd.Function):
     `_queue_render` queued just before it (so the device starts before torch's autograd
     bookkeeping runs), whose images it returns (the projected means and radii, not
     differentiable, went into an allocation of their own, which it holds through an
-    alias). Backward runs the
-    core backward of the C cameras (`backwards_checked`) into one gradient buffer: the
-    first camera writes every entry, the others add."""
+    alias). Backward runs the core backward of the C cameras (`backwards_checked`) into
+    one gradient buffer: the first camera writes every entry, the others add."""
 
     @staticmethod
     def forward(ctx, context, queued, sink, sink_tensor, means, quats, scales, opacities, colors):
@@ -565,9 +564,9 @@ def _guarded(g: torch.Tensor) -> torch.Tensor:
 def _finished(node_ref, workspace: Workspace, frames) -> None:
     """Once torch has freed a render node's saved tensors (its backward cannot run again),
     drop its outputs, whose frames then serve the next render (the alias of the radii
-    and projected means went with the saved tensors), and hand the frames' memory back to torch
-    (``frames``; None: the workspace keeps it, ``release_workspace`` off). Runs where
-    torch frees them: in the backward, on its device thread, or when the graph is
+    and projected means went with the saved tensors), and hand the frames' memory back
+    to torch (``frames``; None: the workspace keeps it, ``release_workspace`` off). Runs
+    where torch frees them: in the backward, on its device thread, or when the graph is
     dropped."""
     node = node_ref()
     if node is not None:
