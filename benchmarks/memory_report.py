@@ -28,12 +28,12 @@ import sys
 
 import torch
 import warp as wp
-from arc_warp._src.splat.workspace import BACKWARD_ARENA
+from arc_warp._src.splat.workspace import BACKWARD_ARENA, SCRATCH_ARENA
 
 from bench_train_step import SH_DEGREE, _activated, _params, make_scene
 
 PER_INTERSECTION = ("sort_ids", "entry_grads")  # buffers sized by the sort (its keys are in the scratch arena)
-ARENAS = ("scratch", BACKWARD_ARENA)  # the forward's and, with release_workspace, the backward's scratch
+ARENAS = (SCRATCH_ARENA, BACKWARD_ARENA)  # the forward's and, with release_workspace, the backward's scratch
 
 
 def _kind(name, shape, n, pixels):

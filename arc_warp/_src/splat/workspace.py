@@ -18,7 +18,8 @@ SORT_HISTORY = 64  # renders whose intersection totals set the sort size kept fo
 SORT_SLACK = 4096  # entries added to every kept sort size, so small scenes rarely overflow
 GRAPHS_PER_FRAME = 24  # CUDA graphs a frame keeps (least recently used dropped first)
 # the shared frame's buffers a render leaves nothing in for a later call (Workspace.release)
-SHARED_SCRATCH = ("scratch", "entry_grads")
+SCRATCH_ARENA = "scratch"  # a frame's scratch arena's name (Frame.scratch)
+SHARED_SCRATCH = (SCRATCH_ARENA, "entry_grads")
 BACKWARD_ARENA = "grad_scratch"  # the arena's name in the backward's own frame (Workspace.backward_shared)
 # Frame.release keeps buffers that sum to less: small blocks share an allocator's pool with
 # many small tensors, so they rarely come back at their address, and saving them is moot
@@ -90,7 +91,7 @@ class Frame:
     never share buffers.
     """
 
-    def __init__(self, workspace: Workspace, shared: Frame | None = None, arena: str = "scratch"):
+    def __init__(self, workspace: Workspace, shared: Frame | None = None, arena: str = SCRATCH_ARENA):
         self._workspace = workspace
         self._arena = arena  # the name of its scratch arena (see scratch)
         # buffers used only within one call (sort keys, scans, gradient scratch),
@@ -172,6 +173,8 @@ class Frame:
         workspace = self._workspace
         if workspace.allocator is None:
             return
+        if names is not None and all(name in self._released or name not in self._arrays for name in names):
+            return  # already handed back (release_forward's arena, on every step's release)
         # a training step releases the same buffers each time: their block's layout is
         # worked out once per buffers made (the allocation count)
         plan = self._plans.get(names) if not self._released else None
@@ -563,9 +566,7 @@ class Workspace:
             return
         for frame in frames:
             frame.release()
-        shared = self._shared
-        if shared._arena not in shared._released:  # back with torch since release_forward, unless taken again
-            shared.release(SHARED_SCRATCH)
+        self._shared.release(SHARED_SCRATCH)
         if self._backward_shared is not None:
             self._backward_shared.release()
 
