@@ -1,12 +1,12 @@
 """The binning kernels against plain oracles.
 
-``write_keys`` stages a block's tile keys in shared memory and copies them out side by
-side. Its output, before the sort, must be entry for entry what each Gaussian's own
-serial walk writes (the oracle below, one thread per Gaussian on the same device, so the
-same float arithmetic): for a sort sized to the total, padded past it, and cut short
-inside a Gaussian; for blocks whose range spans several staging rounds, and a Gaussian
-whose keys alone do, and for small splats, whose blocks store without staging; with
-one-thread CPU blocks and with emulated 256-thread blocks.
+``write_keys_staged`` stages a block's tile keys in shared memory and copies them out
+side by side. Its output, before the sort, must be entry for entry what ``write_keys``
+(one thread walks each Gaussian's tiles; the reference tests check its bins against a
+dense evaluation) writes on the same device, so with the same float arithmetic: for a
+sort sized to the total, padded past it, and cut short inside a Gaussian; for blocks
+whose range spans several staging rounds, a Gaussian whose keys alone do, and small
+splats; with one-thread CPU blocks and with emulated 256-thread blocks.
 
 ``tile_ranges`` finds each tile's range of the sorted keys by binary search: it must be
 numpy's ``searchsorted`` of every tile, with the filler tile and the sort's headroom past
@@ -18,9 +18,9 @@ import pytest
 wp = pytest.importorskip("warp")
 
 from arc_warp._src.arc.intrinsics import cpu_launch_guard  # noqa: E402
-from arc_warp._src.splat.bin_kernels import STAGE_ENTRIES, STAGE_MIN_PER_THREAD, tile_ranges, write_keys  # noqa: E402
+from arc_warp._src.splat.bin_kernels import STAGE_ENTRIES, tile_ranges, write_keys, write_keys_staged  # noqa: E402
 from arc_warp._src.splat.bin_ops import WRITE_KEYS_BLOCK, tile_grid  # noqa: E402
-from arc_warp._src.splat.geometry_funcs import Splat2D, footprint, row_span, tile_bbox  # noqa: E402
+from arc_warp._src.splat.geometry_funcs import Splat2D  # noqa: E402
 from arc_warp._src.splat.project_kernels import count_tiles  # noqa: E402
 
 
@@ -29,27 +29,6 @@ def _count(splats: wp.array(dtype=Splat2D), radii: wp.array(dtype=wp.vec2i), til
            counts: wp.array(dtype=wp.int32)):
     i = wp.tid()
     counts[i] = wp.int32(count_tiles(splats[i].geom, splats[i].conic, radii[i], tiles_x, tiles_y))
-
-
-@wp.kernel(enable_backward=False)
-def _serial_walk(order: wp.array(dtype=wp.int32), splats: wp.array(dtype=Splat2D), radii: wp.array(dtype=wp.vec2i),
-                 cum_tiles: wp.array(dtype=wp.int64), tiles_x: int, tiles_y: int, capacity: int,
-                 keys: wp.array(dtype=wp.int32), gauss_ids: wp.array(dtype=wp.int32)):
-    # the oracle: Gaussian j (in depth order) walks its rows alone, from its scan offset
-    j = wp.tid()
-    i = order[j]
-    k = int(0)
-    if j > 0:
-        k = int(cum_tiles[j - 1])
-    f = footprint(splats[i].geom, splats[i].conic)
-    box = tile_bbox(wp.vec2(splats[i].geom[0], splats[i].geom[1]), radii[i], tiles_x, tiles_y)
-    for ty in range(box[1], box[3]):
-        span = row_span(f, ty, box)
-        for tx in range(span[0], span[1]):
-            if k < capacity:
-                keys[k] = ty * tiles_x + tx
-                gauss_ids[k] = i
-            k += 1
 
 
 def _splats(rng, n, width, height, sigma_px):
@@ -86,13 +65,13 @@ def _written(device, geom, conic, radii, grid, capacity_of, kernel):
     keys = wp.array(np.full(capacity, -1, np.int32), device=device)
     ids = wp.array(np.full(capacity, -1, np.int32), device=device)
     args = [wp.array(order, device=device), splats, radii_w]
-    if kernel is write_keys:
-        dim = -(-n // WRITE_KEYS_BLOCK) * WRITE_KEYS_BLOCK
+    args += [counts, wp.array(cum, device=device), *grid, capacity, keys, ids]
+    if kernel is write_keys_staged:
         with cpu_launch_guard(device):
-            wp.launch(write_keys, dim, [*args, counts, wp.array(cum, device=device), *grid, capacity, keys, ids],
-                      device=device, block_dim=WRITE_KEYS_BLOCK)
+            wp.launch(kernel, -(-n // WRITE_KEYS_BLOCK) * WRITE_KEYS_BLOCK, args, device=device,
+                      block_dim=WRITE_KEYS_BLOCK)
     else:
-        wp.launch(kernel, n, [*args, wp.array(cum, device=device), *grid, capacity, keys, ids], device=device)
+        wp.launch(kernel, n, args, device=device)
     return keys.numpy(), ids.numpy(), counts.numpy()[order], total
 
 
@@ -103,7 +82,7 @@ def test_staged_keys_are_each_gaussians_walk(device, cpu_blocks, case, cut):
     if case == "blocks":  # ~17 tiles per splat, so a 256-Gaussian block stages several rounds
         width, height = 640, 480
         geom, conic, radii = _splats(rng, 700, width, height, (4.0, 40.0))
-    elif case == "small":  # a few tiles per splat: written without staging, in one-thread blocks too
+    elif case == "small":  # a few tiles per splat: one round per block
         width, height = 640, 480
         geom, conic, radii = _splats(rng, 700, width, height, (0.5, 3.0))
     else:  # one splat alone over more tiles than a round holds, among small ones
@@ -115,14 +94,14 @@ def test_staged_keys_are_each_gaussians_walk(device, cpu_blocks, case, cut):
     grid = tile_grid(width, height)
     capacity_of = {"exact": lambda t: t, "padded": lambda t: t + 3 * len(geom) + 5,
                    "short": lambda t: t - min(2 * STAGE_ENTRIES // 3, t // 3)}[cut]
-    keys, ids, counts, total = _written(device, geom, conic, radii, grid, capacity_of, write_keys)
-    want_keys, want_ids, _, _ = _written(device, geom, conic, radii, grid, capacity_of, _serial_walk)
+    keys, ids, counts, total = _written(device, geom, conic, radii, grid, capacity_of, write_keys_staged)
+    want_keys, want_ids, _, _ = _written(device, geom, conic, radii, grid, capacity_of, write_keys)
     # the scenes reach what they are for
     per_block = np.add.reduceat(counts, np.arange(0, len(counts), WRITE_KEYS_BLOCK))
     if case == "blocks":
         assert per_block.max() > 2 * STAGE_ENTRIES
     elif case == "small":
-        assert per_block.max() <= STAGE_MIN_PER_THREAD * WRITE_KEYS_BLOCK and counts.max() > STAGE_MIN_PER_THREAD
+        assert per_block.max() < STAGE_ENTRIES // 2
     else:
         assert counts.max() > STAGE_ENTRIES
     n_tiles = grid[0] * grid[1]

@@ -27,10 +27,66 @@ def copy_last(src: wp.array(dtype=wp.int64), dst: wp.array(dtype=wp.int32)):
     dst[0] = wp.int32(wp.min(src[src.shape[0] - 1], wp.int64(INT32_MAX)))
 
 
-# entries a ``write_keys`` block stages in shared memory per round (keys and ids: 32 KiB)
+@wp.kernel(enable_backward=False)
+def write_keys(
+    order: wp.array(dtype=wp.int32),
+    splats: wp.array(dtype=Splat2D),
+    radii: wp.array(dtype=wp.vec2i),
+    tiles_per_gauss: wp.array(dtype=wp.int32),
+    cum_tiles: wp.array(dtype=wp.int64),
+    tiles_x: int,
+    tiles_y: int,
+    capacity: int,
+    keys: wp.array(dtype=wp.int32),
+    gauss_ids: wp.array(dtype=wp.int32),
+):
+    """Tile keys of the ``j``-th Gaussian in depth order, for the tiles ``count_tiles``
+    counted, in the same ``row_span`` walk; writes exactly ``tiles_per_gauss[i]`` entries
+    (a shortfall, which the shared walk rules out, would get the filler tile
+    ``tiles_x * tiles_y``, which sorts last and belongs to no range). Entries from
+    ``capacity`` on are dropped: the sort was sized before the total was known, and the
+    host re-renders when the total it reads back exceeds ``capacity``. The entries from
+    the total up to ``capacity`` get the filler tile, so the sort puts only real keys
+    ahead of them; the N threads share them in a grid-stride loop (one launch less).
+
+    One thread writes its Gaussian's keys: for small splats (a few keys each), whose
+    warps' ranges are short and adjacent; ``write_keys_staged`` is for large ones."""
+    j = wp.tid()
+    filler = tiles_x * tiles_y
+    n = cum_tiles.shape[0]
+    pad = cum_tiles[n - 1] + wp.int64(j)
+    while pad < wp.int64(capacity):
+        keys[int(pad)] = filler
+        pad += wp.int64(n)
+    i = order[j]
+    count = wp.int64(tiles_per_gauss[i])
+    start = cum_tiles[j] - count
+    if count == wp.int64(0) or start >= wp.int64(capacity):
+        return
+    splat = splats[i]
+    geom = splat.geom
+    f = footprint(geom, splat.conic)
+    box = tile_bbox(wp.vec2(geom[0], geom[1]), radii[i], tiles_x, tiles_y)
+    # both fit an int32 index now: start < capacity and end is clamped to it
+    end = int(wp.min(cum_tiles[j], wp.int64(capacity)))
+    k = int(start)
+    for ty in range(box[1], box[3]):
+        span = row_span(f, ty, box)
+        for tx in range(span[0], span[1]):
+            if k < end:
+                keys[k] = ty * tiles_x + tx
+                gauss_ids[k] = i
+            k += 1
+    while k < end:
+        keys[k] = filler
+        gauss_ids[k] = i
+        k += 1
+
+
+# entries a ``write_keys_staged`` block stages in shared memory per round (keys and ids: 32 KiB)
 STAGE_ENTRIES = 4096
-# a block with at most this many entries per thread writes them without staging
-STAGE_MIN_PER_THREAD = 4
+# sorts of more than this many entries per Gaussian (large splats) are written staged
+STAGED_KEYS_PER_GAUSSIAN = 4
 
 
 @wp.func_native(
@@ -79,7 +135,7 @@ def stage_get(buf: wp.uint64, slot: int) -> wp.vec2i:
 
 
 @wp.kernel(enable_backward=False)
-def write_keys(
+def write_keys_staged(
     order: wp.array(dtype=wp.int32),
     splats: wp.array(dtype=Splat2D),
     radii: wp.array(dtype=wp.vec2i),
@@ -91,23 +147,15 @@ def write_keys(
     keys: wp.array(dtype=wp.int32),
     gauss_ids: wp.array(dtype=wp.int32),
 ):
-    """Tile keys of the ``j``-th Gaussian in depth order, for the tiles ``count_tiles``
-    counted, in the same ``row_span`` walk; writes exactly ``tiles_per_gauss[i]`` entries
-    (a shortfall, which the shared walk rules out, would get the filler tile
-    ``tiles_x * tiles_y``, which sorts last and belongs to no range). Entries from
-    ``capacity`` on are dropped: the sort was sized before the total was known, and the
-    host re-renders when the total it reads back exceeds ``capacity``. The entries from
-    the total up to ``capacity`` get the filler tile, so the sort puts only real keys
-    ahead of them; the N threads share them in a grid-stride loop (one launch less).
+    """``write_keys``' entries (the same, entry for entry) written through shared memory,
+    for large splats, whose one-thread walks would store a 32nd of each warp's stores far
+    apart from the others.
 
     A block's Gaussians are consecutive in depth order, so their entries are one range of
     the sort. The block writes it in rounds of ``STAGE_ENTRIES``: each thread walks its
     Gaussian's tiles into shared memory, then the block copies the round out, thread by
-    thread, so the global stores are side by side (one thread's walk stores a 32nd of each
-    warp's; a warp's are far apart). A block with at most ``STAGE_MIN_PER_THREAD`` entries
-    per thread (small splats) stores them from the walk directly: its warps' ranges are
-    short and adjacent, and the barriers would cost more. Launch whole blocks: every thread
-    of a block reaches its barriers, threads from N on with nothing of their own."""
+    thread, so the global stores are side by side. Launch whole blocks: every thread of a
+    block reaches its barriers, threads from N on with nothing of their own."""
     j = wp.tid()
     n = cum_tiles.shape[0]
     filler = tiles_x * tiles_y
@@ -142,13 +190,9 @@ def write_keys(
     tx = int(0)
     tx_end = int(0)
     buf = stage_buffer()
-    # few entries per thread: each warp's stores are nearly side by side already
-    staged = hi - lo > STAGE_MIN_PER_THREAD * width  # the same in the whole block
     base = lo
     while base < hi:  # the same rounds in the whole block
-        stop = end
-        if staged:
-            stop = wp.min(end, base + STAGE_ENTRIES)
+        stop = wp.min(end, base + STAGE_ENTRIES)
         while at < stop:
             while tx >= tx_end and ty < box[3]:
                 span = row_span(f, ty, box)
@@ -160,25 +204,18 @@ def write_keys(
             if tx < tx_end:
                 key = row * tiles_x + tx
                 tx += 1
-            if staged:
-                stage_put(buf, at - base, key, i)
-            else:
-                keys[at] = key
-                gauss_ids[at] = i
+            stage_put(buf, at - base, key, i)
             at += 1
-        if staged:
-            block_sync()
-            top = wp.min(hi, base + STAGE_ENTRIES)
-            slot = base + rank
-            while slot < top:
-                entry = stage_get(buf, slot - base)
-                keys[slot] = entry[0]
-                gauss_ids[slot] = entry[1]
-                slot += width
-            block_sync()
-            base += STAGE_ENTRIES
-        else:
-            base = hi
+        block_sync()
+        top = wp.min(hi, base + STAGE_ENTRIES)
+        slot = base + rank
+        while slot < top:
+            entry = stage_get(buf, slot - base)
+            keys[slot] = entry[0]
+            gauss_ids[slot] = entry[1]
+            slot += width
+        block_sync()
+        base += STAGE_ENTRIES
 
 
 @wp.func

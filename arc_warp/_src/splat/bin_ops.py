@@ -15,7 +15,9 @@ import warp as wp
 import warp.utils
 
 from arc_warp._src.arc.intrinsics import cpu_launch_guard
-from arc_warp._src.splat.bin_kernels import copy_last, gather_counts, tile_ranges, write_keys
+from arc_warp._src.splat.bin_kernels import (
+    STAGED_KEYS_PER_GAUSSIAN, copy_last, gather_counts, tile_ranges, write_keys, write_keys_staged,
+)
 from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, TILE_SIZE
 from arc_warp._src.splat.records import BinResult, DepthOrder, ProjectResult
 from arc_warp._src.splat.validate import check_intersections
@@ -24,7 +26,7 @@ from arc_warp._src.splat.workspace import SCRATCH_ALIGN, Frame
 # the rasteriser runs one thread per pixel of the tile grid with int32 thread ids (which
 # also keeps the tile keys, filler tile n_tiles included, in int32)
 MAX_TILES = (2**31 - 1) // BLOCK_PIXELS
-# write_keys' block, whose threads stage their keys in shared memory together
+# write_keys_staged's block, whose threads stage their keys in shared memory together
 WRITE_KEYS_BLOCK = 256
 
 
@@ -118,14 +120,14 @@ def sort_intersections(
     ranges = frame.array("tile_ranges", n_tiles, wp.vec2i, zero=sort_size == 0)
     if sort_size > 0:
         n = proj.radii.shape[0]
-        with cpu_launch_guard(frame.device):  # block barriers: whole blocks, CPU statics
-            frame.launch(
-                write_keys,
-                -(-n // WRITE_KEYS_BLOCK) * WRITE_KEYS_BLOCK,
-                [depth.order, proj.splats, proj.radii, proj.tiles_per_gauss, depth.cum_tiles, tiles_x, tiles_y,
-                 sort_size, keys, gauss_ids],
-                block_dim=WRITE_KEYS_BLOCK,
-            )
+        args = [depth.order, proj.splats, proj.radii, proj.tiles_per_gauss, depth.cum_tiles, tiles_x, tiles_y,
+                sort_size, keys, gauss_ids]
+        if sort_size > STAGED_KEYS_PER_GAUSSIAN * n:  # large splats: through shared memory
+            with cpu_launch_guard(frame.device):  # block barriers: whole blocks, CPU statics
+                frame.launch(write_keys_staged, -(-n // WRITE_KEYS_BLOCK) * WRITE_KEYS_BLOCK, args,
+                             block_dim=WRITE_KEYS_BLOCK)
+        else:
+            frame.launch(write_keys, n, args)
         # tile ids and the filler tile n_tiles
         wp.utils.radix_sort_pairs(keys, gauss_ids, sort_size, 0, n_tiles.bit_length())
         frame.launch(tile_ranges, n_tiles + 1, [keys, sort_size, ranges])
