@@ -14,7 +14,10 @@ back after everything is queued and re-renders on the rare overflow (``render``)
 import warp as wp
 import warp.utils
 
-from arc_warp._src.splat.bin_kernels import copy_last, gather_counts, tile_ranges, write_keys
+from arc_warp._src.arc.intrinsics import cpu_launch_guard
+from arc_warp._src.splat.bin_kernels import (
+    STAGED_KEYS_PER_GAUSSIAN, copy_last, gather_counts, tile_ranges, write_keys, write_keys_staged,
+)
 from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, TILE_SIZE
 from arc_warp._src.splat.records import BinResult, DepthOrder, ProjectResult
 from arc_warp._src.splat.validate import check_intersections
@@ -23,6 +26,8 @@ from arc_warp._src.splat.workspace import SCRATCH_ALIGN, Frame
 # the rasteriser runs one thread per pixel of the tile grid with int32 thread ids (which
 # also keeps the tile keys, filler tile n_tiles included, in int32)
 MAX_TILES = (2**31 - 1) // BLOCK_PIXELS
+# write_keys_staged's block, whose threads stage their keys in shared memory together
+WRITE_KEYS_BLOCK = 256
 
 
 def tile_grid(width: int, height: int) -> tuple[int, int]:
@@ -112,15 +117,18 @@ def sort_intersections(
     else:
         keys = frame.shared.scratch(2 * entries, wp.int32, room=8 * entries)
     gauss_ids = frame.capacity("sort_ids", 2 * entries, wp.int32, headroom=False)
-    ranges = frame.array("tile_ranges", n_tiles, wp.vec2i, zero=True)
+    ranges = frame.array("tile_ranges", n_tiles, wp.vec2i, zero=sort_size == 0)
     if sort_size > 0:
-        frame.launch(
-            write_keys,
-            proj.radii.shape[0],
-            [depth.order, proj.splats, proj.radii, proj.tiles_per_gauss, depth.cum_tiles, tiles_x, tiles_y,
-             sort_size, keys, gauss_ids],
-        )
+        n = proj.radii.shape[0]
+        args = [depth.order, proj.splats, proj.radii, proj.tiles_per_gauss, depth.cum_tiles, tiles_x, tiles_y,
+                sort_size, keys, gauss_ids]
+        if sort_size > STAGED_KEYS_PER_GAUSSIAN * n:  # large splats: through shared memory
+            with cpu_launch_guard(frame.device):  # block barriers: whole blocks, CPU statics
+                frame.launch(write_keys_staged, -(-n // WRITE_KEYS_BLOCK) * WRITE_KEYS_BLOCK, args,
+                             block_dim=WRITE_KEYS_BLOCK)
+        else:
+            frame.launch(write_keys, n, args)
         # tile ids and the filler tile n_tiles
         wp.utils.radix_sort_pairs(keys, gauss_ids, sort_size, 0, n_tiles.bit_length())
-        frame.launch(tile_ranges, sort_size, [keys, sort_size, ranges])
+        frame.launch(tile_ranges, n_tiles + 1, [keys, sort_size, ranges])
     return BinResult(tiles_x=tiles_x, tiles_y=tiles_y, n_isects=sort_size, gauss_ids=gauss_ids, tile_ranges=ranges)

@@ -129,6 +129,12 @@ def block_sync():
     ...
 
 
+@wp.func_native("return WP_TILE_BLOCK_DIM;")
+def block_width() -> int:
+    """Number of threads in the calling block (1 for a CPU block without ``enable_cpu_blocks``)."""
+    ...
+
+
 @wp.func_native(
     """
 #if defined(__CUDA_ARCH__)
