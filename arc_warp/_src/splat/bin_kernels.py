@@ -27,6 +27,18 @@ def copy_last(src: wp.array(dtype=wp.int64), dst: wp.array(dtype=wp.int32)):
     dst[0] = wp.int32(wp.min(src[src.shape[0] - 1], wp.int64(INT32_MAX)))
 
 
+@wp.func
+def pad_filler(j: int, cum_tiles: wp.array(dtype=wp.int64), capacity: int, filler: int,
+               keys: wp.array(dtype=wp.int32)):
+    """Thread ``j``'s share (a grid-stride loop over the N threads) of the sort entries from
+    the total up to ``capacity``: the filler tile, which sorts after every real key."""
+    n = cum_tiles.shape[0]
+    pad = cum_tiles[n - 1] + wp.int64(j)
+    while pad < wp.int64(capacity):
+        keys[int(pad)] = filler
+        pad += wp.int64(n)
+
+
 @wp.kernel(enable_backward=False)
 def write_keys(
     order: wp.array(dtype=wp.int32),
@@ -53,11 +65,7 @@ def write_keys(
     warps' ranges are short and adjacent; ``write_keys_staged`` is for large ones."""
     j = wp.tid()
     filler = tiles_x * tiles_y
-    n = cum_tiles.shape[0]
-    pad = cum_tiles[n - 1] + wp.int64(j)
-    while pad < wp.int64(capacity):
-        keys[int(pad)] = filler
-        pad += wp.int64(n)
+    pad_filler(j, cum_tiles, capacity, filler, keys)
     i = order[j]
     count = wp.int64(tiles_per_gauss[i])
     start = cum_tiles[j] - count
@@ -173,10 +181,7 @@ def write_keys_staged(
     g = wp.min(j, n - 1)
     i = order[g]
     if j < n:
-        pad = cum_tiles[n - 1] + wp.int64(j)
-        while pad < wp.int64(capacity):
-            keys[int(pad)] = filler
-            pad += wp.int64(n)
+        pad_filler(j, cum_tiles, capacity, filler, keys)
         # both fit an int32 index: clamped to the capacity
         at = int(wp.min(cum_tiles[j] - wp.int64(tiles_per_gauss[i]), wp.int64(capacity)))
         end = int(wp.min(cum_tiles[j], wp.int64(capacity)))
