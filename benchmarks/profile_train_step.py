@@ -13,6 +13,7 @@ Usage::
     cd benchmarks && python profile_train_step.py --n 300000 --cprofile 100   # host by function
     cd benchmarks && python profile_train_step.py --n 300000 --host-breakdown 100
     cd benchmarks && python profile_train_step.py --n 300000 --lib arc_fused --forward-host 300
+    cd benchmarks && python profile_train_step.py --n 1000000 --lib arc_fused --forward-host 150 --launch-cost 200
 
 ``--host-breakdown N`` times N steps with ``time.perf_counter`` around the main parts of
 the torch path (the autograd Function's forward and backward, the core's render and
@@ -26,7 +27,11 @@ around the render call and around ``loss.backward()`` (mean host us of each call
 ``wp.capture_launch`` (graph launches per step and their host us); then prints the node
 types of every CUDA graph launched (kernels, memsets, memory alloc/free nodes, ...),
 counted through the driver's ``cuGraphGetNodes``: the forward's pre-launch latency is
-Python plus one graph launch, whose cost grows with its nodes.
+Python plus one graph launch. With ``--launch-cost M`` it then launches each of those
+graphs alone, M times after a device sync and a host prelude (nothing, a busy-wait, a
+pass over 8 MiB of numpy and a dict, a 1 ms sleep), and prints the median host us: a
+launch inside a step costs about 20 us whatever its nodes, as after the pass that
+leaves the CPU's caches cold, against 4-13 us with warm caches (BENCHMARKS.md).
 
 ``--timeline N`` stamps the entry and exit of the same parts in N steps, each after a device
 sync, and prints the median microseconds from the start of the render call (and of
@@ -214,7 +219,8 @@ _NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "graph", 5: 
 
 def _forward_host(render, step_rest, reps):
     """(forward call us, backward call us, graph launches per step, their us, {graph id:
-    Counter of node types}) over ``reps`` synchronised steps (see the module notes)."""
+    Counter of node types}, {graph id: wp.Graph}) over ``reps`` synchronised steps (see
+    the module notes)."""
     import warp as wp
     import warp._src.context as wctx
 
@@ -256,7 +262,42 @@ def _forward_host(render, step_rest, reps):
             cu.cuGraphNodeGetType(ctypes.c_void_p(h), ctypes.byref(kind))
             kinds[_NODE_TYPES.get(kind.value, kind.value)] += 1
         nodes[gid] = kinds
-    return fwd / reps * 1e6, bwd / reps * 1e6, spent[1] / reps, spent[0] / reps * 1e6, nodes
+    return fwd / reps * 1e6, bwd / reps * 1e6, spent[1] / reps, spent[0] / reps * 1e6, nodes, graphs
+
+
+def _launch_cost(graphs, reps):
+    """{prelude: [median host us of one ``wp.capture_launch`` per graph]}: each of ``graphs``
+    launched alone, ``reps`` times, after a device sync and then a prelude on the host:
+    nothing, a 150 us busy-wait, a pass over 8 MiB of numpy and a 20,000-entry dict (the
+    CPU's caches left cold, as a training step's Python leaves them), or a 1 ms sleep (see
+    the module notes)."""
+    import warp as wp
+
+    stream = wp.Stream(wp.get_device("cuda"), cuda_stream=torch.cuda.current_stream().cuda_stream)
+    big, table = np.ones(8 << 20, dtype=np.uint8), {i: str(i) for i in range(20000)}
+
+    def busy(us):
+        t = time.perf_counter()
+        while time.perf_counter() - t < us * 1e-6:
+            pass
+
+    preludes = {"nothing": lambda: None, "150 us busy-wait": lambda: busy(150),
+                "8 MiB numpy + dict walk": lambda: (big.sum(), sum(len(v) for v in table.values())),
+                "1 ms sleep": lambda: time.sleep(1e-3)}
+    costs = {}
+    for name, prelude in preludes.items():
+        costs[name] = []
+        for graph in graphs:
+            spent = []
+            for _ in range(reps):
+                torch.cuda.synchronize()
+                prelude()
+                t = time.perf_counter()
+                wp.capture_launch(graph, stream=stream)
+                spent.append(time.perf_counter() - t)
+            costs[name].append(float(np.median(spent)) * 1e6)
+    torch.cuda.synchronize()
+    return costs
 
 
 def _steady(step, device=None, cuda_option=None):
@@ -287,6 +328,8 @@ def main():
                     help="median host us from the call's start of each part's entry and exit, over N steps (CUDA)")
     ap.add_argument("--forward-host", type=int, default=0, metavar="N",
                     help="host us per render call and backward call over N steps, and the graphs' nodes (CUDA)")
+    ap.add_argument("--launch-cost", type=int, default=0, metavar="N",
+                    help="with --forward-host: each graph launched alone N times after each host prelude (CUDA)")
     args = ap.parse_args()
     device = torch.device(args.device)
     libs, _ = bts._renderers([args.lib], args.width, args.height)
@@ -325,13 +368,18 @@ def main():
         return
     if args.forward_host:
         _steady(step, device, "--forward-host")
-        fwd, bwd, launches, launch_us, nodes = _forward_host(render, rest, args.forward_host)
+        fwd, bwd, launches, launch_us, nodes, graphs = _forward_host(render, rest, args.forward_host)
         print(f"N={args.n} C={args.cameras} {args.regime} {args.lib}: render call {fwd:.1f} us, loss.backward() "
               f"call {bwd:.1f} us, {launches:.2f} graph launches per step taking {launch_us:.1f} us")
         # one forward and one backward graph per frame in flight: group equal compositions
         shapes = collections.Counter(tuple(sorted(kinds.items())) for kinds in nodes.values())
         for shape, count in shapes.items():
             print(f"  {count} graph(s) of {sum(n for _, n in shape)} nodes: {dict(shape)}")
+        if args.launch_cost:
+            print("host us of one graph launch alone, after a sync and then on the host:")
+            for prelude, costs in _launch_cost(list(graphs.values()), args.launch_cost).items():
+                cells = ", ".join(f"{sum(nodes[gid].values())} nodes {us:.1f}" for gid, us in zip(graphs, costs))
+                print(f"  {prelude:24s} {cells}")
         return
     if args.timeline:
         _steady(step, device, "--timeline")
