@@ -333,7 +333,7 @@ def _input_key(inputs: GaussianInputs, settings: RenderSettings) -> GraphKey:
 
 # The forward's stages (`_prepare_forward`) by graph: the projection alone, so the device
 # starts on a small graph's launch while the host launches the rest, which the
-# projection's device time covers (one graph started the device 8-12 us later: BENCHMARKS.md)
+# projection's device time covers (one graph started the device 6-12 us later: BENCHMARKS.md)
 FORWARD_GRAPHS = ((0,), (1, 2))
 
 
