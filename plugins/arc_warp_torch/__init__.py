@@ -5,15 +5,18 @@
   `SparseGaussianAdam`: drop-in for graphdeco-inria's diff_gaussian_rasterization.
 - `SparseGaussianAdam`: fused (Warp) Adam over visible Gaussians, or dense.
 - `RenderContext`: the workspace, streams and threshold reused across calls.
+- `capture_step`: a training step captured whole in `torch.cuda.graph` (one graph
+  launch per step), its renders checked after replays.
 
 Tensors are shared with Warp without copies, on torch's current CUDA stream; gradients
 come from arc_warp's hand-written (ARC-reduced) backward through torch.autograd.
 """
 
 from ._autograd import RenderContext, default_context
+from .capture import CapturedStep, capture_step
 from .inria import GaussianRasterizationSettings, GaussianRasterizer
 from .optim import SparseGaussianAdam
 from .rasterization import RENDER_MODES, rasterization
 
-__all__ = ["RENDER_MODES", "GaussianRasterizationSettings", "GaussianRasterizer", "RenderContext",
-           "SparseGaussianAdam", "default_context", "rasterization"]
+__all__ = ["RENDER_MODES", "CapturedStep", "GaussianRasterizationSettings", "GaussianRasterizer", "RenderContext",
+           "SparseGaussianAdam", "capture_step", "default_context", "rasterization"]

@@ -112,6 +112,7 @@ class RenderContext:
         self._pooling = False  # inside `outputs()`
         self.cameras = {}  # host camera values and image size -> arc_warp.Camera (bounded)
         self._intrinsics = {}  # (fx, fy, cx, cy) -> [1, 3, 3] device K (bounded)
+        self.captured = None  # the CapturedStep whose graph holds this context's buffers (capture.py)
 
     def _allocate(self, nbytes: int):
         """The workspace's allocator (``release_workspace``): ``nbytes`` of torch memory on
@@ -743,6 +744,10 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
         settings = dataclasses.replace(settings, reduce="deterministic")
     if context is None:
         context = default_context(means.device)
+    if context.captured is not None:
+        raise RuntimeError("arc_warp_torch: this RenderContext belongs to a captured CUDA graph (capture_step), "
+                           "whose buffers a render outside it could grow or overwrite; render with another "
+                           "RenderContext, or call release() on the CapturedStep when the graph is done with")
     if not isinstance(cameras, DeviceCameras):
         cameras = tuple(cameras)
     # checked in the backward, after it is queued, when one can run (RenderContext notes)

@@ -196,6 +196,12 @@ def _render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSetti
         defer, workspace.last_input_key = same == workspace.last_input_key, same
     else:
         workspace.last_input_key = None
+    if workspace.capturing and not defer:
+        raise RuntimeError(
+            "arc_warp: a render inside a CUDA graph capture cannot wait for the device, so it must repeat the "
+            "previous render on this workspace (the same input arrays and settings, inputs that require grad; "
+            "arc_warp_torch: defer_checks on) to leave its checks for after the replays; run the captured step "
+            "once, with the same tensors, before capturing it")
     for plan in workspace.render_plans:
         if plan.matches(input_key, cameras, settings, per_camera):
             outs = plan.repeat(inputs, settings, defer, on_stream)
@@ -521,6 +527,11 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
             if n > 0:
                 params, proj, depth, host_flags = queue_counted(queue_projected(None))
                 if size is None:
+                    if workspace.capturing:
+                        raise RuntimeError(
+                            f"arc_warp: a render of a {camera.width}x{camera.height} image inside a CUDA graph "
+                            "capture, a size this workspace has not rendered before, would have to wait for the "
+                            "device to size its sort; run the captured step once before capturing it")
                     if event is not None:
                         wp.synchronize_event(event)  # the one host sync of this render
                     size = _read_total(frame.host_numpy(host_flags), workspace, grid)
@@ -615,7 +626,7 @@ def settle_deferred(workspace: Workspace) -> list[RenderOutput]:
     loss for instance, saw the farthest Gaussians of some tiles left out). The wait is
     for the flags copy of the last of them, normally long done. Returns the outputs
     re-rendered (a backward queued before for one of them must be run again)."""
-    if not workspace.deferred:
+    if not workspace.deferred or workspace.capturing:  # captured: checked after replays (CapturedRenders)
         return []
     with workspace.busy:  # a re-render queues work through the frames
         entries, workspace.deferred = workspace.deferred, []

@@ -500,6 +500,9 @@ class Workspace:
             (the torch bridge's ``defer_checks``, for inputs the same as the previous
             call's), run by ``render.settle_deferred``: in their backward, or at the start
             of the next render on this workspace.
+        capturing: True while a caller's CUDA graph capture records this workspace's
+            renders (:class:`capture.CapturedRenders`): deferred checks are kept for after
+            the replays, and a render that would wait for the device raises instead.
     """
 
     def __init__(self, device=None, threshold: int | None = None, replay: bool = True, graphs: bool = True,
@@ -530,6 +533,7 @@ class Workspace:
         # the inputs (pointers, shapes) and settings of the last render call that could defer
         # its checks (render.py `render_checked`)
         self.last_input_key = None
+        self.capturing = False  # see capture.CapturedRenders
         self._sort_sizes: dict[tuple[int, int], list] = {}  # grid -> [size, recent totals]
         self._views: dict[tuple, wp.array] = {}  # (pointer, dtype, shape) -> non-owning view
         self._capture_stream = None

@@ -1,0 +1,146 @@
+"""A training step captured whole in ``torch.cuda.graph`` (``arc_warp_torch.capture_step``)
+against the same step run eagerly, and against the peers' eager steps, in one run.
+
+The scene, parameters, learning rates and loss are bench_train_step's. Per N and size
+regime, medians after warm-up:
+
+- ``arc_captured``: render (``arc_fused``'s raw parameters and fused activations) + L1 +
+  backward, captured in one CUDA graph (``fwd+bwd``), and the same + Adam
+  (``torch.optim.Adam(capturable=True, fused=True)``: its step count stays on the device,
+  as a replayed graph needs) in another (``step``), with
+  ``RenderContext(graphs=False, release_workspace=False)``. Each graph is replayed;
+  ``captured.check()`` runs after the timed replays;
+- ``arc_fused``, ``gsplat``, ``fastergs``: bench_train_step's eager figures
+  (``bench_library``), each library with its own optimizer: arc_warp's fused
+  ``SparseGaussianAdam``, torch's Adam for gsplat, Faster-GS's ``FusedAdam``.
+
+Columns:
+- fwd+bwd ms / step ms: GPU time (CUDA events) of one synchronised forward + backward / training
+  step (for the eager libraries: forward + backward medians summed, and the step with
+  the optimizer named);
+- loop ms/step: ``reps`` steps back to back, one sync at the end (eager: torch Adam);
+- host ms: ``time.perf_counter`` around the calls, before any sync: one ``graph.replay()``
+  per captured step; the forward + backward calls for the eager libraries.
+
+Usage (GPU)::
+
+    python benchmarks/bench_captured_step.py --n 300000 1000000 --regimes small large --libs arc_fused gsplat fastergs
+"""
+
+import argparse
+import sys
+import time
+
+import numpy as np
+import torch
+
+import bench_train_step as bts
+
+
+def _timed(call, cuda=True):
+    """(device ms between events around ``call()``, host ms of the call before any sync)."""
+    with bts.Timer(cuda) as t:
+        call()
+    return t.device_ms(), t.host_ms
+
+
+def bench_captured(raw, viewmats, ks, target, device, width, height, reps):
+    """{fwd_bwd_ms, step_ms, loop_ms, host_ms, fwd_bwd_host_ms} of the captured graphs."""
+    from arc_warp_torch import RenderContext, capture_step, rasterization
+
+    params = bts._params(raw, device)
+    context = RenderContext(device, graphs=False, release_workspace=False)
+    groups = [{"params": [v], "lr": bts.LRS[k]} for k, v in params.items()]
+    optimizer = torch.optim.Adam(groups, eps=1e-15, capturable=True, fused=True)
+
+    def fwd_bwd():
+        image = rasterization(params["means"], params["quats"], params["log_scales"], params["logit_opacities"],
+                              params["sh"], viewmats, ks, width, height, sh_degree=bts.SH_DEGREE, context=context,
+                              **bts.FUSED)[0]
+        (image - target).abs().mean().backward()
+
+    def step():
+        fwd_bwd()
+        optimizer.step()
+
+    row = {}
+    for name, body in (("fwd_bwd", fwd_bwd), ("step", step)):
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(bts.WARMUP):
+                optimizer.zero_grad(set_to_none=True)
+                step()  # the optimizer's state exists before either capture
+        torch.cuda.current_stream(device).wait_stream(side)
+        optimizer.zero_grad(set_to_none=True)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph), capture_step(context) as captured:
+            body()
+        for _ in range(bts.WARMUP):
+            graph.replay()
+        torch.cuda.synchronize(device)
+        single = [_timed(graph.replay) for _ in range(reps)]
+        row[f"{name}_ms"] = float(np.median([d for d, _ in single]))
+        row[f"{name}_host_ms"] = float(np.median([h for _, h in single]))
+        if name == "step":
+            hosts = []
+            with bts.Timer(True) as loop:
+                for _ in range(reps):
+                    t0 = time.perf_counter()
+                    graph.replay()
+                    hosts.append((time.perf_counter() - t0) * 1e3)
+            row["loop_ms"] = loop.device_ms() / reps
+            row["loop_host_ms"] = float(np.median(hosts))
+        captured.check()
+        captured.release()
+        del graph
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, nargs="+", default=[300_000, 1_000_000])
+    ap.add_argument("--regimes", nargs="+", choices=sorted(bts.REGIMES), default=["small", "large"])
+    ap.add_argument("--libs", nargs="+", default=["arc_fused", "gsplat", "fastergs"],
+                    choices=["arc_fused", "gsplat", "fastergs"], help="eager libraries timed in the same run")
+    ap.add_argument("--width", type=int, default=1920)
+    ap.add_argument("--height", type=int, default=1080)
+    ap.add_argument("--reps", type=int, default=20)
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("bench_captured_step: CUDA graphs need a CUDA device", file=sys.stderr)
+        return 2
+    import warp as wp
+
+    wp.init()
+    device = torch.device("cuda", 0)
+    libs, notes = bts._renderers(args.libs, args.width, args.height)
+    bts._count_waits()
+    bts._count_arc_backward()
+    print(f"# torch API, {args.width}x{args.height}, SH {bts.SH_DEGREE}, {torch.cuda.get_device_name(device)}; "
+          + "; ".join(notes))
+    print("| N | regime | library | fwd+bwd ms | step ms (optimizer) | loop ms/step | host ms (per call) |\n"
+          "|---|---|---|---|---|---|---|")
+    for n in args.n:
+        for regime in args.regimes:
+            raw, viewmats, ks = bts.make_scene(n, regime, args.width, args.height, 1)
+            viewmats, ks = viewmats.to(device), ks.to(device)
+            target = torch.rand(1, args.height, args.width, 3, device=device,
+                                generator=torch.Generator(device).manual_seed(0))
+            row = bench_captured(raw, viewmats, ks, target, device, args.width, args.height, args.reps)
+            print(f"| {n} | {regime} | arc_captured | {row['fwd_bwd_ms']:.3f} | {row['step_ms']:.3f} (torch fused "
+                  f"Adam, capturable) | {row['loop_ms']:.3f} | {row['fwd_bwd_host_ms']:.3f} fwd+bwd replay, "
+                  f"{row['loop_host_ms']:.3f} step replay |", flush=True)
+            for name, lib in libs.items():
+                eager = bts.bench_library(lib, raw, viewmats, ks, target, device, args.reps,
+                                          (torch.cuda.memory_allocated(device) - target.nbytes, None))
+                own = next((k for k in ("step_fused_adam_ms", "step_fastergs_adam_ms") if k in eager),
+                           "step_torch_adam_ms")
+                print(f"| {n} | {regime} | {name} | {eager['forward_ms'] + eager['backward_ms']:.3f} | "
+                      f"{eager[own]:.3f} ({own[5:-3]}) | {eager['loop_ms']:.3f} | {eager['host_ms']:.3f} fwd+bwd |",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

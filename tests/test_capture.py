@@ -1,0 +1,209 @@
+"""Renders captured into a caller's CUDA graph (`arc_warp._src.splat.capture.CapturedRenders`,
+`arc_warp_torch.capture_step`): while a capture records them, their checks wait for
+`check()` after the replays instead of running in the backward, and a render that would
+have to wait for the device raises before it queues anything.
+
+On the CPU, `CapturedRenders` is entered without a CUDA capture around it: the renders
+run at once, so its checks see what a replay would have left in the flags. The real
+capture in ``torch.cuda.graph`` runs on the GPU (``-m gpu``)."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="arc_warp_torch needs torch")
+
+import arc_warp._src.splat.workspace as workspace_module  # noqa: E402
+from arc_warp import Workspace  # noqa: E402
+from arc_warp._src.splat.capture import CapturedRenders  # noqa: E402
+from arc_warp_torch import RenderContext, capture_step, rasterization  # noqa: E402
+from conftest import random_scene  # noqa: E402
+from test_torch_plugin import PARAMS, cameras_of, params_of  # noqa: E402
+
+
+def _setup(rng, device, n=60, size_px_range=(0.3, 1.5)):
+    scene = random_scene(rng, n=n, width=48, height=40, sh_degree=1, size_px_range=size_px_range)
+    p = params_of(scene, device=device)
+    vm, ks = cameras_of(scene, device=device)
+    weights = torch.tensor(rng.normal(size=(1, scene.height, scene.width, 3)), dtype=torch.float32, device=device)
+
+    def step(context):
+        """Render, a loss linear in the images, its backward; the images and gradients."""
+        colors, alphas, _ = rasterization(*(p[k] for k in PARAMS), vm, ks, scene.width, scene.height,
+                                          context=context)
+        ((colors * weights).sum() + alphas.sum()).backward()
+        grads = {k: p[k].grad.clone() for k in PARAMS}
+        for k in PARAMS:
+            p[k].grad = None
+        return colors.detach().clone(), grads
+
+    return p, step
+
+
+def _capturing_context(device):
+    return RenderContext(device, graphs=False, release_workspace=False, defer_checks=True)
+
+
+def test_captured_renders_keep_their_checks_for_after_the_replay(rng, device):
+    """The captured step's images and gradients are a checked context's; its check waits
+    in ``pending`` (not run, not left to the next render) and passes."""
+    p, step = _setup(rng, device)
+    context = _capturing_context(device)
+    for _ in range(2):  # warm-up: the kept sort size, the buffers
+        step(context)
+    with CapturedRenders(context.workspace) as renders:
+        images, grads = step(context)
+    assert len(renders.pending) == 1 and not context.workspace.deferred
+    renders.check()
+    want_images, want = step(RenderContext(device, defer_checks=False))
+    torch.testing.assert_close(images, want_images, rtol=0, atol=0)
+    for k in want:
+        torch.testing.assert_close(grads[k], want[k], rtol=1e-5, atol=1e-5 * want[k].abs().max().item(), msg=k)
+
+
+def test_check_reports_a_replay_that_overflowed_its_captured_sort(rng, device, monkeypatch):
+    """Splats grown in place after the warm-up overflow the kept sort size: the captured
+    render is not redone (nothing may wait inside a capture), and check() says so."""
+    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)  # a tiny scene overflows the 25% headroom
+    p, step = _setup(rng, device, size_px_range=(0.3, 1.0))
+    context = _capturing_context(device)
+    for _ in range(3):
+        step(context)
+    with torch.no_grad():
+        p["scales"] *= 6.0
+    with CapturedRenders(context.workspace) as renders:
+        step(context)
+    with pytest.raises(RuntimeError, match="left out of its images"):
+        renders.check()
+
+
+def test_check_reports_bad_inputs_of_a_replay(rng, device):
+    p, step = _setup(rng, device)
+    context = _capturing_context(device)
+    for _ in range(2):
+        step(context)
+    with torch.no_grad():
+        p["means"][3, 1] = float("nan")
+    with CapturedRenders(context.workspace) as renders:
+        step(context)
+    with pytest.raises(ValueError, match="non-finite"):
+        renders.check()
+
+
+def test_a_render_that_would_wait_raises_inside_a_capture(rng, device):
+    """New tensors (their checks cannot be deferred), and the same tensors on an image size
+    not rendered before (its sort size unknown), raise before anything is deferred."""
+    p, step = _setup(rng, device)
+    context = _capturing_context(device)
+    with CapturedRenders(context.workspace), pytest.raises(RuntimeError, match="cannot wait for the device"):
+        step(context)  # no warm-up
+    assert not context.workspace.deferred and not context.workspace.capturing
+
+    step(context)
+    vm, ks = cameras_of(random_scene(rng, n=4, width=64, height=40), device=device)
+    with CapturedRenders(context.workspace), pytest.raises(RuntimeError, match="not rendered before"):
+        rasterization(*(p[k] for k in PARAMS), vm, ks, 64, 40, context=context)
+
+
+def test_a_capture_that_allocated_raises_on_exit(rng, device):
+    p, step = _setup(rng, device)
+    context = _capturing_context(device)
+    step(context)
+    with pytest.raises(RuntimeError, match="allocated 1 buffer"):
+        with CapturedRenders(context.workspace):
+            context.workspace.allocations += 1  # what growing a buffer does
+
+
+def test_workspaces_that_cannot_be_captured_are_refused():
+    graphs = Workspace("cpu")
+    graphs.graphs = True  # as on CUDA with graphs=True
+    with pytest.raises(ValueError, match="graphs=False"):
+        CapturedRenders(graphs)
+    with pytest.raises(ValueError, match="release_workspace=False"):
+        CapturedRenders(Workspace("cpu", allocator=lambda nbytes: (0, None)))
+    with pytest.raises(ValueError, match="CUDA RenderContext"):
+        capture_step(RenderContext("cpu"))
+
+
+def test_a_context_held_by_a_captured_graph_refuses_other_renders(rng):
+    p, step = _setup(rng, "cpu")
+    context = _capturing_context("cpu")
+    context.captured = object()  # what CapturedStep's exit sets
+    with pytest.raises(RuntimeError, match="belongs to a captured CUDA graph"):
+        step(context)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_step_captured_in_torch_cuda_graph_replays_as_eager_renders(monkeypatch):
+    """A forward + backward captured with torch.cuda.graph, replayed after the parameters
+    change in place, gives an eager render's images and gradients; an overflow in a
+    replay is reported by check(); the context refuses other renders until release()."""
+    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)  # the small scene overflows the 25% headroom
+    rng = np.random.default_rng(7)
+    p, step = _setup(rng, "cuda", n=400)
+    context = _capturing_context("cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step(context)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), capture_step(context) as captured:
+        images, grads = step(context)  # static outputs: clones made inside the graph
+    with pytest.raises(RuntimeError, match="belongs to a captured CUDA graph"):
+        step(context)
+    with torch.no_grad():
+        for k in PARAMS:
+            p[k] += 0.01 * torch.randn_like(p[k]) * p[k].abs().mean()
+    graph.replay()
+    captured.check()
+    want_images, want = step(RenderContext("cuda", defer_checks=False))
+    torch.testing.assert_close(images, want_images, rtol=1e-5, atol=1e-5)
+    for k in want:
+        torch.testing.assert_close(grads[k], want[k], rtol=1e-4, atol=1e-4 * want[k].abs().max().item(), msg=k)
+
+    with torch.no_grad():
+        p["scales"] *= 8.0
+    graph.replay()
+    with pytest.raises(RuntimeError, match="left out of its images"):
+        captured.check()
+    captured.release()
+    with torch.no_grad():
+        p["scales"] /= 8.0
+    step(context)  # the context renders again
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_captured_training_step_with_capturable_adam_lowers_the_loss():
+    rng = np.random.default_rng(8)
+    scene = random_scene(rng, n=300, width=64, height=48, sh_degree=1)
+    p = params_of(scene, device="cuda")
+    vm, ks = cameras_of(scene, device="cuda")
+    target = torch.rand(1, scene.height, scene.width, 3, device="cuda")
+    context = _capturing_context("cuda")
+    optimizer = torch.optim.Adam([p[k] for k in PARAMS], lr=1e-2, capturable=True)
+
+    def train_step():
+        colors = rasterization(*(p[k] for k in PARAMS), vm, ks, scene.width, scene.height, context=context)[0]
+        loss = (colors - target).abs().mean()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            first = train_step().item()
+    torch.cuda.current_stream().wait_stream(side)
+    optimizer.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), capture_step(context) as captured:
+        loss = train_step()
+    for _ in range(50):
+        graph.replay()
+    captured.check()
+    assert loss.item() < 0.9 * first
