@@ -74,9 +74,13 @@ class CapturedStep:
                                "release() on its CapturedStep first, or capture with another context")
         self._stream = context.warp_stream()  # torch's capturing stream
         self.renders.__enter__()
-        # Warp learns of torch's capture, so the memory its sorts and scans take and give
-        # back inside it becomes allocation and free nodes of the graph
-        wp.capture_begin(context._wdevice, stream=self._stream, external=True, capture_mode=self._mode)
+        try:
+            # Warp learns of torch's capture, so the memory its sorts and scans take and
+            # give back inside it becomes allocation and free nodes of the graph
+            wp.capture_begin(context._wdevice, stream=self._stream, external=True, capture_mode=self._mode)
+        except BaseException:
+            self.renders.__exit__(None, None, None)
+            raise
         return self
 
     def __exit__(self, *exc) -> bool:

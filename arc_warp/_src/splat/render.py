@@ -464,6 +464,11 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
     means2d, radii = output("means2d", n, wp.vec2), output("radii", n, wp.vec2i)
     cam = None if index is not None else _camera_args(workspace, camera)
     sort_size = None if exact or n == 0 else workspace.sort_size(grid)
+    if sort_size is None and n > 0 and workspace.capturing:
+        raise RuntimeError(
+            f"arc_warp: a render of a {camera.width}x{camera.height} image inside a CUDA graph capture, a size this "
+            "workspace has not rendered before, would have to wait for the device to size its sort; run the "
+            "captured step once before capturing it")
     key = None
     if sort_size is not None and input_key is not None:
         # everything the queued work reads or writes outside the workspace's buffers
@@ -527,11 +532,6 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
             if n > 0:
                 params, proj, depth, host_flags = queue_counted(queue_projected(None))
                 if size is None:
-                    if workspace.capturing:
-                        raise RuntimeError(
-                            f"arc_warp: a render of a {camera.width}x{camera.height} image inside a CUDA graph "
-                            "capture, a size this workspace has not rendered before, would have to wait for the "
-                            "device to size its sort; run the captured step once before capturing it")
                     if event is not None:
                         wp.synchronize_event(event)  # the one host sync of this render
                     size = _read_total(frame.host_numpy(host_flags), workspace, grid)
