@@ -37,15 +37,16 @@ import torch
 import bench_train_step as bts
 
 
-def _timed(call, cuda=True):
+def _timed(call):
     """(device ms between events around ``call()``, host ms of the call before any sync)."""
-    with bts.Timer(cuda) as t:
+    with bts.Timer(True) as t:
         call()
     return t.device_ms(), t.host_ms
 
 
 def bench_captured(raw, viewmats, ks, target, device, width, height, reps):
-    """{fwd_bwd_ms, step_ms, loop_ms, host_ms, fwd_bwd_host_ms} of the captured graphs."""
+    """{fwd_bwd_ms, fwd_bwd_host_ms, step_ms, step_host_ms, loop_ms, loop_host_ms} of the
+    captured graphs: synchronised replays, then (step) ``reps`` replays back to back."""
     from arc_warp_torch import RenderContext, capture_step, rasterization
 
     params = bts._params(raw, device)

@@ -32,17 +32,16 @@ torch's CUDA graph notes advise)::
             captured.check()
 """
 
-from typing import Optional
-
 import torch
 import warp as wp
 
 from arc_warp._src.splat.capture import CapturedRenders
 
-from ._autograd import RenderContext, default_context
+from ._autograd import RenderContext
 
-# torch.cuda.graph's capture_error_mode -> Warp's name for the same cudaStreamCaptureMode
-_CAPTURE_MODES = {"global": "GLOBAL", "thread_local": "THREAD_LOCAL", "relaxed": "RELAXED"}
+# torch.cuda.graph's capture_error_mode -> Warp's value of the same cudaStreamCaptureMode
+_CAPTURE_MODES = {"global": wp.CaptureMode.GLOBAL, "thread_local": wp.CaptureMode.THREAD_LOCAL,
+                  "relaxed": wp.CaptureMode.RELAXED}
 
 
 class CapturedStep:
@@ -61,7 +60,7 @@ class CapturedStep:
                              f"to torch.cuda.graph), got {capture_error_mode!r}")
         self.context = context
         self.renders = CapturedRenders(context.workspace)
-        self._mode = getattr(wp.CaptureMode, _CAPTURE_MODES[capture_error_mode])
+        self._mode = _CAPTURE_MODES[capture_error_mode]
         self._stream = None
 
     def __enter__(self) -> "CapturedStep":
@@ -108,18 +107,15 @@ class CapturedStep:
             self.context.captured = None
 
 
-def capture_step(context: Optional[RenderContext] = None, device=None,
-                 capture_error_mode: str = "global") -> CapturedStep:
+def capture_step(context: RenderContext, capture_error_mode: str = "global") -> CapturedStep:
     """A :class:`CapturedStep` to enter inside ``torch.cuda.graph`` around a step whose
-    renders use ``context`` (None: ``default_context(device)``, which must then have been
-    made with ``graphs=False, release_workspace=False``). ``capture_error_mode``: the one
-    passed to ``torch.cuda.graph`` (its default, "global", here too).
+    renders use ``context``. ``capture_error_mode``: the one passed to
+    ``torch.cuda.graph`` (its default, "global", here too).
 
     The context must be made with ``graphs=False`` (its renders launch kernel by kernel
     into the capture) and ``release_workspace=False`` (it keeps its buffers, whose
-    addresses the graph holds), with ``defer_checks`` on (the default on CUDA). Run the
-    step once before capturing it, with the same tensors: a captured render must repeat
-    its context's previous render, whose sizes are known, or it raises RuntimeError."""
-    if context is None:
-        context = default_context(torch.device("cuda") if device is None else torch.device(device))
+    addresses the graph holds), with ``defer_checks`` on (the default on CUDA), so a
+    default context (graphs on) cannot be captured. Run the step once before capturing
+    it, with the same tensors: a captured render must repeat its context's previous
+    render, whose sizes are known, or it raises RuntimeError."""
     return CapturedStep(context, capture_error_mode)
