@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch", reason="arc_warp_torch needs torch")
 import arc_warp._src.splat.workspace as workspace_module  # noqa: E402
 from arc_warp import Workspace  # noqa: E402
 from arc_warp._src.splat.capture import CapturedRenders  # noqa: E402
-from arc_warp_torch import RenderContext, capture_step, rasterization  # noqa: E402
+from arc_warp_torch import RenderContext, SparseGaussianAdam, capture_step, rasterization  # noqa: E402
 from conftest import random_scene  # noqa: E402
 from test_torch_plugin import PARAMS, cameras_of, params_of  # noqa: E402
 
@@ -36,6 +36,11 @@ def _setup(rng, device, n=60, size_px_range=(0.3, 1.5)):
             p[k].grad = None
         return colors.detach().clone(), grads
 
+    def forward(context):
+        """The render alone (its checks stay deferred: no backward runs)."""
+        return rasterization(*(p[k] for k in PARAMS), vm, ks, scene.width, scene.height, context=context)[0]
+
+    step.forward = forward
     return p, step
 
 
@@ -87,6 +92,47 @@ def test_check_reports_bad_inputs_of_a_replay(rng, device):
         step(context)
     with pytest.raises(ValueError, match="non-finite"):
         renders.check()
+
+
+@pytest.mark.parametrize("case", ["clean", "non_finite", "overflow"])
+def test_renders_left_unchecked_before_a_synchronised_capture_are_checked_without_a_wait(rng, device, monkeypatch,
+                                                                                         case):
+    """Forward-only renders before the capture (a warm-up of a captured forward) leave
+    their checks deferred. Entered with ``synchronized=True`` (torch.cuda.graph syncs the
+    device before its capture), CapturedRenders checks them without waiting for the
+    device, which a capture forbids: bad inputs raise ValueError, and an overflow, which
+    cannot be rendered again inside a capture, RuntimeError."""
+    import warp as wp
+
+    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)  # a tiny scene overflows the 25% headroom
+    p, step = _setup(rng, device, size_px_range=(0.3, 1.0))
+    context = _capturing_context(device)
+    for _ in range(2):
+        step(context)
+    with torch.no_grad():
+        if case == "non_finite":
+            p["means"][3, 1] = float("nan")
+        elif case == "overflow":
+            p["scales"] *= 6.0
+    image = step.forward(context)
+    assert context.workspace.deferred
+    if device == "cuda":
+        torch.cuda.synchronize()  # what torch.cuda.graph does before its capture begins
+
+    def no_wait(event):
+        raise AssertionError("waited for the device")
+
+    monkeypatch.setattr(wp, "synchronize_event", no_wait)
+    want = {"clean": None, "non_finite": (ValueError, "non-finite"), "overflow": (RuntimeError, "before the capture")}
+    renders = CapturedRenders(context.workspace, synchronized=True)
+    if want[case] is None:
+        with renders:
+            pass
+    else:
+        with pytest.raises(want[case][0], match=want[case][1]):
+            renders.__enter__()
+    assert not context.workspace.deferred and not context.workspace.capturing
+    del image
 
 
 def test_a_render_that_would_wait_raises_inside_a_capture(rng, device):
@@ -176,14 +222,49 @@ def test_a_step_captured_in_torch_cuda_graph_replays_as_eager_renders(monkeypatc
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_a_captured_training_step_with_capturable_adam_lowers_the_loss():
+def test_a_forward_captured_after_forward_only_warm_ups_replays_as_an_eager_render():
+    """Warm-up renders without a backward leave their checks deferred; capture_step checks
+    them inside torch.cuda.graph without waiting (which would invalidate the capture), and
+    the captured forward replays as an eager render of the changed parameters."""
+    rng = np.random.default_rng(9)
+    p, step = _setup(rng, "cuda", n=400)
+    context = _capturing_context("cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(context)
+        for _ in range(2):
+            step.forward(context)
+    torch.cuda.current_stream().wait_stream(side)
+    assert context.workspace.deferred
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph), capture_step(context) as captured:
+        image = step.forward(context)
+    with torch.no_grad():
+        for k in PARAMS:
+            p[k] += 0.01 * torch.randn_like(p[k]) * p[k].abs().mean()
+    graph.replay()
+    captured.check()
+    captured.release()
+    want, _ = step(RenderContext("cuda", defer_checks=False))
+    torch.testing.assert_close(image.detach(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("optimizer_kind", ["torch_adam", "sparse_gaussian_adam"])
+def test_a_captured_training_step_with_capturable_adam_lowers_the_loss(optimizer_kind):
     rng = np.random.default_rng(8)
     scene = random_scene(rng, n=300, width=64, height=48, sh_degree=1)
     p = params_of(scene, device="cuda")
     vm, ks = cameras_of(scene, device="cuda")
     target = torch.rand(1, scene.height, scene.width, 3, device="cuda")
     context = _capturing_context("cuda")
-    optimizer = torch.optim.Adam([p[k] for k in PARAMS], lr=1e-2, capturable=True)
+    if optimizer_kind == "torch_adam":
+        optimizer = torch.optim.Adam([p[k] for k in PARAMS], lr=1e-2, capturable=True)
+    else:
+        optimizer = SparseGaussianAdam([p[k] for k in PARAMS], lr=1e-2, eps=1e-8, bias_correction=True,
+                                       capturable=True, context=context)
 
     def train_step():
         colors = rasterization(*(p[k] for k in PARAMS), vm, ks, scene.width, scene.height, context=context)[0]
@@ -207,3 +288,47 @@ def test_a_captured_training_step_with_capturable_adam_lowers_the_loss():
         graph.replay()
     captured.check()
     assert loss.item() < 0.9 * first
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+@pytest.mark.filterwarnings("ignore:The CUDA Graph is empty")  # the capture that raises records nothing
+def test_a_captured_sparse_gaussian_adam_step_counts_each_replay(sparse):
+    """SparseGaussianAdam(capturable=True) captured alone and replayed five times makes
+    the five steps of the same optimizer run eagerly with host step counts (the bias
+    corrections advance with each replay); with host counts, capturing it raises."""
+    gen = torch.Generator("cuda").manual_seed(3)
+    shapes = [(500, 3), (500, 4), (500,), (500, 16, 3)]
+    params = [torch.randn(s, device="cuda", generator=gen).requires_grad_(True) for s in shapes]
+    grads = [torch.randn(s, device="cuda", generator=gen) for s in shapes]
+    visible = torch.rand(500, device="cuda", generator=gen) < 0.6 if sparse else None
+    twins = [q.detach().clone().requires_grad_(True) for q in params]
+    captured = SparseGaussianAdam(params, lr=1e-2, eps=1e-8, bias_correction=True, capturable=True)
+    eager = SparseGaussianAdam(twins, lr=1e-2, eps=1e-8, bias_correction=True)
+    for q, t, g in zip(params, twins, grads):
+        q.grad, t.grad = g, g.clone()  # the same gradient every step; the graph reads q.grad's memory
+
+    def step(optimizer):
+        optimizer.step(visible, 500) if sparse else optimizer.step()
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(captured)  # the state, and the kernel's module, before the capture
+    torch.cuda.current_stream().wait_stream(side)
+    step(eager)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step(captured)
+    for _ in range(5):
+        graph.replay()
+        step(eager)
+    torch.cuda.synchronize()
+    for k, (q, t) in enumerate(zip(params, twins)):
+        # float32 bias corrections on the device against float64 on the host
+        torch.testing.assert_close(q, t, rtol=2e-6, atol=5e-6, msg=f"parameter {k}")
+        assert float(captured.state[q]["step"]) == 6
+    with pytest.raises(RuntimeError, match="capturable=True"):
+        with torch.cuda.graph(torch.cuda.CUDAGraph()):
+            step(eager)

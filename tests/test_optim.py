@@ -163,18 +163,20 @@ def _grow(opt, params, k, extra):
     params[k] = new
 
 
-def test_one_launch_dense_equals_torch_adam_on_mixed_parameters(rng, layout, monkeypatch):
+@pytest.mark.parametrize("capturable", [False, True], ids=["host_steps", "capturable"])
+def test_one_launch_dense_equals_torch_adam_on_mixed_parameters(rng, layout, monkeypatch, capturable):
     """Dense steps with bias correction over mixed parameters (and an empty one, and one of
-    other row count) are torch.optim.Adam steps, in one launch per step."""
+    other row count) are torch.optim.Adam steps, in one launch per step; ``capturable``
+    keeps the step counts on the parameters' device, where the kernel reads them."""
     import warp as wp
 
     shapes = MIXED[:6] + [(0, 3)]  # an empty segment among the others
-    ours, opt = _mixed(rng, shapes, layout, bias_correction=True)
+    ours, opt = _mixed(rng, shapes, layout, bias_correction=True, capturable=capturable)
     ours.append(_tensor(rng.normal(size=(11, 2)), layout).requires_grad_(True))
     opt.param_groups[0]["params"].append(ours[-1])  # 11 rows where the others have 37
     ref = [p.detach().clone().requires_grad_(True) for p in ours]
-    ref_opt = torch.optim.Adam([dict(g, params=[ref[next(i for i, q in enumerate(ours) if q is p)]
-                                                for p in g["params"]]) for g in opt.param_groups])
+    ref_opt = torch.optim.Adam([dict(g, capturable=False, params=[ref[next(i for i, q in enumerate(ours) if q is p)]
+                                                                  for p in g["params"]]) for g in opt.param_groups])
     launches = []
     launch = wp.Launch.launch
     monkeypatch.setattr(wp.Launch, "launch", lambda self, *a, **k: (launches.append(self), launch(self, *a, **k)))
@@ -192,11 +194,14 @@ def test_one_launch_dense_equals_torch_adam_on_mixed_parameters(rng, layout, mon
         ref_opt.step()
         assert len(launches) == 1  # every parameter of every group
     for k, (p, q) in enumerate(zip(ours, ref)):
-        torch.testing.assert_close(p, q, rtol=2e-6, atol=1e-6, msg=f"parameter {k} {list(p.shape)}")
+        # capturable: the bias corrections in float32 on the device (test_capturable_steps_read_...)
+        torch.testing.assert_close(p, q, rtol=2e-6, atol=5e-6 if capturable else 1e-6,
+                                   msg=f"parameter {k} {list(p.shape)}")
         for key in ("exp_avg", "exp_avg_sq"):
             torch.testing.assert_close(opt.state[p][key], ref_opt.state[q][key], rtol=2e-6, atol=1e-7,
                                        msg=f"{key} of parameter {k}")
         assert float(opt.state[p]["step"]) == float(ref_opt.state[q]["step"]) > 0
+        assert opt.state[p]["step"].device == (p.device if capturable else torch.device("cpu"))
 
 
 def _sparse_reference(state, group, g, vis, bias_correction):
@@ -213,11 +218,12 @@ def _sparse_reference(state, group, g, vis, bias_correction):
     return p64, m, v, t
 
 
+@pytest.mark.parametrize("capturable", [False, True], ids=["host_steps", "capturable"])
 @pytest.mark.parametrize("bias_correction", [False, True])
-def test_one_launch_sparse_follows_float64_reference_on_mixed_parameters(rng, layout, bias_correction):
+def test_one_launch_sparse_follows_float64_reference_on_mixed_parameters(rng, layout, bias_correction, capturable):
     """Sparse steps over mixed row widths (1, 2, 3, 4, 45) follow the sparse rule per row;
     invisible rows keep their parameter and moments bit for bit; N grows mid-run."""
-    params, opt = _mixed(rng, MIXED, layout, bias_correction=bias_correction)
+    params, opt = _mixed(rng, MIXED, layout, bias_correction=bias_correction, capturable=capturable)
     ref = {}  # parameter index -> (p, m, v, t) in float64
     n = MIXED[0][0]
     for it in range(7):
@@ -312,3 +318,55 @@ def test_step_without_gradients_does_nothing(rng):
     opt.step()
     opt.step(torch.ones(50, dtype=torch.bool), 50)
     assert len(opt.state) == 0
+
+
+def test_capturable_steps_read_the_count_where_it_is_kept(rng):
+    """The capturable kernel takes the bias corrections from the step count in memory: a
+    count edited between steps (as a loaded checkpoint sets it) is the one used, as
+    torch.optim.Adam uses it."""
+    ours = _params(rng)
+    ref = {k: v.detach().clone().requires_grad_(True) for k, v in ours.items()}
+    opt = SparseGaussianAdam(_groups(ours), lr=0.0, eps=1e-15, bias_correction=True, capturable=True)
+    ref_opt = torch.optim.Adam(_groups(ref), lr=0.0, eps=1e-15)
+    for it in range(4):
+        if it == 2:
+            for k in SHAPES:
+                opt.state[ours[k]]["step"].fill_(3.0)  # 1 - beta^t changes ~3x from t = 2 to 4
+                ref_opt.state[ref[k]]["step"].fill_(3.0)
+        grads = _grads(rng)
+        for k in SHAPES:
+            ours[k].grad, ref[k].grad = grads[k].clone(), grads[k].clone()
+        opt.step()
+        ref_opt.step()
+    for k in SHAPES:
+        # 1 - beta2^t in float32 on the device (as torch's capturable Adam works it out),
+        # against float64 on the host: ~1e-5 of the update (lr 1e-2 .. 5e-2); a wrong count
+        # changes the update by tens of percent
+        torch.testing.assert_close(ours[k], ref[k], rtol=2e-6, atol=5e-6)
+        assert float(opt.state[ours[k]]["step"]) == 5
+
+
+def test_a_step_inside_a_cuda_graph_capture_needs_capturable(rng, monkeypatch):
+    """While a CUDA graph capture records it (faked here: a CPU build cannot capture), a
+    step with host step counts raises before anything is updated; a capturable step whose
+    count was loaded as float64 raises too (converting it could not be replayed), and the
+    first step outside the capture converts it."""
+    params = _params(rng)
+    for k in SHAPES:
+        params[k].grad = torch.ones(SHAPES[k])
+    before = {k: v.detach().clone() for k, v in params.items()}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="capturable=True"):
+        SparseGaussianAdam(_groups(params), lr=1e-2, eps=1e-15).step()
+    assert all(torch.equal(params[k].detach(), before[k]) for k in SHAPES)
+
+    opt = SparseGaussianAdam(_groups(params), lr=1e-2, eps=1e-15, capturable=True)
+    opt.step()  # a new state is made where the kernel reads it
+    opt.state[params["means"]]["step"] = torch.tensor(1.0, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match="outside the CUDA graph capture"):
+        opt.step()
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
+    opt.step()
+    step = opt.state[params["means"]]["step"]
+    assert step.dtype == torch.float32 and float(step) == 2

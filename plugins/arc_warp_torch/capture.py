@@ -59,7 +59,9 @@ class CapturedStep:
             raise ValueError(f"capture_step: capture_error_mode must be one of {tuple(_CAPTURE_MODES)} (as given "
                              f"to torch.cuda.graph), got {capture_error_mode!r}")
         self.context = context
-        self.renders = CapturedRenders(context.workspace)
+        # torch.cuda.graph synchronises the device before its capture begins, so renders
+        # from before it are checked without a wait, which the capture would forbid
+        self.renders = CapturedRenders(context.workspace, synchronized=True)
         self._mode = _CAPTURE_MODES[capture_error_mode]
         self._stream = None
 

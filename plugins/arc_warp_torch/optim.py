@@ -14,7 +14,8 @@ MAX_SEGMENTS = 16  # parameters one launch updates: at most Warp's max_unroll (1
 # search unrolls into constant table indices; its table is then ~1 KiB of kernel parameters
 MAX_ELEMENTS = 2**31 - 1  # floats one launch updates (wp.tid() is an int32)
 CPU_SPAN = 4096  # floats per thread on the CPU (one per thread on CUDA; see `_adam_kernel`)
-SCALARS = 6  # per parameter: beta2, 1 - beta1, 1 - beta2, step_size, bias2_sqrt, eps
+SCALARS = 8  # per parameter: beta2, 1 - beta1, 1 - beta2, step_size, bias2_sqrt, eps, and the bases
+# of the bias corrections the kernel works out from the step count on the device (capturable)
 
 
 @wp.func
@@ -31,6 +32,8 @@ def _adam_update(
     bias2_sqrt: float,  # sqrt(1 - beta2^t), or 1
     eps: float,
 ):
+    """One float of Adam: the moments, then the parameter (``step_size`` and ``bias2_sqrt``
+    hold the bias corrections, if any)."""
     g = grad[j]
     m = exp_avg[j]
     m = m + one_minus_beta1 * (g - m)  # = beta1 m + (1 - beta1) g, rounded as torch's lerp
@@ -46,17 +49,22 @@ def _table_fields(capacity: int) -> dict:
     type, so the kernel's struct and the host's ctypes struct (`_table_type`) are made
     of the same fields, in the same order: their layouts agree.
 
-    - ``pointers``, uint64 [4 * capacity + 1]: segment k's parameter, gradient, exp_avg and
+    - ``pointers``, uint64 [5 * capacity + 1]: segment k's parameter, gradient, exp_avg and
       exp_avg_sq (float32, contiguous, n_k floats each) at 4k .. 4k + 3; the visible mask
-      (uint8 [N], read only when sparse) last;
+      (uint8 [N], read only when sparse) at 4 * capacity; segment k's step count (a float32
+      on the device, read only by the capturable kernel) at 4 * capacity + 1 + k;
     - ``ints``, int32 [3 * capacity + 2]: ``starts`` at 0 .. capacity (segment k has the
       threads starts[k] <= i < starts[k + 1]; unused segments are empty, at the end), n_k at
       capacity + 1 + k, segment k's row width M_k (floats per Gaussian) at 2 * capacity + 1 + k,
       and N last;
     - ``scalars``, float32 [SCALARS * capacity]: segment k's beta2, 1 - beta1, 1 - beta2,
-      step_size, bias2_sqrt and eps at SCALARS * k .. SCALARS * k + 5 (see `_adam_update`).
+      step_size, bias2_sqrt and eps at SCALARS * k .. SCALARS * k + 5 (see `_adam_update`);
+      for the capturable kernel, step_size and bias2_sqrt without the bias corrections (lr
+      and 1), whose bases (beta1 and beta2 with bias correction, 0 without) follow at
+      SCALARS * k + 6 and + 7: it divides step_size by 1 - base1^t and multiplies
+      bias2_sqrt by sqrt(1 - base2^t), t the step count read on the device.
     """
-    return {"pointers": wp.types.vector(length=4 * capacity + 1, dtype=wp.uint64),
+    return {"pointers": wp.types.vector(length=5 * capacity + 1, dtype=wp.uint64),
             "ints": wp.types.vector(length=3 * capacity + 2, dtype=wp.int32),
             "scalars": wp.types.vector(length=SCALARS * capacity, dtype=wp.float32)}
 
@@ -68,7 +76,7 @@ def _table_type(capacity: int) -> type:
 
 
 @functools.cache
-def _adam_kernel(capacity: int, sparse: bool, span: int):
+def _adam_kernel(capacity: int, sparse: bool, span: int, capturable: bool = False):
     """The fused Adam update of up to ``capacity`` parameters in one launch, whose segment
     table (`_table_fields`) is its one argument, passed by value: a kernel parameter, so
     each launch carries its own values, with no host-to-device copy to order or wait for.
@@ -76,7 +84,9 @@ def _adam_kernel(capacity: int, sparse: bool, span: int):
     One thread per block of ``span`` consecutive floats of a segment (1 on CUDA: coalesced
     loads; thousands on the CPU, whose threads run one after another: the per-thread table
     lookup is paid once per block). With ``sparse`` only rows whose ``visible`` byte is set
-    are read or written (the Taming 3DGS / INRIA sparse Adam)."""
+    are read or written (the Taming 3DGS / INRIA sparse Adam). With ``capturable`` the bias
+    corrections come from each segment's step count on the device (`_table_fields`), so
+    the launch's arguments do not change from step to step (a CUDA graph can replay it)."""
     K = capacity
     Table = wp.struct(type(f"AdamTable{capacity}", (), {"__annotations__": _table_fields(capacity)}))
 
@@ -91,6 +101,12 @@ def _adam_kernel(capacity: int, sparse: bool, span: int):
                 exp_avg = wp.array(ptr=table.pointers[4 * k + 2], shape=(n,), dtype=wp.float32)
                 exp_avg_sq = wp.array(ptr=table.pointers[4 * k + 3], shape=(n,), dtype=wp.float32)
                 visible = wp.array(ptr=table.pointers[4 * K], shape=(table.ints[3 * K + 1],), dtype=wp.uint8)
+                step_size = table.scalars[SCALARS * k + 3]
+                bias2_sqrt = table.scalars[SCALARS * k + 4]
+                if wp.static(capturable):
+                    t = wp.array(ptr=table.pointers[4 * K + 1 + k], shape=(1,), dtype=wp.float32)[0]
+                    step_size = step_size / (1.0 - wp.pow(table.scalars[SCALARS * k + 6], t))
+                    bias2_sqrt = bias2_sqrt * wp.sqrt(1.0 - wp.pow(table.scalars[SCALARS * k + 7], t))
                 first = (i - table.ints[k]) * span
                 stop = first + span  # span 1 (CUDA): a loop of one float, which the compiler removes
                 if wp.static(span > 1):
@@ -101,8 +117,7 @@ def _adam_kernel(capacity: int, sparse: bool, span: int):
                             continue
                     _adam_update(param, grad, exp_avg, exp_avg_sq, j, table.scalars[SCALARS * k],
                                  table.scalars[SCALARS * k + 1], table.scalars[SCALARS * k + 2],
-                                 table.scalars[SCALARS * k + 3], table.scalars[SCALARS * k + 4],
-                                 table.scalars[SCALARS * k + 5])
+                                 step_size, bias2_sqrt, table.scalars[SCALARS * k + 5])
                 return
 
     return adam_step
@@ -120,10 +135,10 @@ class _Launch:
     ``bind`` writes what changes only with the tensors (pointers, sizes); ``run`` writes
     the per-step scalars and the mask pointer, and launches."""
 
-    def __init__(self, context: RenderContext, capacity: int, sparse: bool):
+    def __init__(self, context: RenderContext, capacity: int, sparse: bool, capturable: bool):
         device = wp.device_from_torch(context.device)
         self.span = 1 if device.is_cuda else CPU_SPAN
-        kernel = _adam_kernel(capacity, sparse, self.span)
+        kernel = _adam_kernel(capacity, sparse, self.span, capturable)
         self.context = context
         self.capacity = capacity
         self.table = _table_type(capacity)()
@@ -136,18 +151,20 @@ class _Launch:
 
     def bind(self, lo: int, hi: int, segments: list, n_rows: int) -> None:
         """Segments ``lo`` to ``hi`` of ``segments``, (param, grad, exp_avg, exp_avg_sq,
-        row width) each; ``n_rows`` is N of a sparse step (0 when dense)."""
+        step, row width) each (step: the count's tensor, read by pointer when capturable);
+        ``n_rows`` is N of a sparse step (0 when dense)."""
         self.lo, self.hi = lo, hi
-        pointers, starts, counts, widths = [], [0], [], []
-        for p, g, m, v, width in segments[lo:hi]:
+        pointers, steps, starts, counts, widths = [], [], [0], [], []
+        for p, g, m, v, step, width in segments[lo:hi]:
             n = p.numel()
             pointers += (p.data_ptr(), g.data_ptr(), m.data_ptr(), v.data_ptr())
+            steps.append(step.data_ptr())
             starts.append(starts[-1] + -(-n // self.span))
             counts.append(n)
             widths.append(width)
         pad = self.capacity - (hi - lo)
         self.threads = starts[-1]
-        self.pointers[:] = [*pointers, *[0] * (4 * pad), 0]
+        self.pointers[:] = [*pointers, *[0] * (4 * pad), 0, *steps, *[0] * pad]
         self.ints[:] = [*starts, *[self.threads] * pad, *counts, *[0] * pad, *widths, *[1] * pad, n_rows]
         if self.threads:
             self.cmd.set_dim(self.threads)
@@ -158,7 +175,7 @@ class _Launch:
         if not self.threads:
             return
         self.scalars[:SCALARS * (self.hi - self.lo)] = scalars[SCALARS * self.lo:SCALARS * self.hi]
-        self.pointers[-1] = mask_ptr
+        self.pointers[4 * self.capacity] = mask_ptr
         self.cmd.set_param_at_index_from_ctype(0, self.table)  # read when launched: launches copy it
         with self.context.stream():
             self.cmd.launch()
@@ -169,7 +186,8 @@ class SparseGaussianAdam(torch.optim.Adam):
     visible Gaussians only (Taming 3DGS's sparse Adam, as INRIA's ``--optimizer_type sparse_adam``).
 
     A subclass of ``torch.optim.Adam`` with the same ``param_groups`` and per-parameter
-    state (``step``, a CPU float32 tensor; ``exp_avg``, ``exp_avg_sq``), so code that edits
+    state (``step``, a float32 tensor on the CPU, or with ``capturable`` on the
+    parameter's device; ``exp_avg``, ``exp_avg_sq``), so code that edits
     Adam state during densification (INRIA's ``replace_tensor_to_optimizer``,
     ``cat_tensors_to_optimizer``, ``_prune_optimizer``) works unchanged.
 
@@ -184,6 +202,15 @@ class SparseGaussianAdam(torch.optim.Adam):
             ``torch.optim.Adam`` steps.
         context: the :class:`RenderContext` whose streams to use; None uses
             ``default_context`` of each parameter's device.
+        capturable: True keeps each ``step`` count on the parameter's device, where the
+            kernel reads it for the bias corrections, as ``torch.optim.Adam(capturable=True)``
+            does: nothing in ``step`` then depends on the host, so it can be captured in a
+            CUDA graph (``torch.cuda.graph`` with ``arc_warp_torch.capture_step``) and
+            replayed, each replay counting one step. The graph holds the learning rates,
+            betas and eps of the capture, and the pointers of the tensors: capture again
+            after changing any of them (densification, a new learning rate). False
+            (default) keeps the counts on the host, and ``step`` raises RuntimeError if
+            called during a CUDA graph capture (a replay could not count its step).
 
     ``step(visibility, N)``: ``visibility`` is a bool tensor [N] on the parameters'
     device (INRIA passes ``radii > 0``); rows with False keep their values AND their
@@ -197,9 +224,11 @@ class SparseGaussianAdam(torch.optim.Adam):
     """
 
     def __init__(self, params, lr: float, eps: float, betas=(0.9, 0.999), bias_correction: bool = False,
-                 context: Optional[RenderContext] = None):
-        super().__init__(params, lr=lr, eps=eps, betas=betas)
+                 context: Optional[RenderContext] = None, capturable: bool = False):
+        # torch's capturable flag too: its load_state_dict then keeps the counts on the device
+        super().__init__(params, lr=lr, eps=eps, betas=betas, capturable=bool(capturable))
         self.bias_correction = bool(bias_correction)
+        self.capturable = bool(capturable)
         self._context = context
         self._key = None  # what the bound launches were built for (see `step`)
         self._bound = []  # the _Launch of each run of segments, in order
@@ -207,6 +236,11 @@ class SparseGaussianAdam(torch.optim.Adam):
 
     @torch.no_grad()
     def step(self, visibility: Optional[torch.Tensor] = None, N: Optional[int] = None):
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        if capturing and not self.capturable:
+            raise RuntimeError("SparseGaussianAdam.step is being captured in a CUDA graph, but its step counts "
+                               "are on the host, where a replay would not advance them: make the optimizer "
+                               "with capturable=True")
         visible = None if visibility is None else self._visible(visibility, N)
         active = []  # (param, grad, state, group) of each parameter with a gradient
         key = [None if visible is None else (visible.shape[0], visible.device)]
@@ -219,12 +253,15 @@ class SparseGaussianAdam(torch.optim.Adam):
                     grad = grad.contiguous()
                 state = self.state[p]
                 if len(state) == 0:
-                    state["step"] = torch.tensor(0.0, dtype=torch.float32)
+                    state["step"] = torch.tensor(0.0, dtype=torch.float32, device=p.device if self.capturable else None)
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                elif self.capturable and (state["step"].device != p.device or state["step"].dtype != torch.float32):
+                    self._move_step(state, p.device, capturing)
                 active.append((p, grad, state, group))
                 m, v = state["exp_avg"], state["exp_avg_sq"]
-                key.append((p.data_ptr(), grad.data_ptr(), m.data_ptr(), v.data_ptr(), p.shape, m.shape, v.shape))
+                key.append((p.data_ptr(), grad.data_ptr(), m.data_ptr(), v.data_ptr(), state["step"].data_ptr(),
+                            p.shape, m.shape, v.shape))
         if not active:
             return
         key = tuple(key)
@@ -233,19 +270,33 @@ class SparseGaussianAdam(torch.optim.Adam):
             self._bound = self._bind(active, visible)
             self._key = key
         steps = [state["step"] for _, _, state, _ in active]
-        torch._foreach_add_(steps, 1.0)  # CPU tensors, as torch.optim.Adam keeps them: no device sync
+        # on the host, as torch.optim.Adam keeps them (no device sync), or on the device (capturable)
+        torch._foreach_add_(steps, 1.0)
         scalars = []
         for (_, _, _, group), step in zip(active, steps):
             beta1, beta2 = group["betas"]
-            step_size, bias2_sqrt = group["lr"], 1.0
-            if self.bias_correction:
+            step_size, bias2_sqrt, bases = group["lr"], 1.0, (0.0, 0.0)
+            if self.bias_correction and self.capturable:
+                bases = (beta1, beta2)  # the kernel divides by 1 - beta^t, t read on the device
+            elif self.bias_correction:
                 t = float(step)
                 step_size = group["lr"] / (1.0 - beta1 ** t)
                 bias2_sqrt = (1.0 - beta2 ** t) ** 0.5
-            scalars += (beta2, 1.0 - beta1, 1.0 - beta2, step_size, bias2_sqrt, group["eps"])
+            scalars += (beta2, 1.0 - beta1, 1.0 - beta2, step_size, bias2_sqrt, group["eps"], *bases)
         mask_ptr = 0 if visible is None else visible.data_ptr()
         for launch in self._bound:
             launch.run(scalars, mask_ptr)
+
+    @staticmethod
+    def _move_step(state: dict, device: torch.device, capturing: bool) -> None:
+        """A step count loaded from elsewhere (a checkpoint of a host-count optimizer) moved
+        to ``device`` as a float32, which the capturable kernel reads; RuntimeError while capturing, where the
+        copy could not be replayed."""
+        if capturing:
+            raise RuntimeError("SparseGaussianAdam(capturable=True): a step count is on "
+                               f"{state['step'].device}, not its parameter's device {device}; run one step "
+                               "outside the CUDA graph capture first (it moves the counts)")
+        state["step"] = state["step"].to(device=device, dtype=torch.float32)
 
     @staticmethod
     def _visible(visibility, N) -> torch.Tensor:
@@ -268,7 +319,7 @@ class SparseGaussianAdam(torch.optim.Adam):
         for p, grad, state, _ in active:
             self._check(p, grad, state, visible)
             width = p.numel() // p.shape[0] if p.dim() and p.shape[0] else 1
-            segments.append((p, grad, state["exp_avg"], state["exp_avg_sq"], width))
+            segments.append((p, grad, state["exp_avg"], state["exp_avg_sq"], state["step"], width))
             devices.append(p.device)
         bound, lo = [], 0
         while lo < len(segments):
@@ -282,7 +333,7 @@ class SparseGaussianAdam(torch.optim.Adam):
             launch = self._launches.get(slot)
             if launch is None:
                 launch = self._launches[slot] = _Launch(self._context_of(devices[lo]), capacity,
-                                                        visible is not None)
+                                                        visible is not None, self.capturable)
             launch.bind(lo, hi, segments, 0 if visible is None else visible.shape[0])
             bound.append(launch)
             lo = hi

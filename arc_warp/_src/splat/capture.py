@@ -38,9 +38,16 @@ class CapturedRenders:
     bad inputs or more intersections than a kept size (the farthest Gaussians of some
     tiles were left out of its images): capture again then, after a warm-up step with
     the new values.
+
+    Renders before it whose checks were deferred (a render whose backward has not run)
+    are checked when it is entered. That waits for the device, so enter it before the
+    capture begins, or pass ``synchronized=True`` where the device finished all earlier
+    work before the capture began (``torch.cuda.graph`` synchronises it first): their
+    flags are then read without a wait, and one that overflowed its sort raises
+    RuntimeError (it cannot be rendered again inside the capture).
     """
 
-    def __init__(self, workspace: Workspace):
+    def __init__(self, workspace: Workspace, synchronized: bool = False):
         if workspace.graphs:
             raise ValueError("CapturedRenders: the workspace replays CUDA graphs of its own, which cannot be "
                              "captured into another graph; use a workspace made with graphs=False "
@@ -50,6 +57,7 @@ class CapturedRenders:
                              "between steps, so a captured graph would hold addresses it gave away; use a "
                              "workspace without an allocator (arc_warp_torch: release_workspace=False)")
         self.workspace = workspace
+        self.synchronized = synchronized
         self.pending: list = []  # the captured renders' pending checks (render.py `_Pending`)
         self._allocations = None
 
@@ -57,7 +65,8 @@ class CapturedRenders:
         workspace = self.workspace
         if workspace.capturing:
             raise RuntimeError("CapturedRenders: the workspace is already capturing; captures do not nest")
-        settle_deferred(workspace)  # earlier renders are checked now, not counted as captured
+        # earlier renders are checked now, not counted as captured
+        settle_deferred(workspace, wait=not self.synchronized)
         self._allocations = workspace.allocations
         workspace.capturing = True
         return self

@@ -583,7 +583,7 @@ def _unbound(proj: ProjectResult, inputs: GaussianInputs) -> ProjectResult:
     return replaced(proj, means2d=None, radii=None, rgb=None if inputs.sh_coeffs == 0 else proj.rgb)
 
 
-def _settle(queued: list, workspace: Workspace, defer: bool = False) -> list[RenderOutput]:
+def _settle(queued: list, workspace: Workspace, defer: bool = False, wait: bool = True) -> list[RenderOutput]:
     """Checks the renders queued without a sync, after all of them are queued: one wait for
     the last flags copy (work on one stream is ordered, so the earlier copies are done
     too; the device meanwhile runs the queued sorts and rasterisers), then per render the
@@ -592,14 +592,16 @@ def _settle(queued: list, workspace: Workspace, defer: bool = False) -> list[Ren
     has 25% headroom over recent totals); otherwise the exact total replaces the size.
     Returns the outputs re-rendered. ``queued`` holds (output, pending, targets) per render;
     an output of None (collected before a deferred check) only has its flags and total
-    checked. ``defer`` keeps them for :func:`settle_deferred` instead."""
+    checked. ``defer`` keeps them for :func:`settle_deferred` instead. ``wait`` False: the
+    device has finished them already, and nothing may wait for it or queue work now (see
+    :func:`settle_deferred`)."""
     pending = [p for _, p, _ in queued if p is not None]
     if not pending:
         return []
     if defer:
         workspace.deferred.extend((weakref.ref(out), p, targets) for out, p, targets in queued if p is not None)
         return []
-    if pending[-1].event is not None:
+    if wait and pending[-1].event is not None:
         wp.synchronize_event(pending[-1].event)
     redone = []
     for out, p, targets in queued:
@@ -609,6 +611,11 @@ def _settle(queued: list, workspace: Workspace, defer: bool = False) -> list[Ren
         if out is None:
             continue
         if total > p.sort_size:
+            if not wait:
+                raise RuntimeError(
+                    f"arc_warp: a render before the capture had {total} tile intersections, more than the "
+                    f"{p.sort_size} its sort held, and it cannot be rendered again inside the capture; run the "
+                    "step once more, with its backward, before capturing it")
             exact = _render_exact(out._inputs, out.camera, out.camera_index, out.settings, out._frame, targets)
             for field in dataclasses.fields(RenderOutput):
                 setattr(out, field.name, getattr(exact, field.name))
@@ -618,19 +625,24 @@ def _settle(queued: list, workspace: Workspace, defer: bool = False) -> list[Ren
     return redone
 
 
-def settle_deferred(workspace: Workspace) -> list[RenderOutput]:
+def settle_deferred(workspace: Workspace, wait: bool = True) -> list[RenderOutput]:
     """Runs the checks of the renders queued with ``render_checked(defer=True)`` whose checks
     have not run yet, as :func:`_settle` would have run them in the call (a ValueError for
     bad inputs; a render that overflowed its kept sort size is rendered again, exactly,
     into the same arrays, with a RuntimeWarning: whatever read its images before, a
     loss for instance, saw the farthest Gaussians of some tiles left out). The wait is
     for the flags copy of the last of them, normally long done. Returns the outputs
-    re-rendered (a backward queued before for one of them must be run again)."""
+    re-rendered (a backward queued before for one of them must be run again).
+
+    ``wait`` False, where the caller knows the device has finished every render (a CUDA
+    graph capture that began with a device sync, as ``torch.cuda.graph`` does), reads the
+    flags without waiting for the device, which a capture forbids, and raises
+    RuntimeError for a render that overflowed, which it cannot render again."""
     if not workspace.deferred or workspace.capturing:  # captured: checked after replays (CapturedRenders)
         return []
     with workspace.busy:  # a re-render queues work through the frames
         entries, workspace.deferred = workspace.deferred, []
-        redone = _settle([(ref(), p, targets) for ref, p, targets in entries], workspace)
+        redone = _settle([(ref(), p, targets) for ref, p, targets in entries], workspace, wait=wait)
     if redone:
         warnings.warn(
             f"arc_warp: {len(redone)} render(s) queued with the kept intersection capacity overflowed it (the "
