@@ -48,6 +48,27 @@ def _capturing_context(device):
     return RenderContext(device, graphs=False, release_workspace=False, defer_checks=True)
 
 
+def _warm_up_on_a_side_stream(*calls):
+    """Runs ``calls`` on a side stream, as torch's CUDA graph notes advise before a capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for call in calls:
+            call()
+    torch.cuda.current_stream().wait_stream(side)
+
+
+def _warmed_up_small_splats(rng, device, monkeypatch, steps):
+    """(params, step, context) after ``steps`` warm-up steps of a scene whose intersections
+    overflow the kept sort size once its scales grow (no constant slack)."""
+    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)  # a tiny scene overflows the 25% headroom
+    p, step = _setup(rng, device, size_px_range=(0.3, 1.0))
+    context = _capturing_context(device)
+    for _ in range(steps):
+        step(context)
+    return p, step, context
+
+
 def test_captured_renders_keep_their_checks_for_after_the_replay(rng, device):
     """The captured step's images and gradients are a checked context's; its check waits
     in ``pending`` (not run, not left to the next render) and passes."""
@@ -68,11 +89,7 @@ def test_captured_renders_keep_their_checks_for_after_the_replay(rng, device):
 def test_check_reports_a_replay_that_overflowed_its_captured_sort(rng, device, monkeypatch):
     """Splats grown in place after the warm-up overflow the kept sort size: the captured
     render is not redone (nothing may wait inside a capture), and check() says so."""
-    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)  # a tiny scene overflows the 25% headroom
-    p, step = _setup(rng, device, size_px_range=(0.3, 1.0))
-    context = _capturing_context(device)
-    for _ in range(3):
-        step(context)
+    p, step, context = _warmed_up_small_splats(rng, device, monkeypatch, 3)
     with torch.no_grad():
         p["scales"] *= 6.0
     with CapturedRenders(context.workspace) as renders:
@@ -104,11 +121,7 @@ def test_renders_left_unchecked_before_a_synchronised_capture_are_checked_withou
     cannot be rendered again inside a capture, RuntimeError."""
     import warp as wp
 
-    monkeypatch.setattr(workspace_module, "SORT_SLACK", 0)  # a tiny scene overflows the 25% headroom
-    p, step = _setup(rng, device, size_px_range=(0.3, 1.0))
-    context = _capturing_context(device)
-    for _ in range(2):
-        step(context)
+    p, step, context = _warmed_up_small_splats(rng, device, monkeypatch, 2)
     with torch.no_grad():
         if case == "non_finite":
             p["means"][3, 1] = float("nan")
@@ -188,12 +201,7 @@ def test_a_step_captured_in_torch_cuda_graph_replays_as_eager_renders(monkeypatc
     rng = np.random.default_rng(7)
     p, step = _setup(rng, "cuda", n=400)
     context = _capturing_context("cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            step(context)
-    torch.cuda.current_stream().wait_stream(side)
+    _warm_up_on_a_side_stream(*[lambda: step(context)] * 3)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), capture_step(context) as captured:
         images, grads = step(context)  # static outputs: clones made inside the graph
@@ -229,13 +237,7 @@ def test_a_forward_captured_after_forward_only_warm_ups_replays_as_an_eager_rend
     rng = np.random.default_rng(9)
     p, step = _setup(rng, "cuda", n=400)
     context = _capturing_context("cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step(context)
-        for _ in range(2):
-            step.forward(context)
-    torch.cuda.current_stream().wait_stream(side)
+    _warm_up_on_a_side_stream(lambda: step(context), *[lambda: step.forward(context)] * 2)
     assert context.workspace.deferred
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), capture_step(context) as captured:
@@ -273,13 +275,14 @@ def test_a_captured_training_step_with_capturable_adam_lowers_the_loss(optimizer
         optimizer.step()
         return loss
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            optimizer.zero_grad(set_to_none=True)
-            first = train_step().item()
-    torch.cuda.current_stream().wait_stream(side)
+    losses = []
+
+    def warm_up():
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(train_step().item())
+
+    _warm_up_on_a_side_stream(*[warm_up] * 3)
+    first = losses[-1]
     optimizer.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), capture_step(context) as captured:
@@ -312,11 +315,7 @@ def test_a_captured_sparse_gaussian_adam_step_counts_each_replay(sparse):
     def step(optimizer):
         optimizer.step(visible, 500) if sparse else optimizer.step()
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step(captured)  # the state, and the kernel's module, before the capture
-    torch.cuda.current_stream().wait_stream(side)
+    _warm_up_on_a_side_stream(lambda: step(captured))  # the state, and the kernel's module, before the capture
     step(eager)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
