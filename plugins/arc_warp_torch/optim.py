@@ -76,7 +76,7 @@ def _table_type(capacity: int) -> type:
 
 
 @functools.cache
-def _adam_kernel(capacity: int, sparse: bool, span: int, capturable: bool = False):
+def _adam_kernel(capacity: int, sparse: bool, span: int, capturable: bool):
     """The fused Adam update of up to ``capacity`` parameters in one launch, whose segment
     table (`_table_fields`) is its one argument, passed by value: a kernel parameter, so
     each launch carries its own values, with no host-to-device copy to order or wait for.
