@@ -144,3 +144,52 @@ def test_inputs_without_grad_get_none():
         assert (t.grad is not None) == tex_grad and uv.grad is None
         grads.append(p.grad)
     assert torch.equal(grads[0], grads[1])
+
+
+def _op_output(op, p, u, t, seed=0):
+    """One drop-in op of the scene's chain, the others' outputs detached: the op's output
+    and the leaves whose gradients it alone gives."""
+    _, tri, uv, _ = scene(seed)
+    rast, db = dr.rasterize(None, p, tri, (H, W))
+    if op == "rasterize":
+        return rast, (p,)
+    if op == "interpolate":
+        return dr.interpolate(u, rast.detach(), tri, rast_db=db.detach(), diff_attrs="all")[0], (u,)
+    texc, texd = dr.interpolate(uv, rast.detach(), tri, rast_db=db.detach(), diff_attrs="all")
+    if op == "texture":
+        return dr.texture(t, texc, texd, filter_mode="linear-mipmap-linear"), (t,)
+    color = torch.cat([texc, texd], -1).detach()  # 6 channels: two float4 chunks
+    return dr.antialias(color, rast.detach(), p, tri), (p,)
+
+
+@pytest.mark.parametrize("op", ["rasterize", "interpolate", "texture", "antialias"])
+@pytest.mark.parametrize("layout", ["expanded", "strided", "fresh"])
+def test_upstream_gradient_layouts(op, layout, monkeypatch):
+    """Each op's backward given the cotangent torch hands it for `out.sum()` (expanded,
+    stride 0), a transposed (strided) one, or a fresh tensor made in the loss equals its
+    backward given the same values dense: the copies the bridge makes of such cotangents
+    live until their launches have run (issue 37 case 4: they were freed first, and
+    `out.sum().backward()` gave inf, NaN or wrong gradients)."""
+    import arc_warp_torch._autograd as bridge
+
+    for seed in range(3):  # a freed copy is reused by a later allocation some of the time
+        pos, _, uv, tex = scene(seed)
+        grads = []
+        for dense in (False, True):
+            # a new default context: its first backward allocates scratch, where a freed copy goes
+            monkeypatch.setattr(bridge, "_contexts", {})
+            leaves = [x.clone().requires_grad_(True) for x in (pos, uv, tex)]
+            out, wanted = _op_output(op, *leaves, seed)
+            g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
+            if layout == "expanded":
+                loss = out.sum() if not dense else (out * torch.ones_like(out)).sum()
+            elif layout == "strided":  # dL/dout arrives as a transposed view of gT
+                gt = g.transpose(1, 2).contiguous()
+                loss = (out.transpose(1, 2) * gt).sum() if not dense else (out * g).sum()
+            else:  # a cotangent of another dtype, converted (a new tensor) by the bridge
+                loss = (out.double() * g.double()).sum() if not dense else (out * g).sum()
+            loss.backward()
+            grads.append([leaf.grad for leaf in wanted])
+        for got, want in zip(*grads):
+            assert torch.isfinite(got).all(), (op, layout, seed)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -23,21 +23,31 @@ def to_warp(t: torch.Tensor | None):
 
     Made from the pointer, so a size-1 axis whose torch stride is not the packed one (torch
     ignores it, Warp's contiguity check does not) still gives a contiguous Warp array. The
-    view does not keep ``t`` alive; the autograd Function holds it for the call."""
+    view holds the tensor it reads (a contiguous copy where ``t`` was not contiguous)."""
     if t is None:
         return None
     wp.init()  # idempotent
     t = t.detach().contiguous()
     if t.numel() == 0:
         return wp.from_torch(t, requires_grad=False)
-    return wp.array(ptr=t.data_ptr(), dtype=wp.dtype_from_torch(t.dtype), shape=tuple(t.shape),
-                    device=wp.device_from_torch(t.device))
+    a = wp.array(ptr=t.data_ptr(), dtype=wp.dtype_from_torch(t.dtype), shape=tuple(t.shape),
+                 device=wp.device_from_torch(t.device))
+    a._tensor = t  # the view keeps its (possibly copied) tensor alive, as wp.from_torch's do
+    return a
 
 
 def _view(context, t: torch.Tensor | None, dtype=wp.float32):
     """Cached non-owning Warp view, of the same shape, of a contiguous float32 (or, with
     ``dtype=wp.int32``, int32) tensor (``RenderContext.view``), or None."""
     return None if t is None else context.view(t, dtype)
+
+
+def _dense(g: torch.Tensor | None) -> torch.Tensor | None:
+    """An upstream gradient as a contiguous float32 tensor (a copy where torch handed an
+    expanded or strided one, as ``out.sum().backward()`` does), or None. The caller keeps
+    the result in a local until the launches that read it are queued: a Warp view does not
+    keep its tensor alive."""
+    return None if g is None else g.to(torch.float32).contiguous()
 
 
 def _padded(t: torch.Tensor) -> int:
@@ -87,11 +97,13 @@ class Rasterize(torch.autograd.Function):
         pos, tri, rast = ctx.saved_tensors
         ranges, grad_db, reduce = ctx.settings
         context = default_context(pos.device)
-        g_db = g_db.contiguous() if grad_db and g_db is not None else None
+        # held in locals: the Warp views below do not keep a contiguous copy alive
+        g_rast = _dense(g_rast)
+        g_db = _dense(g_db) if grad_db else None
         grad, = _zeros(pos)
         with context.stream():
             core.rasterize_backward(_view(context, pos), _view(context, tri, wp.int32), _view(context, rast),
-                                    _view(context, g_rast.contiguous()), _view(context, g_db), ranges=ranges,
+                                    _view(context, g_rast), _view(context, g_db), ranges=ranges,
                                     grad_pos=_view(context, grad), reduce=reduce, workspace=context.workspace)
         return grad, None, None, None, None, None
 
@@ -119,11 +131,12 @@ class Interpolate(torch.autograd.Function):
         context = default_context(attr.device)
         attr_grad = ctx.needs_input_grad[0]  # e.g. fixed uvs: no scatter into them
         grads = _zeros(attr if attr_grad else None, rast, rast_db)
-        g_da = g_da.contiguous() if g_da is not None and g_da.numel() else None
+        g_out = _dense(g_out)
+        g_da = _dense(g_da) if g_da is not None and g_da.numel() else None
         with context.stream():
             core.interpolate_backward(
                 _view(context, attr), _view(context, rast), _view(context, tri, wp.int32),
-                _view(context, g_out.contiguous()), _view(context, rast_db), _view(context, g_da), diff_attrs,
+                _view(context, g_out), _view(context, rast_db), _view(context, g_da), diff_attrs,
                 *(_view(context, g) for g in grads), reduce=reduce, workspace=context.workspace, attr_grad=attr_grad)
         return grads[0], grads[1], None, grads[2], None, None
 
@@ -154,8 +167,9 @@ class Texture(torch.autograd.Function):
         context = default_context(tex.device)
         tex_grad = ctx.needs_input_grad[0]  # e.g. a fixed texture: no texel scatter, no fold
         grads = _zeros(tex if tex_grad else None, uv, uv_da, bias)
+        g_out = _dense(g_out)
         with context.stream():
-            core.texture_backward(_view(context, tex), _view(context, uv), _view(context, g_out.contiguous()),
+            core.texture_backward(_view(context, tex), _view(context, uv), _view(context, g_out),
                                   _view(context, uv_da), _view(context, bias), mip, filter_mode, boundary_mode,
                                   max_mip_level, *(_view(context, g) for g in grads), reduce=reduce,
                                   workspace=context.workspace, tex_grad=tex_grad)
@@ -183,9 +197,10 @@ class Antialias(torch.autograd.Function):
         topology_hash, boost, reduce = ctx.settings
         context = default_context(color.device)
         grad_color, grad_pos = _zeros(color, pos)
+        g_out = _dense(g_out)
         with context.stream():
             core.antialias_backward(_view(context, color), _view(context, rast), _view(context, pos),
-                                    _view(context, tri, wp.int32), _view(context, g_out.contiguous()), topology_hash,
+                                    _view(context, tri, wp.int32), _view(context, g_out), topology_hash,
                                     boost, grad_color=_view(context, grad_color), grad_pos=_view(context, grad_pos),
                                     reduce=reduce, workspace=context.workspace)
         return grad_color, None, grad_pos, None, None, None, None
