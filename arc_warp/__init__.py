@@ -6,7 +6,9 @@ from .ply import GaussianPly, PlyFormatError, read_ply, write_ply
 from .arc import (MODES, Calibration, accumulator, calibrate, keyed_plan, planned_accumulator, resolve_threshold,
                   scatter_add, warp_plan, warp_reducer)
 from ._src.png import write_png
-from .splat import Camera, DeviceCameras, GaussianGrads, RenderOutput, RenderSettings, Workspace, render_gaussians, render_gaussians_backward
+from .splat import (Camera, DeviceCameras, GaussianGrads, GaussianRenderer, Gaussians, ImageGrads, RenderImages,
+                    RenderOutput, RenderSettings, RenderState, RenderStatus, Workspace, check_gaussians,
+                    render_gaussians, render_gaussians_backward)
 
 __all__ = [
     "MODES",
@@ -14,12 +16,19 @@ __all__ = [
     "Camera",
     "DeviceCameras",
     "GaussianGrads",
+    "GaussianRenderer",
+    "Gaussians",
+    "ImageGrads",
     "GaussianPly",
     "PlyFormatError",
+    "RenderImages",
     "RenderOutput",
     "RenderSettings",
+    "RenderState",
+    "RenderStatus",
     "accumulator",
     "calibrate",
+    "check_gaussians",
     "keyed_plan",
     "planned_accumulator",
     "read_ply",

@@ -1,10 +1,19 @@
-"""3D Gaussian splatting with an ARC-reduced backward (gsplat 1.5.3 "classic" conventions)."""
+"""3D Gaussian splatting with an ARC-reduced backward (gsplat 1.5.3 "classic" conventions).
+
+Two ways in: :func:`render_gaussians` / :func:`render_gaussians_backward` (functional,
+recorded on ``wp.Tape``), and :class:`GaussianRenderer`, the object they run on, for
+callers that hold their buffers and want renders that never wait for the device.
+"""
 
 from ._src.camera import Camera, DeviceCameras
-from ._src.splat.records import GaussianGrads, RenderOutput, RenderSettings
+from ._src.splat.records import GaussianGrads, Gaussians, ImageGrads, RenderImages, RenderOutput, RenderSettings
 from ._src.splat.render import render_gaussians, render_gaussians_backward
+from ._src.splat.renderer import GaussianRenderer, RenderState
 from ._src.splat.sh_kernels import SH_C0
+from ._src.splat.status import RenderStatus
+from ._src.splat.validate import check_gaussians
 from ._src.splat.workspace import Workspace
 
-__all__ = ["SH_C0", "Camera", "DeviceCameras", "GaussianGrads", "RenderOutput", "RenderSettings", "Workspace", "render_gaussians",
-           "render_gaussians_backward"]
+__all__ = ["SH_C0", "Camera", "DeviceCameras", "GaussianGrads", "GaussianRenderer", "Gaussians", "ImageGrads",
+           "RenderImages", "RenderOutput", "RenderSettings", "RenderState", "RenderStatus", "Workspace",
+           "check_gaussians", "render_gaussians", "render_gaussians_backward"]

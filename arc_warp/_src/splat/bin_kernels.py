@@ -21,10 +21,15 @@ def gather_counts(
 
 
 @wp.kernel(enable_backward=False)
-def copy_last(src: wp.array(dtype=wp.int64), dst: wp.array(dtype=wp.int32)):
-    """``dst[0] = min(src[-1], 2^31 - 1)``: the intersection total (saturated), next to the
-    input flags for one readback."""
-    dst[0] = wp.int32(wp.min(src[src.shape[0] - 1], wp.int64(INT32_MAX)))
+def store_total(src: wp.array(dtype=wp.int64), capacity: int, flags: wp.array(dtype=wp.int32), overflow_slot: int):
+    """``flags[0] = min(src[-1], 2^31 - 1)``, the intersection total (saturated), next to
+    the input flags for one readback; ``flags[overflow_slot] = 1`` if it exceeds
+    ``capacity``, the entries the tile sort holds (the farthest Gaussians of some tiles
+    are then left out of the image)."""
+    total = src[src.shape[0] - 1]
+    flags[0] = wp.int32(wp.min(total, wp.int64(INT32_MAX)))
+    if total > wp.int64(capacity):
+        flags[overflow_slot] = 1
 
 
 @wp.func

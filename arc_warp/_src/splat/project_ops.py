@@ -1,156 +1,81 @@
-"""Launches of the projection stage (forward and backward)."""
+"""Launches of the projection stage (forward and backward) and of the camera records."""
+
+from __future__ import annotations
 
 import numpy as np
 import warp as wp
 
 from arc_warp._src.camera import Camera, DeviceCameras
-from arc_warp._src.splat.bin_ops import forward_scratch
-from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
+from arc_warp._src.launches import Launches
+from arc_warp._src.splat.geometry_funcs import CameraParams
 from arc_warp._src.splat.project_kernels import camera_from_matrices, make_project_bwd, make_project_fwd
+from arc_warp._src.splat.records import GaussianGrads, Gaussians, RenderSettings
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
-from arc_warp._src.splat.records import GaussianGrads, GaussianInputs, ProjectResult, RenderSettings
-from arc_warp._src.splat.workspace import Frame
 
 
-def camera_params(camera: Camera, device) -> wp.array:
-    """(1,) ``CameraParams`` on ``device``: the float32 kernel argument of ``camera``."""
-    params = CameraParams()
-    w2c = camera.world_to_camera
-    params.rot = wp.mat33(*w2c[:3, :3].astype(np.float32).ravel())
-    params.trans = wp.vec3(*w2c[:3, 3].astype(np.float32))
-    params.center = wp.vec3(*camera.center.astype(np.float32))
-    params.fx = camera.fx
-    params.fy = camera.fy
-    params.cx = camera.cx
-    params.cy = camera.cy
-    params.width = camera.width
-    params.height = camera.height
-    params.near = camera.near
-    params.far = camera.far
-    return wp.array([params], dtype=CameraParams, device=device)
+def camera_params(cameras: list[Camera]) -> np.ndarray:
+    """(C,) numpy records of ``CameraParams`` for host cameras: their float64 values
+    rounded once to float32, as the kernels read them."""
+    params = np.zeros(len(cameras), dtype=CameraParams.numpy_dtype())
+    for p, camera in zip(params, cameras):
+        w2c = camera.world_to_camera
+        p["rot"] = w2c[:3, :3].astype(np.float32)
+        p["trans"] = w2c[:3, 3].astype(np.float32)
+        p["center"] = camera.center.astype(np.float32)
+        for name in ("fx", "fy", "cx", "cy", "width", "height", "near", "far"):
+            p[name] = getattr(camera, name)
+    return params
 
 
-def device_camera_params(cameras: DeviceCameras, index: int, bad: wp.array, frame: Frame) -> wp.array:
-    """(1,) ``CameraParams`` of camera ``index`` of ``cameras``, made on the device in a
-    buffer of ``frame`` (no host copy); an invalid camera sets its flag in ``bad``."""
-    cams = frame.array("camera", 1, CameraParams)
-    frame.launch(
-        camera_from_matrices,
-        1,
-        [cameras.viewmats, cameras.intrinsics, index, cameras.width, cameras.height, float(cameras.near),
-         float(cameras.far), cams, bad, 1 + BAD_SLOTS.index("cameras")],
-    )
-    return cams
+def write_cameras(launches: Launches, cameras, cams: wp.array, flags: wp.array) -> None:
+    """Fill the (C,) ``CameraParams`` ``cams``: host :class:`Camera` values copied over, or
+    :class:`DeviceCameras` read on the device (an invalid camera sets its row of the (C,
+    FLAG_SLOTS) ``flags``)."""
+    if isinstance(cameras, DeviceCameras):
+        slot = 1 + BAD_SLOTS.index("cameras")
+        for c in range(len(cameras)):
+            launches.launch(camera_from_matrices, 1,
+                            [cameras.viewmats, cameras.intrinsics, c, cameras.width, cameras.height,
+                             float(cameras.near), float(cameras.far), cams[c:c + 1], flags[c], slot],
+                            key=("camera", c))
+        return
+    wp.copy(cams, wp.array(camera_params(cameras), dtype=CameraParams, device="cpu"))
 
 
-def project(
-    inputs: GaussianInputs,
-    cam: wp.array,  # (1,) CameraParams
-    settings: RenderSettings,
-    tiles_x: int,
-    tiles_y: int,
-    bad: wp.array,
-    frame: Frame,
-    means2d: wp.array,  # (N,) vec2, output
-    radii: wp.array,  # (N,) vec2i, output
-    arena: Frame | None = None,
-) -> ProjectResult:
-    """Screen-space splats, radii and tile counts, and the depth sort's keys and identity
-    order (``ProjectResult.depth``); flags non-finite inputs in ``bad``.
-
-    The backward's state comes from ``frame``; the tile counts and depth order, read only
-    by the binning of this render, are the forward's stage of the scratch arena of
-    ``arena`` (``bin_ops.forward_scratch``; None: ``frame.shared``, whose arena the
-    renders of a call take in turn; a render whose binning waits for other renders'
-    counts passes its own ``frame``); the shared arena's room also covers the tile sort's
-    keys at the workspace's kept sort size.
-    ``means2d`` and ``radii`` are the caller's outputs.
-    From ``settings``: ``eps2d``, ``antialiased`` (splat opacities carry the 2D filter's
-    compensation) and ``scale_activation`` / ``opacity_activation``, which pick the kernel
-    that activates raw log-scales / logits as it reads them."""
-    arena = frame.shared if arena is None else arena
-    n = inputs.count
-    sort_size = frame._workspace.sort_size((tiles_x, tiles_y)) if arena is frame.shared else None
-    tiles_per_gauss, depth = forward_scratch(arena, n, sort_size or 0)
-    result = ProjectResult(
-        means2d=means2d,
-        splats=frame.array("splats", n, Splat2D),  # culled entries are never read
-        radii=radii,
-        tiles_per_gauss=tiles_per_gauss,
-        rgb=inputs.colors if inputs.sh_coeffs == 0 else frame.array("rgb", n, wp.vec3),
-        depth=depth,
-    )
-    frame.launch(
-        make_project_fwd(settings.antialiased, settings.scale_activation, settings.opacity_activation),
-        n,
-        [
-            inputs.means,
-            inputs.quats,
-            inputs.scales,
-            inputs.opacities,
-            cam,
-            settings.eps2d,
-            tiles_x,
-            tiles_y,
-            result.means2d,
-            result.splats,
-            result.radii,
-            result.tiles_per_gauss,
-            depth.keys,
-            depth.order,
-            bad,
-        ],
-    )
-    return result
+def project(launches: Launches, key, g: Gaussians, cam: wp.array, settings: RenderSettings, tiles_x: int,
+            tiles_y: int, flags: wp.array, means2d: wp.array, radii: wp.array, splats: wp.array,
+            tiles_per_gauss: wp.array, depth_keys: wp.array, order: wp.array) -> None:
+    """Screen-space splats (N,) ``Splat2D``, ``means2d`` (N,) vec2 pixels, ``radii`` (N,)
+    vec2i, the (N,) int32 tile counts, and the depth sort's keys and identity order (the
+    first N entries of ``depth_keys`` and ``order``); flags non-finite inputs in ``flags``.
+    ``cam`` is one camera's (1,) ``CameraParams``. From ``settings``: ``eps2d``,
+    ``antialiased`` and the scale / opacity activations (compile-time variants)."""
+    launches.launch(
+        make_project_fwd(settings.antialiased, settings.scale_activation, settings.opacity_activation), g.count,
+        [g.means, g.quats, g.scales, g.opacities, cam, settings.eps2d, tiles_x, tiles_y, means2d, splats, radii,
+         tiles_per_gauss, depth_keys, order, flags],
+        key=("project", key))
 
 
-def project_backward(
-    inputs: GaussianInputs,
-    cam: wp.array,  # (1,) CameraParams
-    proj: ProjectResult,
-    raster_grads: wp.array,
-    settings: RenderSettings,
-    grads: GaussianGrads,
-    means2d_grad: wp.array | None,
-    means2d_absgrad: wp.array | None,
-    frame: Frame,
-    accumulate: bool = True,
-    sh_v_means: wp.array | None = None,
-):
+def project_backward(launches: Launches, key, g: Gaussians, cam: wp.array, settings: RenderSettings,
+                     radii: wp.array, splats: wp.array, rgb: wp.array, raster_grads: wp.array, grads: GaussianGrads,
+                     means2d_grad: wp.array | None, means2d_absgrad: wp.array | None, accumulate: bool,
+                     sh_v_means: wp.array | None) -> None:
     """Adds the projection's and the colour stage's shares of the gradients into ``grads``
-    (and the 2D mean grads), in one pass over the Gaussians; ``accumulate`` False writes
+    (and the 2D mean gradients), in one pass over the Gaussians; ``accumulate`` False writes
     them instead (every entry, 0 for culled Gaussians: nothing needs zeroing first).
 
     ``sh_v_means``: (N,) vec3 from ``sh_ops.color_backward``, which has written the colour
     gradients; this adds its view-direction share of dL/dmeans (it may be ``grads.means``
     itself when not ``accumulate``: each entry is read before it is written). None: the
-    colour backward runs here, per Gaussian. With ``settings.scale_activation`` /
-    ``opacity_activation`` set, the scale / opacity gradients are w.r.t. the raw log-scales
-    / logits."""
-    frame.launch(
-        make_project_bwd(inputs.sh_coeffs, settings.absgrad, settings.antialiased, not accumulate,
+    colour backward runs here, per Gaussian. With the activations set, the scale / opacity
+    gradients are w.r.t. the raw log-scales / logits."""
+    launches.launch(
+        make_project_bwd(g.sh_coeffs, settings.absgrad, settings.antialiased, not accumulate,
                          sh_v_means is not None, settings.scale_activation, settings.opacity_activation,
                          means2d_grad is not None),
-        inputs.count,
-        [
-            inputs.means,
-            inputs.quats,
-            inputs.scales,
-            inputs.colors,
-            inputs.opacities,
-            cam,
-            settings.eps2d,
-            proj.radii,
-            proj.splats,
-            proj.rgb,
-            raster_grads,
-            grads.means,
-            grads.quats,
-            grads.scales,
-            grads.opacities,
-            grads.colors,
-            means2d_grad,
-            means2d_absgrad,
-            sh_v_means,
-        ],
-    )
+        g.count,
+        [g.means, g.quats, g.scales, g.colors, g.opacities, cam, settings.eps2d, radii, splats, rgb, raster_grads,
+         grads.means, grads.quats, grads.scales, grads.opacities, grads.colors, means2d_grad, means2d_absgrad,
+         sh_v_means],
+        key=("project_bwd", key))

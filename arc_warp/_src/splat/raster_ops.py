@@ -3,128 +3,53 @@
 CPU launches hold ``cpu_launch_guard``: the kernels' CPU block storage is C static.
 """
 
+from __future__ import annotations
+
 import warp as wp
 
 from arc_warp._src.arc.intrinsics import cpu_launch_guard
 from arc_warp._src.arc.scatter_ops import ordered_scatter_add
-from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, grad_vector
+from arc_warp._src.launches import Launches
+from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS
 from arc_warp._src.splat.raster_kernels import make_raster_bwd, raster_fwd
-from arc_warp._src.splat.records import BinResult, ProjectResult, RasterImages
-from arc_warp._src.splat.workspace import SCRATCH_ALIGN, Frame
 
 
-def rasterize(
-    proj: ProjectResult, bins: BinResult, width: int, height: int, background, frame: Frame, outputs: dict
-) -> RasterImages:
-    """Composites the binned splats front to back into (H, W) images.
-
-    ``outputs`` holds the caller's (H, W) ``color``, ``alpha``, ``depth`` and
-    ``expected_depth`` arrays (the two depth images may be (0, 0): not written; the
-    backward then must get no depth cotangents); the backward's state comes from ``frame``."""
-    shape = (height, width)
-    images = RasterImages(
-        color=outputs["color"],
-        alpha=outputs["alpha"],
-        depth=outputs["depth"],
-        expected_depth=outputs["expected_depth"],
-        final_t=frame.array("final_t", shape, float),
-        last_ids=frame.array("last_ids", shape, wp.int32),
-    )
-    with cpu_launch_guard(frame.device):
-        frame.launch(
-            raster_fwd,
-            bins.tiles_x * bins.tiles_y * BLOCK_PIXELS,
-            [
-                bins.gauss_ids,
-                bins.tile_ranges,
-                proj.splats,
-                proj.rgb,
-                width,
-                height,
-                bins.tiles_x,
-                wp.vec3(*background),
-                images.color,
-                images.alpha,
-                images.depth,
-                images.expected_depth,
-                images.final_t,
-                images.last_ids,
-            ],
-            block_dim=BLOCK_PIXELS,
-        )
-    return images
+def rasterize(launches: Launches, key, tiles_x: int, tiles_y: int, background, gauss_ids: wp.array,
+              ranges: wp.array, splats: wp.array, rgb: wp.array, color: wp.array, alpha: wp.array,
+              depth: wp.array, expected_depth: wp.array, final_t: wp.array, last_ids: wp.array) -> None:
+    """Composites the binned splats front to back into the (H, W) images ``color``,
+    ``alpha``, ``depth`` and ``expected_depth`` (the two depth images may be (0, 0): not
+    written), and the backward's ``final_t`` and ``last_ids``."""
+    height, width = alpha.shape
+    with cpu_launch_guard(launches.device):
+        launches.launch(
+            raster_fwd, tiles_x * tiles_y * BLOCK_PIXELS,
+            [gauss_ids, ranges, splats, rgb, width, height, tiles_x, wp.vec3(*background), color, alpha, depth,
+             expected_depth, final_t, last_ids],
+            block_dim=BLOCK_PIXELS, key=("raster_fwd", key))
 
 
-def raster_backward(
-    proj: ProjectResult,
-    bins: BinResult,
-    images: RasterImages,
-    background,
-    v_color: wp.array | None,
-    v_alpha: wp.array | None,
-    v_depth: wp.array | None,
-    v_expected_depth: wp.array | None,
-    mode: str,
-    absgrad: bool,
-    threshold: int,
-    frame: Frame,
-    skip: bool = True,
-    counts: wp.array | None = None,
-    share_room: bool = True,
-) -> wp.array:
-    """Packed per-Gaussian gradients ((N,) ``grad_vector(absgrad)``) of the image cotangents
-    (None: zero), zeroed, starting the backward's stage of ``frame.backward_shared``'s scratch
-    arena (the forward's sorts are done with it), with room after them for the SH
-    backward's (N,) vec3 view-direction share if ``share_room`` (``sh_ops.color_backward``
-    puts it there unless given an array of its own).
+def raster_backward(launches: Launches, key, tiles_x: int, tiles_y: int, background, gauss_ids: wp.array,
+                    ranges: wp.array, splats: wp.array, rgb: wp.array, final_t: wp.array, last_ids: wp.array,
+                    depth: wp.array, v_color: wp.array | None, v_alpha: wp.array | None, v_depth: wp.array | None,
+                    v_expected_depth: wp.array | None, mode: str, absgrad: bool, threshold: int,
+                    raster_grads: wp.array, entry_grads: wp.array | None = None, n_isects: int = 0) -> None:
+    """Adds each Gaussian's packed gradient (``grad_vector(absgrad)``) of the image
+    cotangents (None: zero) into the zeroed (N,) ``raster_grads``, reduced with the
+    accumulator of ``mode`` (ARC ``threshold``).
 
-    ``deterministic`` writes one partial per sorted entry (tile, Gaussian), summed over
-    the tile's pixels in a fixed order, then sums each Gaussian's entries in entry order
-    (``ordered_scatter_add``): bit-identical from run to run.
-
-    ``skip`` and ``counts`` (tests, benchmarks) are ``make_raster_bwd``'s: ``skip=False``
-    evaluates every entry in every warp; a (2,) int32 ``counts`` gets the warp-entries
-    evaluated and skipped added.
-    """
-    grad_t = grad_vector(absgrad)
-    n = proj.radii.shape[0]
-    room = n * wp.types.type_size_in_bytes(grad_t)
-    if share_room:  # the SH backward's (N,) vec3 share follows on the next SCRATCH_ALIGN boundary
-        room += n * wp.types.type_size_in_bytes(wp.vec3) + SCRATCH_ALIGN
-    raster_grads = frame.backward_shared.scratch(n, grad_t, room=room, zero=True)
-    if bins.n_isects == 0:
-        return raster_grads
-    height, width = images.alpha.shape
-    out = raster_grads
-    if mode == "deterministic":
-        out = frame.backward_shared.capacity("entry_grads", bins.n_isects, grad_t)
-        out.zero_()
-    with cpu_launch_guard(frame.device):
-        frame.launch(
-            make_raster_bwd(mode, absgrad, skip, counts is not None),
-            bins.tiles_x * bins.tiles_y * BLOCK_PIXELS,
-            [
-                bins.gauss_ids,
-                bins.tile_ranges,
-                proj.splats,
-                proj.rgb,
-                width,
-                height,
-                bins.tiles_x,
-                wp.vec3(*background),
-                images.final_t,
-                images.last_ids,
-                images.depth,
-                v_color,
-                v_alpha,
-                v_depth,
-                v_expected_depth,
-                threshold,
-                out,
-                counts,
-            ],
-            block_dim=BLOCK_PIXELS,
-        )
-    if mode == "deterministic":
-        ordered_scatter_add(raster_grads, bins.gauss_ids[: bins.n_isects], out[: bins.n_isects])
-    return raster_grads
+    ``deterministic`` writes one partial per sorted entry (tile, Gaussian) into the zeroed
+    ``entry_grads`` (at least ``n_isects`` entries), summed over the tile's pixels in a
+    fixed order, then sums each Gaussian's first ``n_isects`` entries in entry order
+    (``ordered_scatter_add``): bit-identical from run to run."""
+    height, width = final_t.shape
+    det = mode == "deterministic"
+    with cpu_launch_guard(launches.device):
+        launches.launch(
+            make_raster_bwd(mode, absgrad), tiles_x * tiles_y * BLOCK_PIXELS,
+            [gauss_ids, ranges, splats, rgb, width, height, tiles_x, wp.vec3(*background), final_t, last_ids,
+             depth, v_color, v_alpha, v_depth, v_expected_depth, threshold, entry_grads if det else raster_grads,
+             None],
+            block_dim=BLOCK_PIXELS, key=("raster_bwd", key))
+    if det:
+        ordered_scatter_add(raster_grads, gauss_ids[:n_isects], entry_grads[:n_isects])

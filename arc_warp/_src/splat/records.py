@@ -106,89 +106,85 @@ class GaussianGrads:
     opacities: wp.array  # (N,) float
     colors: wp.array  # (N, K) wp.vec3 SH coefficients, or (N,) wp.vec3 RGB
 
+    @property
+    def arrays(self) -> tuple[wp.array, ...]:
+        return (self.means, self.quats, self.scales, self.opacities, self.colors)
 
-@dataclass
-class GaussianInputs:
-    """The validated inputs of one render (private)."""
+
+@dataclass(frozen=True)
+class Gaussians:
+    """N Gaussians as the renderer reads them, checked by :func:`check_gaussians`.
+
+    ``means`` (N,) wp.vec3 world units; ``quats`` (N,) wp.vec4 wxyz of any norm > 0;
+    ``scales`` (N,) wp.vec3 (linear std-devs, or log-scales with
+    ``RenderSettings.scale_activation="exp"``); ``opacities`` (N,) float32 (in [0, 1], or
+    logits with ``opacity_activation="sigmoid"``); ``colors`` (N, K) wp.vec3 SH
+    coefficients or (N,) wp.vec3 RGB. ``sh_coeffs``: the coefficients evaluated,
+    (degree + 1)^2, or 0 for RGB. All on one device, contiguous."""
 
     means: wp.array
     quats: wp.array
     scales: wp.array
     opacities: wp.array
     colors: wp.array
-    sh_coeffs: int  # coefficients evaluated, (degree+1)^2; 0 for plain RGB
-    # (settings, graph key part) of the last render of these inputs (render.py `_input_key`)
-    graph_key: tuple | None = field(default=None, init=False, repr=False, compare=False)
+    sh_coeffs: int
 
     @property
     def count(self) -> int:
         return self.means.shape[0]
 
     @property
+    def device(self):
+        return self.means.device
+
+    @property
     def arrays(self) -> tuple[wp.array, ...]:
         return (self.means, self.quats, self.scales, self.opacities, self.colors)
 
 
-@dataclass
-class ProjectResult:
-    """Per-Gaussian screen-space data of one camera (private)."""
+@dataclass(frozen=True)
+class RenderImages:
+    """What :meth:`GaussianRenderer.forward` writes for C cameras of one H x W size.
 
-    means2d: wp.array  # (N,) vec2, pixels
-    splats: wp.array  # (N,) Splat2D: (x, y, opacity, depth), (conic a, b, c, 0); culled: unset
-    radii: wp.array  # (N,) vec2i, (0, 0) = culled
-    tiles_per_gauss: wp.array  # (N,) int32, tiles the footprint reaches (scratch: forward only)
-    rgb: wp.array  # (N,) vec3, colour fed to the rasteriser
-    depth: DepthOrder  # keys and identity order written; sorted and scanned by bin_ops.count_intersections
+    ``color`` (C, H, W) wp.vec3; ``alpha`` (C, H, W) float32 = 1 - T_final; ``depth``
+    (C, H, W) float32 = sum w_i z_i (camera z, world units) and ``expected_depth`` (C, H, W)
+    = depth / alpha (0 where alpha is 0), both (C, 0, 0) when not wanted (left unwritten;
+    the backward then takes no depth cotangents); ``means2d`` (C, N) wp.vec2 projected
+    centres in pixels (0 where culled); ``radii`` (C, N) wp.vec2i ((0, 0) = culled)."""
 
-
-@dataclass
-class DepthOrder:
-    """Gaussians in depth order with their tile counts scanned in that order (private;
-    scratch: forward only). The projection writes ``keys`` and the identity ``order``,
-    ``bin_ops.count_intersections`` sorts them and fills ``cum_tiles``."""
-
-    order: wp.array  # (2N,) int32, Gaussian ids front to back (those without tiles last); 2N: sort room
-    cum_tiles: wp.array  # (N,) int64, inclusive scan of tiles_per_gauss[order]
-    keys: wp.array  # (2N,) int32, depth's float bits, INT32_MAX without tiles (bin_kernels); 2N: sort room
+    color: wp.array
+    alpha: wp.array
+    depth: wp.array
+    expected_depth: wp.array
+    means2d: wp.array
+    radii: wp.array
 
 
-@dataclass
-class BinResult:
-    """Depth-sorted tile intersections (private)."""
+@dataclass(frozen=True)
+class ImageGrads:
+    """Cotangents of one camera's images, each (H, W) like :class:`RenderImages`' planes or
+    None (zero): ``color`` wp.vec3, ``alpha``, ``depth``, ``expected_depth`` float32."""
 
-    tiles_x: int
-    tiles_y: int
-    n_isects: int
-    gauss_ids: wp.array  # (>= n_isects,) int32, Gaussian of each sorted entry
-    tile_ranges: wp.array  # (n_tiles,) vec2i, [start, end) into gauss_ids
-
-
-@dataclass
-class RasterImages:
-    """(H, W) images of the rasteriser (private; see :class:`RenderOutput`)."""
-
-    color: wp.array  # wp.vec3
-    alpha: wp.array  # float
-    depth: wp.array  # float
-    expected_depth: wp.array  # float
-    final_t: wp.array  # float, transmittance after the last contributor
-    last_ids: wp.array  # int32, sorted entry of the last contributor, -1 = none
+    color: wp.array | None = None
+    alpha: wp.array | None = None
+    depth: wp.array | None = None
+    expected_depth: wp.array | None = None
 
 
 @dataclass
 class RenderOutput:
-    """Images of one camera plus the forward state its backward needs.
+    """One camera's images from :func:`render_gaussians`, and what its backward needs.
 
     Images are ``(H, W)`` wp arrays on the input device: ``color`` wp.vec3,
     ``alpha`` = 1 - T_final, ``depth`` = sum w_i z_i (camera z, world units),
     ``expected_depth`` = depth / alpha (0 where alpha == 0). Per Gaussian:
     ``means2d`` (N,) wp.vec2 pixels, ``radii`` (N,) wp.vec2i ((0, 0) = culled).
     ``means2d_grad`` ((N,) wp.vec2, pixels) accumulates dL/dmean2d in every backward not
-    given a buffer of its own (a buffer of the workspace, made and zeroed when first read,
-    so a caller that always gives one, as the torch bridge does, costs none);
-    ``means2d_absgrad`` (same shape) accumulates its per-pixel absolute values when
-    ``settings.absgrad`` is on, else it is ``None``. ``camera`` is the :class:`Camera`
-    rendered, or the :class:`DeviceCameras` batch with ``camera_index`` naming the camera.
+    given a buffer of its own (made and zeroed when first read); ``means2d_absgrad``
+    (same shape) accumulates its per-pixel absolute values when ``settings.absgrad`` is
+    on, else it is ``None``. ``camera`` is the :class:`Camera` rendered, or the
+    :class:`DeviceCameras` batch with ``camera_index`` naming the camera. ``status`` is
+    the render's :class:`RenderStatus` (shared by the cameras of one call).
     """
 
     color: wp.array
@@ -199,30 +195,17 @@ class RenderOutput:
     radii: wp.array
     camera: Camera | DeviceCameras
     settings: RenderSettings
+    status: object
     means2d_absgrad: wp.array | None = None
     camera_index: int | None = None
-    # forward state for the backward
-    _inputs: GaussianInputs | None = field(default=None, repr=False)
-    _cam: wp.array | None = field(default=None, repr=False)  # (1,) CameraParams
-    _project: ProjectResult | None = field(default=None, repr=False)
-    _bins: BinResult | None = field(default=None, repr=False)
-    _images: RasterImages | None = field(default=None, repr=False)
-    _frame: object = field(default=None, repr=False)  # workspace Frame holding the buffers
-    _key: object = field(default=None, repr=False)  # the forward's Frame.replay key (None: not replayed)
+    _renderer: object = field(default=None, repr=False)
+    _state: object = field(default=None, repr=False)
+    _index: int = field(default=0, repr=False)  # the camera's index in its state
     _means2d_grad: wp.array | None = field(default=None, repr=False)
 
     @property
     def means2d_grad(self) -> wp.array:
         # made on first read: a backward given its own buffer never reads it
         if self._means2d_grad is None:
-            self._means2d_grad = self._frame.array("means2d_grad", self.means2d.shape[0], wp.vec2, zero=True)
+            self._means2d_grad = wp.zeros(self.means2d.shape[0], dtype=wp.vec2, device=self.means2d.device)
         return self._means2d_grad
-
-
-def replaced(record, **changes):
-    """A shallow copy of a plain (unfrozen, unvalidated) dataclass record with ``changes``
-    set: ``dataclasses.replace`` without re-running ``__init__``, which costs several
-    microseconds per call on the per-call path of a replayed render."""
-    new = object.__new__(record.__class__)
-    new.__dict__.update(record.__dict__, **changes)
-    return new

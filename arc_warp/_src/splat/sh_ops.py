@@ -1,50 +1,48 @@
 """Launches of the colour stage: SH evaluation (plain RGB is used as-is) and its backward.
 
-The SH backward has a kernel of its own (``color_backward``); plain RGB colours and the
-deterministic mode take theirs inside the projection backward
+The SH backward has a kernel of its own (:func:`color_backward`); plain RGB colours and
+the deterministic mode take theirs inside the projection backward
 (``project_ops.project_backward``).
 """
+
+from __future__ import annotations
 
 import warp as wp
 
 from arc_warp._src.arc.intrinsics import cpu_launch_guard
-from arc_warp._src.splat.validate_kernels import BAD_SLOTS, flag_nonfinite
-from arc_warp._src.splat.records import GaussianInputs, ProjectResult
+from arc_warp._src.launches import Launches
+from arc_warp._src.splat.records import Gaussians
 from arc_warp._src.splat.sh_kernels import make_sh_bwd, make_sh_fwd
-from arc_warp._src.splat.workspace import Frame
+from arc_warp._src.splat.validate_kernels import BAD_SLOTS, flag_nonfinite
 
 SH_BWD_BLOCK = 256
 """Threads per block of the SH backward: a multiple of 32, so whole warps reach the
 accumulator (and ``wp.config.enable_cpu_blocks`` emulates them on the CPU)."""
 
+COLOR_SLOT = 1 + BAD_SLOTS.index("colors")
 
-def compute_colors(inputs: GaussianInputs, cam: wp.array, proj: ProjectResult, bad: wp.array, frame: Frame):
-    """Fills ``proj.rgb`` from SH coefficients and flags non-finite colour inputs in ``bad``.
 
-    SH evaluation checks the coefficients it reads; plain RGB colours are used as-is
-    (``proj.rgb`` is ``inputs.colors``) and get one flat check pass.
-    """
-    slot = 1 + BAD_SLOTS.index("colors")
-    if inputs.sh_coeffs == 0:
-        flat_colors = inputs.colors.view(wp.float32).flatten()
-        frame.launch(flag_nonfinite, flat_colors.shape[0], [flat_colors, bad, slot])
+def coefficient_rows(g: Gaussians) -> wp.array:
+    """The (N, K) SH coefficients as (N,) vectors of 3K floats (the same memory), which the
+    SH kernels load whole; None for plain RGB."""
+    if g.sh_coeffs == 0:
+        return None
+    rows = g.colors.shape[1]
+    return wp.array(ptr=g.colors.ptr, dtype=wp.types.vector(3 * rows, wp.float32), shape=(g.count,),
+                    device=g.colors.device)
+
+
+def compute_colors(launches: Launches, key, g: Gaussians, coeff_rows: wp.array | None, cam: wp.array,
+                   radii: wp.array, rgb: wp.array, flags: wp.array) -> None:
+    """Fills ``rgb`` (N,) vec3 from the SH coefficients (``coeff_rows``) and flags
+    non-finite colour inputs in ``flags``. Plain RGB colours are used as-is and get one
+    flat check pass."""
+    if g.sh_coeffs == 0:
+        flat = g.colors.view(wp.float32).flatten()
+        launches.launch(flag_nonfinite, 3 * g.count, [flat, flags, COLOR_SLOT], key=("flag_colors", key))
         return
-    rows = inputs.colors.shape[1]
-    # the same memory as (N,) vectors of 3 * rows floats, for vector loads (a cached view)
-    coeff_rows = frame._workspace.view(inputs.colors.ptr, wp.types.vector(3 * rows, wp.float32), (inputs.count,))
-    frame.launch(
-        make_sh_fwd(inputs.sh_coeffs, rows),
-        inputs.count,
-        [
-            inputs.means,
-            coeff_rows,
-            proj.radii,
-            cam,
-            slot,
-            proj.rgb,
-            bad,
-        ],
-    )
+    launches.launch(make_sh_fwd(g.sh_coeffs, g.colors.shape[1]), g.count,
+                    [g.means, coeff_rows, radii, cam, COLOR_SLOT, rgb, flags], key=("sh_fwd", key))
 
 
 def sh_lanes(n_coeffs: int, rows: int, overwrite: bool) -> int:
@@ -54,45 +52,29 @@ def sh_lanes(n_coeffs: int, rows: int, overwrite: bool) -> int:
     return 1 << (max(rows if overwrite else n_coeffs, 1) - 1).bit_length()
 
 
-def color_backward(
-    inputs: GaussianInputs,
-    cam: wp.array,  # (1,) CameraParams
-    proj: ProjectResult,
-    raster_grads: wp.array,  # (N,) grad_vector(absgrad)
-    absgrad: bool,
-    v_colors: wp.array,  # (N, K) vec3, the colour gradient
-    mode: str,
-    threshold: int,
-    frame: Frame,
-    accumulate: bool = True,
-    v_means: wp.array | None = None,  # (N,) vec3
-) -> wp.array | None:
+def color_backward(launches: Launches, key, g: Gaussians, cam: wp.array, radii: wp.array, rgb: wp.array,
+                   raster_grads: wp.array, absgrad: bool, v_colors: wp.array, mode: str, threshold: int,
+                   accumulate: bool, v_means: wp.array) -> bool:
     """The SH backward as a kernel of its own: adds dL/dcoefficients into ``v_colors`` (or,
-    without ``accumulate``, writes every entry) and returns the view-direction share of
-    dL/dmeans for the projection backward to add (not written, nor read there, for SH
-    degree 0): in ``v_means`` if given, else in ``frame.backward_shared``'s scratch arena after
-    ``raster_grads`` (``raster_backward``'s ``share_room``). A backward that writes dL/dmeans
-    passes that array: the projection backward reads each entry before writing it, so the
-    share takes no scratch. Its threads' shares are summed with the accumulator of ``mode``
-    (ARC ``threshold``).
+    without ``accumulate``, writes every entry) and the view-direction share of dL/dmeans
+    into ``v_means`` (N,) vec3, for the projection backward to add (zeroed here, and
+    neither written nor read for SH degree 0). ``v_means`` may be the gradient of the
+    means itself when the projection backward writes it (it reads each entry before
+    writing it). The shares of a Gaussian's threads are summed with the accumulator of
+    ``mode`` (ARC ``threshold``).
 
-    Returns None, launching nothing, for plain RGB colours and the ``deterministic`` mode
+    Returns False, launching nothing, for plain RGB colours and the ``deterministic`` mode
     (no atomics, fixed order): the projection backward then runs the colour backward per
     Gaussian."""
-    if inputs.sh_coeffs == 0 or mode == "deterministic":
-        return None
-    n, rows = inputs.colors.shape
-    lanes = sh_lanes(inputs.sh_coeffs, rows, not accumulate)
-    if v_means is None:
-        v_means = frame.backward_shared.scratch(n, wp.vec3, after=raster_grads, zero=inputs.sh_coeffs > 1)
-    elif inputs.sh_coeffs > 1:
+    if g.sh_coeffs == 0 or mode == "deterministic":
+        return False
+    n, rows = g.colors.shape
+    lanes = sh_lanes(g.sh_coeffs, rows, not accumulate)
+    if g.sh_coeffs > 1:
         v_means.zero_()
     dim = -(-n * lanes // SH_BWD_BLOCK) * SH_BWD_BLOCK
-    with cpu_launch_guard(frame.device):
-        frame.launch(
-            make_sh_bwd(inputs.sh_coeffs, lanes, absgrad, mode, not accumulate),
-            dim,
-            [inputs.means, inputs.colors, cam, proj.radii, proj.rgb, raster_grads, threshold, v_colors, v_means],
-            block_dim=SH_BWD_BLOCK,
-        )
-    return v_means
+    with cpu_launch_guard(launches.device):
+        launches.launch(make_sh_bwd(g.sh_coeffs, lanes, absgrad, mode, not accumulate), dim,
+                        [g.means, g.colors, cam, radii, rgb, raster_grads, threshold, v_colors, v_means],
+                        block_dim=SH_BWD_BLOCK, key=("sh_bwd", key))
+    return True

@@ -1,13 +1,18 @@
-"""Device-side input checks: the slots of the ``bad`` flags array and the kernels that set them.
+"""Device-side input checks: the slots of a render's flags and the kernels that set them.
 
-The host reads the flags back once per render (with the intersection total in slot 0)
-and ``validate.raise_on_flags`` names what was wrong.
+Each camera of a render has one int32 row of ``FLAG_SLOTS`` flags: slot 0 holds the tile
+intersection total (saturated at 2^31 - 1), slots 1.. the input checks of ``BAD_SLOTS``,
+and ``OVERFLOW_SLOT`` is set when the total exceeded the sort's capacity. The host reads
+the row back (``status.RenderStatus``); on the device, a fused optimizer step can skip
+its update when any slot past 0 is set.
 """
 
 import warp as wp
 
-# Slots of the ``bad`` flags array (slot 0 holds the intersection count).
+# Slots 1.. of the flags (slot 0 holds the intersection total).
 BAD_SLOTS = ("means", "quats", "scales", "opacities", "colors", "quats (zero norm)", "cameras")
+OVERFLOW_SLOT = 1 + len(BAD_SLOTS)
+FLAG_SLOTS = OVERFLOW_SLOT + 1
 
 
 @wp.func

@@ -1,0 +1,489 @@
+"""GaussianRenderer: N Gaussians into C cameras of one image size, with buffers and prepared
+launches made once, and RenderState, what one forward leaves for its backward.
+
+The overflow rule. The tile sort needs the number of Gaussian-tile intersections, which
+only the device knows once the Gaussians are projected. The renderer sorts ``capacity``
+entries per camera, set by its first forward (which reads the totals back, one wait) to
+1.25x the largest total plus ``SORT_SLACK``. Every forward writes each camera's total,
+its input checks and an overflow flag (total > capacity) to the device
+(``RenderStatus.flags``) and copies them to the host. The host reads them
+
+- in the forward itself when ``check`` is on (the default on the CPU, where nothing waits):
+  bad inputs raise ValueError, and a camera that overflowed is rendered again with a
+  grown capacity, so the images returned are complete (nvdiffrast's synchronous retry);
+- otherwise (the default on CUDA, and always inside a CUDA graph capture) at the start of
+  the renderer's next forward, when the device is long past the copy: bad inputs raise
+  there, and an overflow grows the capacity with a RuntimeWarning. Until then the
+  overflow is a device flag: a fused optimizer step reads it and skips its update
+  (``SparseGaussianAdam.step(skip=status.flags)``, as torch's GradScaler skips a step
+  with infinite gradients), and ``RenderStatus.check()`` raises for it on request.
+
+So a loss computed on an image that lacks Gaussians is never used without the caller
+being able to know it first.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import warp as wp
+
+from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD, resolve_threshold
+from arc_warp._src.camera import Camera, DeviceCameras
+from arc_warp._src.launches import Launches
+from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
+from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D, grad_vector
+from arc_warp._src.splat.project_ops import project, project_backward, write_cameras
+from arc_warp._src.splat.raster_ops import raster_backward, rasterize
+from arc_warp._src.splat.records import GaussianGrads, Gaussians, ImageGrads, RenderImages, RenderSettings
+from arc_warp._src.splat.sh_ops import coefficient_rows, color_backward, compute_colors
+from arc_warp._src.splat.status import RenderStatus
+from arc_warp._src.splat.validate import check_intersections
+from arc_warp._src.splat.validate_kernels import FLAG_SLOTS
+from arc_warp._src.validate import check_array
+
+SORT_SLACK = 4096  # entries added to every capacity, so small scenes rarely overflow
+ALIGN = 256  # byte alignment of each part carved from one allocation
+
+
+def _nbytes(shape, dtype) -> int:
+    size = wp.types.type_size_in_bytes(dtype)
+    for d in (shape,) if isinstance(shape, int) else shape:
+        size *= d
+    return size
+
+
+class _Block:
+    """Typed views carved from one allocation of ``allocator(nbytes) -> (pointer, owner)``
+    (None: a Warp byte array, which each view keeps alive, as Warp's own views do), each
+    part ``ALIGN``-aligned. With an allocator the views do not keep the ``owner`` alive:
+    its caller does (torch frees a render's memory when its backward is done)."""
+
+    def __init__(self, device, parts: list[tuple], allocator=None):
+        offsets, total = [], 0
+        for shape, dtype in parts:
+            offsets.append(total)
+            total += -(-_nbytes(shape, dtype) // ALIGN) * ALIGN
+        if allocator is None:
+            self.owner = wp.empty(max(total, 1), dtype=wp.uint8, device=device)
+            base = self.owner.ptr
+        else:
+            base, self.owner = allocator(max(total, 1))
+        self.views = [wp.array(ptr=base + offset, dtype=dtype, shape=shape, device=device)
+                      for offset, (shape, dtype) in zip(offsets, parts)]
+        if allocator is None:
+            for view in self.views:
+                view._ref = self.owner
+
+
+def plane(a: wp.array, c: int) -> wp.array:
+    """Camera ``c``'s part of a batched (C, ...) array (Warp cannot index an empty one)."""
+    return a[c] if a.size else wp.empty(a.shape[1:], dtype=a.dtype, device=a.device)
+
+
+class _CameraState:
+    """One camera's part of a :class:`RenderState` (views into its allocations)."""
+
+    __slots__ = ("cam", "splats", "rgb", "ranges", "final_t", "last_ids", "absgrad", "sort_ids")
+
+
+class RenderState:
+    """What one :meth:`GaussianRenderer.forward` of C cameras leaves for its backward.
+
+    Per camera: its ``CameraParams``, the projected splats, the SH colours, the sorted
+    Gaussian ids and tile ranges, the final transmittance and last contributor per pixel,
+    and with ``settings.absgrad`` the (N,) vec2 absolute 2D mean gradients the backward
+    adds. Made by :meth:`GaussianRenderer.new_state` from one allocation of ``allocator``
+    (and one more for the sort, sized by the renderer's capacity when a forward uses it):
+    a caller that allocates from torch passes torch's allocator and keeps ``owners`` alive
+    while the backward may run. ``gaussians``, ``images`` and ``status`` are the forward's.
+    """
+
+    def __init__(self, renderer: GaussianRenderer, allocator=None):
+        n, c, shape = renderer.num_gaussians, renderer.num_cameras, (renderer.height, renderer.width)
+        self.renderer = renderer
+        self.allocator = allocator
+        sh = renderer.sh_coeffs > 0
+        absgrad = renderer.settings.absgrad
+        per_camera = [((1,), CameraParams), ((n,), Splat2D), ((n if sh else 0,), wp.vec3),
+                      ((renderer.tiles_x * renderer.tiles_y,), wp.vec2i), (shape, wp.float32), (shape, wp.int32),
+                      ((n if absgrad else 0,), wp.vec2)]
+        block = _Block(renderer.device, per_camera * c, allocator)
+        self.owners = [block.owner]
+        self.cameras = []
+        for i in range(c):
+            cs = _CameraState()
+            (cs.cam, cs.splats, cs.rgb, cs.ranges, cs.final_t, cs.last_ids,
+             cs.absgrad) = block.views[i * len(per_camera):(i + 1) * len(per_camera)]
+            cs.absgrad = cs.absgrad if absgrad else None
+            cs.sort_ids = None
+            self.cameras.append(cs)
+        # the (C,) CameraParams are consecutive: every camera's first part is one record
+        self.cams = wp.array(ptr=self.cameras[0].cam.ptr, dtype=CameraParams, shape=(c,),
+                             strides=(self.cameras[1].cam.ptr - self.cameras[0].cam.ptr if c > 1 else 1,),
+                             device=renderer.device) if c > 1 else self.cameras[0].cam
+        self.capacity = 0
+        self.gaussians: Gaussians | None = None
+        self.images: RenderImages | None = None
+        self.status: RenderStatus | None = None
+
+    def sort_room(self, capacity: int) -> None:
+        """Make each camera's sorted ids hold a sort of ``capacity`` entries (2 x capacity
+        int32: the radix sort's room)."""
+        if capacity <= self.capacity:
+            return
+        block = _Block(self.renderer.device, [((2 * capacity,), wp.int32)] * len(self.cameras), self.allocator)
+        self.owners.append(block.owner)
+        for cs, ids in zip(self.cameras, block.views):
+            cs.sort_ids = ids
+        self.capacity = capacity
+
+    @property
+    def means2d_absgrad(self) -> wp.array | None:
+        """Camera 0's (N,) vec2 absolute 2D mean gradients (``settings.absgrad``), or None."""
+        return self.cameras[0].absgrad
+
+
+class GaussianRenderer:
+    """Renders N Gaussians into C cameras of one H x W size (gsplat 1.5.3 "classic"
+    conventions; see :func:`arc_warp.render_gaussians`), with its buffers and prepared
+    launches made once and reused by every forward and backward.
+
+    What sizes it: ``width``, ``height``, ``cameras`` (C), ``gaussians`` (N; change it with
+    :meth:`resize`), the SH coefficients evaluated (``sh_coeffs``, 0 for RGB colours) and
+    ``settings``. A forward's state (what its backward reads) lives in a
+    :class:`RenderState` the caller holds, so several renders can wait for their
+    backwards; the scratch of a call (sort keys, scans, the backward's packed gradients)
+    is the renderer's own, or comes from ``allocator`` at each call and goes back at its end.
+
+    Args:
+        width, height: image size in pixels.
+        gaussians: N.
+        cameras: C, the cameras of one forward.
+        sh_coeffs: coefficients evaluated per Gaussian, (degree + 1)^2, or 0 for RGB.
+        settings: :class:`RenderSettings` (None: the defaults).
+        device: Warp device (None: the current one).
+        threshold: the ARC threshold when ``settings.threshold`` is None (None: the device's
+            calibrated one, resolved here, never inside a step).
+        capacity: tile intersections per camera the sort holds; None: measured by the first
+            forward (see the module notes: the overflow rule).
+        allocator: None (the renderer keeps its scratch in Warp arrays, grown as needed) or
+            ``nbytes -> (pointer, owner)``: each call's scratch is allocated through it and
+            dropped at the call's end (torch's caching allocator shares it with the rest of
+            a training step). Must be stream-ordered on the stream the work runs on.
+        record: prepare launches for reuse (False for a renderer used once).
+    """
+
+    def __init__(self, width: int, height: int, gaussians: int, cameras: int = 1, sh_coeffs: int = 0,
+                 settings: RenderSettings | None = None, device=None, threshold: int | None = None,
+                 capacity: int | None = None, allocator=None, record: bool = True):
+        for name, value in (("width", width), ("height", height), ("cameras", cameras)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"GaussianRenderer: {name} must be an int >= 1, got {value!r}")
+        if sh_coeffs not in (0, 1, 4, 9, 16):
+            raise ValueError(f"GaussianRenderer: sh_coeffs must be 0 (RGB) or (degree + 1)^2, got {sh_coeffs!r}")
+        self.settings = RenderSettings() if settings is None else settings
+        if not isinstance(self.settings, RenderSettings):
+            raise TypeError(f"settings must be a RenderSettings, got {type(settings).__name__}")
+        self.device = wp.get_device(device)
+        self.width, self.height, self.num_cameras, self.sh_coeffs = width, height, cameras, sh_coeffs
+        self.tiles_x, self.tiles_y = tile_grid(width, height)
+        if self.settings.threshold is not None:
+            self.threshold = self.settings.threshold
+        elif threshold is None and self.settings.reduce != "arc":
+            self.threshold = FALLBACK_THRESHOLD  # only "arc" reads it: no calibration
+        else:
+            self.threshold = resolve_threshold(self.device, threshold)
+        self.allocator = allocator
+        self._launches = Launches(self.device, record)
+        # the device status of the last forward, and its host copy (pinned: copied without a wait)
+        self._flags = wp.zeros((cameras, FLAG_SLOTS), dtype=wp.int32, device=self.device)
+        self._host_flags = wp.zeros((cameras, FLAG_SLOTS), dtype=wp.int32, device="cpu",
+                                    pinned=self.device.is_cuda)
+        self._host = self._host_flags.numpy()
+        self._event = wp.Event(self.device) if self.device.is_cuda else None
+        self._pending: RenderStatus | None = None  # the last forward's status, unread
+        self._forward_scratch = self._backward_scratch = None  # owned scratch (no allocator)
+        self.capturing = False  # set by CapturedRenders: no waits, no growth
+        self.num_gaussians = 0
+        self.capacity = None
+        self.resize(gaussians, capacity)
+
+    def resize(self, gaussians: int, capacity: int | None = None) -> None:
+        """Render ``gaussians`` (N) from now on (after a densification, say). The capacity
+        is set to ``capacity``, or measured again by the next forward (None): new Gaussians'
+        intersections may differ a lot from the old ones'."""
+        if isinstance(gaussians, bool) or not isinstance(gaussians, int) or gaussians < 0:
+            raise ValueError(f"GaussianRenderer: gaussians must be an int >= 0, got {gaussians!r}")
+        if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
+            raise ValueError(f"GaussianRenderer: capacity must be None or an int >= 1, got {capacity!r}")
+        self.num_gaussians, self.capacity = gaussians, capacity
+
+    def new_state(self, allocator=None) -> RenderState:
+        """A :class:`RenderState` for one forward (its memory from ``allocator``, as the
+        constructor's, or Warp arrays)."""
+        return RenderState(self, allocator)
+
+    # ---------------------------------------------------------------- forward
+
+    def forward(self, gaussians: Gaussians, cameras, state: RenderState, images: RenderImages,
+                check: bool | None = None) -> RenderStatus:
+        """Renders ``gaussians`` into each camera of ``cameras`` (a sequence of C
+        :class:`Camera`, or :class:`DeviceCameras` of C), writing ``images`` and ``state``.
+
+        ``check``: read the render's status before returning (raise for bad inputs, render
+        an overflowed camera again): None does it where it costs no wait (the CPU). See the
+        module notes for the overflow rule. Before anything is queued, the status of the
+        previous forward still unread is read (its ValueError raises here).
+
+        Returns the render's :class:`RenderStatus` (also ``state.status``)."""
+        self._check_call(gaussians, cameras, state, images)
+        self._read_pending()
+        if check is None:
+            check = self.device.is_cpu
+        if self.capturing:
+            check = False
+            if self.capacity is None:
+                raise RuntimeError(
+                    "GaussianRenderer: a render inside a CUDA graph capture cannot wait for the device to size its "
+                    "sort; run the captured step once before capturing it")
+        state.gaussians, state.images = gaussians, images
+        self._flags.zero_()
+        write_cameras(self._launches, cameras, state.cams, self._flags)
+        rows = coefficient_rows(gaussians)
+        scratch = self._scratch_views(False)
+        if self.capacity is None:
+            self._measure(gaussians, state, rows, scratch)
+        state.sort_room(self.capacity)
+        status = self._render(gaussians, state, images, rows, scratch, range(self.num_cameras))
+        if check:
+            self._settle(status, gaussians, state, images, rows, scratch)
+        else:
+            self._pending = status
+        return status
+
+    def _check_call(self, gaussians: Gaussians, cameras, state: RenderState, images: RenderImages) -> None:
+        """TypeError/ValueError, before anything is queued, for arguments this renderer was
+        not made for."""
+        if not isinstance(gaussians, Gaussians):
+            raise TypeError(f"gaussians must be arc_warp.Gaussians (check_gaussians), got {type(gaussians).__name__}")
+        if gaussians.count != self.num_gaussians or gaussians.sh_coeffs != self.sh_coeffs:
+            raise ValueError(
+                f"GaussianRenderer: made for {self.num_gaussians} Gaussians with {self.sh_coeffs} SH coefficients, "
+                f"got {gaussians.count} with {gaussians.sh_coeffs}; resize() it, or use another renderer")
+        if gaussians.device != self.device:
+            raise ValueError(f"GaussianRenderer is on {self.device}, the Gaussians on {gaussians.device}")
+        if not isinstance(state, RenderState) or state.renderer is not self:
+            raise ValueError("state must be a RenderState of this renderer (GaussianRenderer.new_state)")
+        if isinstance(cameras, DeviceCameras):
+            size, count = (cameras.width, cameras.height), len(cameras)
+            if cameras.viewmats.device != self.device:
+                raise ValueError(f"DeviceCameras are on {cameras.viewmats.device}, the renderer on {self.device}")
+        else:
+            for i, cam in enumerate(cameras):
+                if not isinstance(cam, Camera):
+                    raise TypeError(f"cameras[{i}] must be a Camera, got {type(cam).__name__}")
+            size, count = {(cam.width, cam.height) for cam in cameras}, len(cameras)
+            size = size.pop() if len(size) == 1 else size
+        if count != self.num_cameras or size != (self.width, self.height):
+            raise ValueError(f"GaussianRenderer: made for {self.num_cameras} camera(s) of {self.width}x{self.height}, "
+                             f"got {count} of {size}")
+        c, h, w, n = self.num_cameras, self.height, self.width, self.num_gaussians
+        for name, dtype, shapes in (("color", wp.vec3, [(c, h, w)]), ("alpha", wp.float32, [(c, h, w)]),
+                                    ("depth", wp.float32, [(c, h, w), (c, 0, 0)]),
+                                    ("expected_depth", wp.float32, [(c, h, w), (c, 0, 0)]),
+                                    ("means2d", wp.vec2, [(c, n)]), ("radii", wp.vec2i, [(c, n)])):
+            a = getattr(images, name)
+            check_array(a, f"images.{name}", dtype, a.ndim if isinstance(a, wp.array) else 0, None, self.device)
+            if a.shape not in shapes:
+                raise ValueError(f"images.{name} must have shape {' or '.join(map(str, shapes))}, got {a.shape}")
+
+    def _scratch_views(self, backward: bool) -> list[wp.array]:
+        """This call's scratch: the forward's (N-sized counts, depth order and scan, then
+        keys that the depth sort and, with twice the capacity's room, the tile sort use in
+        turn) or the backward's (the packed rasteriser gradients, the SH stage's share of
+        dL/dmeans, and ``deterministic``'s per-entry partials). Owned and grown, or fresh
+        from the allocator."""
+        n, cap = self.num_gaussians, self.capacity or 0
+        if backward:
+            grad_t = grad_vector(self.settings.absgrad)
+            det = self.settings.reduce == "deterministic"
+            parts = [((n,), grad_t), ((n,), wp.vec3), ((cap if det else 0,), grad_t)]
+        else:
+            parts = [((n,), wp.int32), ((2 * n,), wp.int32), ((n,), wp.int64), ((2 * max(n, cap),), wp.int32)]
+        if self.allocator is not None:
+            return _Block(self.device, parts, self.allocator).views
+        attr = "_backward_scratch" if backward else "_forward_scratch"
+        block = getattr(self, attr)
+        if block is None or any(v.shape != shape for v, (shape, _) in zip(block.views, parts)):
+            block = _Block(self.device, parts)
+            setattr(self, attr, block)
+        return block.views
+
+    def _measure(self, gaussians: Gaussians, state: RenderState, rows, scratch) -> None:
+        """Sets the capacity from the cameras' totals, read back (the one wait of a first
+        forward): 1.25x the largest plus ``SORT_SLACK``."""
+        tiles_per_gauss, order, cum_tiles, keys = scratch
+        n = gaussians.count
+        for c, cs in enumerate(state.cameras):
+            flags = self._flags[c]
+            images = state.images
+            project(self._launches, c, gaussians, cs.cam, self.settings, self.tiles_x, self.tiles_y, flags,
+                    plane(images.means2d, c), plane(images.radii, c), cs.splats, tiles_per_gauss, keys, order)
+            if n:
+                compute_colors(self._launches, c, gaussians, rows, cs.cam, plane(images.radii, c), cs.rgb, flags)
+                count_intersections(self._launches, c, n, keys, order, tiles_per_gauss, cum_tiles, 2**31 - 1, flags)
+        wp.copy(self._host_flags, self._flags)
+        status = self._recorded_status()
+        status.check_inputs()
+        for total in status.totals:
+            check_intersections(total, lambda: int(cum_tiles[-1:].numpy()[0]), n, self.tiles_x, self.tiles_y)
+        if self.capacity is None:  # (a render before this one may have set it)
+            self.capacity = max(status.totals) * 5 // 4 + SORT_SLACK
+        # (the main pass re-projects: a first forward's cost, once per renderer or resize)
+        # the forward's scratch was sized without a capacity: the keys' room grows
+        scratch[:] = self._scratch_views(False)
+
+    def _render(self, gaussians: Gaussians, state: RenderState, images: RenderImages, rows, scratch,
+                cameras) -> RenderStatus:
+        """Queues the renders of ``cameras`` (indices), one after another through the shared
+        scratch, each copying its flags to the host after its count (the event follows the
+        last copy, so a wait for it ends before the last sort and rasteriser); returns the
+        status."""
+        tiles_per_gauss, order, cum_tiles, keys = scratch
+        n, cap, settings = gaussians.count, self.capacity, self.settings
+        launches = self._launches
+        status = None
+        for c in cameras:
+            cs = state.cameras[c]
+            flags = self._flags[c]
+            if cs.absgrad is not None:
+                cs.absgrad.zero_()  # backwards add into it
+            rgb = cs.rgb if gaussians.sh_coeffs else gaussians.colors
+            project(launches, c, gaussians, cs.cam, settings, self.tiles_x, self.tiles_y, flags, plane(images.means2d, c),
+                    plane(images.radii, c), cs.splats, tiles_per_gauss, keys, order)
+            if n:
+                compute_colors(launches, c, gaussians, rows, cs.cam, plane(images.radii, c), cs.rgb, flags)
+                count_intersections(launches, c, n, keys, order, tiles_per_gauss, cum_tiles, cap, flags)
+                sort_intersections(launches, c, order, cs.splats, plane(images.radii, c), tiles_per_gauss, cum_tiles,
+                                   self.tiles_x, self.tiles_y, cap, keys, cs.sort_ids, cs.ranges)
+            else:
+                cs.ranges.zero_()
+            wp.copy(self._host_flags, self._flags, dest_offset=c * FLAG_SLOTS, src_offset=c * FLAG_SLOTS,
+                    count=FLAG_SLOTS)
+            if c == cameras[-1]:
+                status = self._recorded_status()
+            rasterize(launches, c, self.tiles_x, self.tiles_y, settings.background, cs.sort_ids, cs.ranges,
+                      cs.splats, rgb, plane(images.color, c), plane(images.alpha, c), plane(images.depth, c), plane(images.expected_depth, c),
+                      cs.final_t, cs.last_ids)
+        state.status = status
+        return status
+
+    def _recorded_status(self) -> RenderStatus:
+        """The status whose host copies are queued: the event is recorded after them."""
+        if self._event is not None:
+            self.device.stream.record_event(self._event)
+        return RenderStatus(self._flags, self._host, self._event, self.capacity or 0)
+
+    def _settle(self, status: RenderStatus, gaussians, state, images, rows, scratch) -> None:
+        """Reads ``status`` now: ValueError for bad inputs; the cameras that overflowed are
+        rendered again with a grown capacity (rare: it has 25% headroom)."""
+        status.check_inputs()
+        over = status.overflowed
+        if over:
+            self._grow(status)
+            state.sort_room(self.capacity)
+            scratch[:] = self._scratch_views(False)
+            for c in over:
+                self._flags[c].zero_()
+            redone = self._render(gaussians, state, images, rows, scratch, over)
+            redone.check_inputs()
+            merged = status.read().copy()
+            merged[over] = redone.read()[over]
+            status._values, status.capacity = merged, self.capacity
+            state.status = status
+
+    def _grow(self, status: RenderStatus) -> None:
+        """A capacity that holds the status's largest total, with the usual headroom."""
+        total = max(status.totals)
+        check_intersections(total, lambda: total, self.num_gaussians, self.tiles_x, self.tiles_y)
+        self.capacity = max(self.capacity or 0, total * 5 // 4 + SORT_SLACK)
+
+    def _read_pending(self) -> None:
+        """The previous forward's status, if unread: bad inputs raise (naming it), an
+        overflow grows the capacity with a RuntimeWarning. Inside a capture it is read
+        without a wait (the capture began after the device was synchronised)."""
+        status, self._pending = self._pending, None
+        if status is None:
+            return
+        if self.capturing:
+            status._event = None
+        try:
+            status.check_inputs()
+        except ValueError as e:
+            raise ValueError(f"{e} (found in the previous render on this renderer, whose checks ran now)") from None
+        over = status.overflowed
+        if over:
+            self._grow(status)
+            warnings.warn(
+                f"arc_warp: the previous render's camera(s) {over} had more tile intersections than the {status.capacity} "
+                f"its sort held, so their images left out the farthest Gaussians of some tiles (status.overflowed; "
+                f"SparseGaussianAdam.step(skip=status.flags) skips such a step); renders sort {self.capacity} from now on",
+                RuntimeWarning, stacklevel=3)
+
+    # ---------------------------------------------------------------- backward
+
+    def backward(self, state: RenderState, cotangents: list[ImageGrads | None], grads: GaussianGrads,
+                 accumulate: bool = False, means2d_grads: list[wp.array | None] | None = None) -> None:
+        """Gradients of a scalar loss w.r.t. the inputs of the forward that filled ``state``.
+
+        ``cotangents`` holds one :class:`ImageGrads` per camera (None: the camera is not
+        differentiated). The first camera differentiated writes ``grads`` (every entry) or,
+        with ``accumulate``, adds into them; the others add. ``means2d_grads``: per camera
+        an (N,) vec2 that receives dL/dmeans2d in pixels (written) or None (not computed).
+        With ``settings.absgrad`` each camera's ``state.cameras[c].absgrad`` receives the
+        per-pixel absolute sums (written).
+
+        The rasteriser backward runs one 256-thread block per tile and reduces the
+        per-Gaussian gradients with the accumulator of ``settings.reduce``; then the SH
+        backward (one thread per coefficient row) and one per-Gaussian kernel through the
+        projection. Under ``deterministic`` the forward's totals are read first (a wait)."""
+        g = state.gaussians
+        if g is None:
+            raise ValueError("GaussianRenderer.backward: the state holds no forward (run forward first)")
+        if len(cotangents) != self.num_cameras:
+            raise ValueError(f"cotangents: expected {self.num_cameras} entries (one per camera), got {len(cotangents)}")
+        if means2d_grads is None:
+            means2d_grads = [None] * self.num_cameras
+        settings, launches = self.settings, self._launches
+        det = settings.reduce == "deterministic"
+        totals = state.status.totals if (det or state.status.is_read) else None
+        first = True
+        for c, cot in enumerate(cotangents):
+            if cot is None:
+                continue
+            cs = state.cameras[c]
+            raster_grads, sh_share, entry_grads = self._scratch_views(True)
+            raster_grads.zero_()
+            rgb = cs.rgb if g.sh_coeffs else g.colors
+            if g.count and (totals is None or totals[c] > 0):
+                if det:
+                    entry_grads.zero_()
+                raster_backward(launches, c, self.tiles_x, self.tiles_y, settings.background, cs.sort_ids, cs.ranges,
+                                cs.splats, rgb, cs.final_t, cs.last_ids, plane(state.images.depth, c), cot.color, cot.alpha,
+                                cot.depth, cot.expected_depth, settings.reduce, settings.absgrad, self.threshold,
+                                raster_grads, entry_grads if det else None,
+                                min(totals[c], state.status.capacity) if det else 0)
+            add = accumulate or not first
+            if add and not accumulate:  # this camera's own outputs are written, but the kernel adds
+                for own in (means2d_grads[c], cs.absgrad):
+                    if own is not None:
+                        own.zero_()
+            # a backward that writes dL/dmeans holds the SH share there (read before it is written)
+            share = sh_share if add else grads.means
+            shared = color_backward(launches, c, g, cs.cam, plane(state.images.radii, c), rgb, raster_grads,
+                                    settings.absgrad, grads.colors, settings.reduce, self.threshold, add, share)
+            project_backward(launches, c, g, cs.cam, settings, plane(state.images.radii, c), cs.splats, rgb, raster_grads,
+                             grads, means2d_grads[c], cs.absgrad, add, share if shared else None)
+            first = False

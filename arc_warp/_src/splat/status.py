@@ -1,0 +1,98 @@
+"""A render's checks as the host reads them: intersection totals, bad inputs, overflow."""
+
+from __future__ import annotations
+
+import numpy as np
+import warp as wp
+
+from arc_warp._src.splat.validate_kernels import BAD_SLOTS, OVERFLOW_SLOT
+
+_ZERO_QUAT_SLOT = BAD_SLOTS.index("quats (zero norm)") + 1
+_CAMERA_SLOT = BAD_SLOTS.index("cameras") + 1
+
+
+def raise_on_flags(flags, context: str = "render_gaussians") -> None:
+    """ValueError naming each input the device checks of one or more cameras found
+    non-finite, zero quaternions and invalid device cameras. ``flags`` is a (C,
+    FLAG_SLOTS) array or a list of rows (slot 0, the total, and the overflow slot are not
+    input checks)."""
+    rows = np.atleast_2d(np.asarray(flags))
+    seen = rows[:, 1:OVERFLOW_SLOT].any(axis=0)
+    if not seen.any():
+        return
+    special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT)
+    bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if seen[slot - 1] and slot not in special]
+    problems = [f"non-finite (NaN/Inf) values in {', '.join(bad)}"] if bad else []
+    if seen[_ZERO_QUAT_SLOT - 1]:
+        problems.append(
+            "quats has quaternions of zero norm (all four components 0), which cannot be normalised "
+            "into a rotation; use (1, 0, 0, 0) for an unrotated Gaussian")
+    if seen[_CAMERA_SLOT - 1]:
+        problems.append(
+            "a camera's viewmat/K (DeviceCameras) is non-finite, has a focal length <= 0 or a viewmat "
+            "whose last row is not (0, 0, 0, 1); check the camera matrices")
+    raise ValueError(f"{context}: " + "; ".join(problems))
+
+
+class RenderStatus:
+    """The checks of one forward of C cameras, as its device wrote them.
+
+    Per camera one row of flags (``validate_kernels``): the tile-intersection total, the
+    input checks and whether the total overflowed the sort's ``capacity``. The rows are
+    copied to a host buffer of the renderer in stream order; :meth:`read` waits for that
+    copy (a no-op on the CPU, where work is synchronous, and immediate once the device is
+    past the render) and keeps the values, so later reads cost nothing.
+
+    Attributes:
+        capacity: the tile intersections per camera the render's sorts held.
+        flags: (C, FLAG_SLOTS) int32 on the device, the render's rows until the renderer's
+            next forward rewrites them: what a fused optimizer step reads to skip its
+            update (``SparseGaussianAdam.step(skip=...)``).
+    """
+
+    def __init__(self, flags: wp.array, host: np.ndarray, event, capacity: int):
+        self.flags = flags
+        self.capacity = capacity
+        self._host = host  # the renderer's host copy, valid until its next forward
+        self._event = event
+        self._values: np.ndarray | None = None
+
+    @property
+    def is_read(self) -> bool:
+        """Whether the host has the values (:meth:`read` ran)."""
+        return self._values is not None
+
+    def read(self) -> np.ndarray:
+        """(C, FLAG_SLOTS) int32 flags on the host, waiting for the device if needed."""
+        if self._values is None:
+            if self._event is not None:
+                wp.synchronize_event(self._event)
+            self._values = self._host.copy()
+            self._host = self._event = None
+        return self._values
+
+    @property
+    def totals(self) -> list[int]:
+        """Each camera's tile intersections (saturated at 2^31 - 1)."""
+        return [int(t) for t in self.read()[:, 0]]
+
+    @property
+    def overflowed(self) -> list[int]:
+        """Indices of the cameras whose total exceeded ``capacity``: their images left out
+        the farthest Gaussians of some tiles."""
+        return [int(c) for c in np.flatnonzero(self.read()[:, OVERFLOW_SLOT])]
+
+    def check_inputs(self, context: str = "render_gaussians") -> None:
+        """Raise ValueError if the device found bad inputs (:func:`raise_on_flags`)."""
+        raise_on_flags(self.read(), context)
+
+    def check(self, context: str = "render_gaussians") -> None:
+        """Raise ValueError if the device found bad inputs (:func:`raise_on_flags`), and
+        RuntimeError if a camera overflowed the sort."""
+        self.check_inputs(context)
+        over = self.overflowed
+        if over:
+            raise RuntimeError(
+                f"{context}: camera(s) {over} had {max(self.totals[c] for c in over)} tile intersections, more than "
+                f"the {self.capacity} the sort held, so the farthest Gaussians of some tiles were left out of their "
+                "images; the renderer sorts more from its next forward on (GaussianRenderer.capacity)")
