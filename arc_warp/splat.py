@@ -12,8 +12,9 @@ from ._src.splat.renderer import GaussianRenderer, RenderState
 from ._src.splat.sh_kernels import SH_C0
 from ._src.splat.status import RenderStatus
 from ._src.splat.validate import check_gaussians
+from ._src.splat.validate_kernels import BAD_SLOTS, FLAG_SLOTS, OVERFLOW_SLOT
 from ._src.splat.workspace import Workspace
 
-__all__ = ["SH_C0", "Camera", "DeviceCameras", "GaussianGrads", "GaussianRenderer", "Gaussians", "ImageGrads",
+__all__ = ["BAD_SLOTS", "FLAG_SLOTS", "OVERFLOW_SLOT", "SH_C0", "Camera", "DeviceCameras", "GaussianGrads", "GaussianRenderer", "Gaussians", "ImageGrads",
            "RenderImages", "RenderOutput", "RenderSettings", "RenderState", "RenderStatus", "Workspace",
            "check_gaussians", "render_gaussians", "render_gaussians_backward"]

@@ -121,3 +121,24 @@ def cpu_blocks(request):
     it on, CPU launches with block_dim > 1 emulate GPU blocks with fibers, so keep them tiny."""
     with cpu_blocks_enabled(request.param):
         yield request.param
+
+
+@dataclass
+class Bins:
+    """What one camera's render left in its RenderState, for white-box tests: the tile
+    grid, the intersection total, the sorted Gaussian ids with each tile's range, and the
+    projected splats."""
+
+    tiles_x: int
+    tiles_y: int
+    n_isects: int
+    gauss_ids: object
+    tile_ranges: object
+    splats: object
+
+
+def bins_of(out) -> Bins:
+    """The :class:`Bins` of a ``render_gaussians`` output."""
+    renderer, cs = out._renderer, out._state.cameras[out._index]
+    return Bins(renderer.tiles_x, renderer.tiles_y, out.status.totals[out._index], cs.sort_ids, cs.ranges,
+                cs.splats)

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch", reason="the float64 reference needs torch")
 wp = pytest.importorskip("warp")
 
 import arc_warp  # noqa: E402
+from conftest import bins_of  # noqa: E402
 from arc_warp._src.splat.geometry_funcs import ALPHA_MIN, RADIUS_MAX, TILE_SIZE, tile_bbox  # noqa: E402
 
 from test_splat_reference import (  # noqa: E402
@@ -48,8 +49,8 @@ def render_axis(scales, opacities, width=40, height=24, fx=1000.0, device="cpu")
 
 def binned_pairs(out) -> set:
     """(tile, Gaussian) pairs in the sorted bins of a render."""
-    ranges = out._bins.tile_ranges.numpy()
-    ids = out._bins.gauss_ids.numpy()
+    ranges = bins_of(out).tile_ranges.numpy()
+    ids = bins_of(out).gauss_ids.numpy()
     return {(t, int(ids[k])) for t, (s, e) in enumerate(ranges) for k in range(s, e)}
 
 
@@ -58,7 +59,7 @@ def binned_pairs(out) -> set:
 
 def test_4096_full_frame_total_refused_before_allocation(monkeypatch, device):
     # 65,546 Gaussians each covering all 256 x 256 tiles: 4,295,622,656 intersections,
-    # which wrap to 655,360 in int32. The error must come before the key buffers exist.
+    # which wrap to 655,360 in int32. The error must come before the sort's buffers exist.
     n, size = 65_546, 4096
     cam = one_camera(size, size)
     means = np.tile(np.float32([0.0, 0.0, 4.0]), (n, 1))
@@ -69,17 +70,12 @@ def test_4096_full_frame_total_refused_before_allocation(monkeypatch, device):
         wp.array(np.full(n, 0.9, np.float32), dtype=wp.float32, device=device),
         wp.array(np.ones((n, 3), np.float32), dtype=wp.vec3, device=device),
     ]
-    real_empty = wp.empty
+    from arc_warp.splat import RenderState
 
-    def guarded_empty(shape=0, dtype=float, *a, **k):
-        nbytes = int(np.prod(shape)) * wp.types.type_size_in_bytes({float: wp.float32, int: wp.int32}.get(dtype, dtype))
-        # per-Gaussian buffers (32 bytes each at most: splats, the scratch arena) and (H, W)
-        # images are fine; 1-D key buffers (2 x the wrapped total x 4 bytes) are not
-        if nbytes > 32 * n and len(np.atleast_1d(shape)) < 2:
-            raise AssertionError(f"allocated {nbytes} bytes before refusing the total")
-        return real_empty(shape, dtype, *a, **k)
+    def no_sort(state, capacity):
+        raise AssertionError(f"made the sort's buffers ({capacity} entries) before refusing the total")
 
-    monkeypatch.setattr(wp, "empty", guarded_empty)
+    monkeypatch.setattr(RenderState, "sort_room", no_sort)
     with pytest.raises(ValueError, match=r"65546 Gaussians on a 4096x4096-pixel image .* make 4295622656 tile"):
         arc_warp.render_gaussians(*args, cam)
 
@@ -94,8 +90,8 @@ def test_huge_scale_covers_the_image(scale, device):
     # every tile binned exactly once, radius clamped (never INT_MIN), gradients finite.
     out = render_axis([scale], [0.5], device=device)
     np.testing.assert_allclose(out.alpha.numpy(), 0.5, atol=1e-6)
-    assert out._bins.n_isects == out._bins.tiles_x * out._bins.tiles_y
-    assert binned_pairs(out) == {(t, 0) for t in range(out._bins.n_isects)}
+    assert bins_of(out).n_isects == bins_of(out).tiles_x * bins_of(out).tiles_y
+    assert binned_pairs(out) == {(t, 0) for t in range(bins_of(out).n_isects)}
     radii = out.radii.numpy()[0]
     assert 0 < radii[0] <= RADIUS_MAX and 0 < radii[1] <= RADIUS_MAX
     cot = wp.array(np.ones((24, 40, 3), np.float32), dtype=wp.vec3, device=device)
@@ -120,21 +116,23 @@ def test_overflowing_covariance_is_culled():
 def test_nan_inputs_are_culled_by_the_projection(field):
     # render_gaussians reports NaN inputs from the flags; until then the projection must
     # cull them (no radius from int(NaN), no tiles) rather than count garbage.
+    from arc_warp._src.launches import Launches
+    from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
     from arc_warp._src.splat.project_ops import camera_params, project
-    from arc_warp._src.splat.validate import check_inputs
 
     arrays = axis_inputs([0.01, 0.01], [0.9, 0.9])
     values = getattr(arrays[field], "numpy")()
     values[0] = np.nan
     arrays[field] = wp.array(values, dtype=arrays[field].dtype, device="cpu")
-    inputs = check_inputs(*arrays.values(), arc_warp.RenderSettings())
-    flags = wp.zeros(8, dtype=wp.int32, device="cpu")
-    frame = arc_warp.Workspace("cpu").acquire()
-    n = inputs.count
-    proj = project(inputs, camera_params(one_camera(40, 24), "cpu"), arc_warp.RenderSettings(), 3, 2, flags, frame,
-                   wp.empty(n, dtype=wp.vec2, device="cpu"), wp.empty(n, dtype=wp.vec2i, device="cpu"))
-    assert proj.radii.numpy()[0].tolist() == [0, 0] and proj.radii.numpy()[1].min() > 0
-    assert proj.tiles_per_gauss.numpy()[0] == 0
+    g = arc_warp.check_gaussians(*arrays.values())
+    n = g.count
+    cam = wp.array(camera_params([one_camera(40, 24)]), dtype=CameraParams, device="cpu")
+    radii, tiles = wp.empty(n, dtype=wp.vec2i), wp.empty(n, dtype=wp.int32)
+    project(Launches("cpu", record=False), 0, g, cam, arc_warp.RenderSettings(), 3, 2, wp.zeros(9, dtype=wp.int32),
+            wp.empty(n, dtype=wp.vec2), radii, wp.empty(n, dtype=Splat2D), tiles, wp.empty(2 * n, dtype=wp.int32),
+            wp.empty(2 * n, dtype=wp.int32))
+    assert radii.numpy()[0].tolist() == [0, 0] and radii.numpy()[1].min() > 0
+    assert tiles.numpy()[0] == 0
 
 
 # --- boxes -----------------------------------------------------------------------------
@@ -169,7 +167,7 @@ def box_tile_count(out) -> int:
     """Intersections the opacity-aware boxes alone would make (the binning before tight tiles)."""
     xy = out.means2d.numpy().reshape(-1, 2).astype(np.float64)
     r = out.radii.numpy().reshape(-1, 2).astype(np.float64)
-    tx, ty = out._bins.tiles_x, out._bins.tiles_y
+    tx, ty = bins_of(out).tiles_x, bins_of(out).tiles_y
     lo = np.clip(np.floor((xy - r) / TILE_SIZE), 0, [tx, ty])
     hi = np.clip(np.ceil((xy + r) / TILE_SIZE), 0, [tx, ty])
     n = np.prod(np.maximum(hi - lo, 0), axis=1)
@@ -191,12 +189,12 @@ def test_every_pixel_above_the_cut_is_binned(rng, device):
         scene = elongated_scene(rng)
         out = render_arc(scene, device)
         pairs = binned_pairs(out)
-        assert len(pairs) == out._bins.n_isects
-        splats = out._project.splats.numpy()
+        assert len(pairs) == bins_of(out).n_isects
+        splats = bins_of(out).splats.numpy()
         geom = np.asarray(splats["geom"], np.float32)
         conic = np.asarray(splats["conic"], np.float32)
         radii = out.radii.numpy().reshape(-1, 2)
-        tx = out._bins.tiles_x
+        tx = bins_of(out).tiles_x
         ys, xs = np.meshgrid(np.arange(scene.height, dtype=np.float32) + np.float32(0.5),
                              np.arange(scene.width, dtype=np.float32) + np.float32(0.5), indexing="ij")
         tiles = (ys.astype(int) // TILE_SIZE) * tx + xs.astype(int) // TILE_SIZE
@@ -220,7 +218,7 @@ def test_tight_tiles_bin_fewer_and_render_the_same(rng):
                          opacity_range=(0.02, 0.95))
     out = render_arc(scene, "cpu")
     boxed = box_tile_count(out)
-    assert out._bins.n_isects < 0.8 * boxed, (out._bins.n_isects, boxed)
+    assert bins_of(out).n_isects < 0.8 * boxed, (bins_of(out).n_isects, boxed)
     with torch.no_grad():
         ref = reference(scene, torch_params(scene))
     assert_forward_close(arc_outputs(out), ref)
@@ -234,10 +232,10 @@ def test_tile_lists_are_front_to_back(rng, device):
     scene = elongated_scene(rng, n=400)
     scene.means[:] = np.round(scene.means * 4) / 4
     out = render_arc(scene, device)
-    depth = np.asarray(out._project.splats.numpy()["geom"])[:, 3]
-    ids = out._bins.gauss_ids.numpy()
+    depth = np.asarray(bins_of(out).splats.numpy()["geom"])[:, 3]
+    ids = bins_of(out).gauss_ids.numpy()
     ties = 0
-    for s, e in out._bins.tile_ranges.numpy():
+    for s, e in bins_of(out).tile_ranges.numpy():
         got = ids[s:e].tolist()
         assert got == sorted(got, key=lambda g: (depth[g], g))
         ties += len(got) - len(set(depth[got].tolist()))
@@ -249,47 +247,51 @@ def test_projection_writes_the_depth_sort_and_write_keys_pads(rng):
     # order, and write_keys the filler tile from the total up to the sort size: no passes
     # of their own. Their scratch is zeroed first, so an entry left unwritten reads as the
     # nearest depth, Gaussian 0 or tile 0 and shows in the order or the ranges.
+    from arc_warp._src.launches import Launches
     from arc_warp._src.splat.bin_kernels import INT32_MAX
-    from arc_warp._src.splat.bin_ops import count_intersections, forward_scratch_bytes, sort_intersections, tile_grid
+    from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
+    from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
     from arc_warp._src.splat.project_ops import camera_params, project
-    from arc_warp._src.splat.validate import check_inputs
 
     scene = elongated_scene(rng)
     scene.means[:] = np.round(scene.means * 4) / 4  # depth ties
     scene.opacities[::7] = 0.001  # culled
     settings = arc_warp.RenderSettings()
-    inputs = check_inputs(*warp_inputs(scene, "cpu").values(), settings)
-    cam = camera_params(arc_warp.Camera(scene.fx, scene.fy, scene.cx, scene.cy, scene.width, scene.height,
-                                        world_to_camera=scene.world_to_camera), "cpu")
-    n, grid = inputs.count, tile_grid(scene.width, scene.height)
-    ws = arc_warp.Workspace("cpu")
-    ws.observe_total(grid, 4000)  # a kept sort size, which the arena's room covers
-    sort_size = ws.sort_size(grid)
-    frame = ws.acquire()
-    frame.shared.scratch(forward_scratch_bytes(n, sort_size), wp.uint8, zero=True)
-    flags = frame.array("flags", 8, wp.int32, zero=True)
-    proj = project(inputs, cam, settings, *grid, flags, frame, wp.empty(n, dtype=wp.vec2, device="cpu"),
-                   wp.empty(n, dtype=wp.vec2i, device="cpu"))
+    g = arc_warp.check_gaussians(*warp_inputs(scene, "cpu").values())
+    cam = wp.array(camera_params([arc_warp.Camera(scene.fx, scene.fy, scene.cx, scene.cy, scene.width, scene.height,
+                                                  world_to_camera=scene.world_to_camera)]), dtype=CameraParams)
+    n, grid = g.count, tile_grid(scene.width, scene.height)
+    capacity = 6000
+    # the scratch zeroed first: an entry left unwritten reads as depth 0, Gaussian 0 or tile 0
+    tiles_per_gauss, order, keys = (wp.zeros(size, dtype=wp.int32) for size in (n, 2 * n, 2 * max(n, capacity)))
+    cum_tiles, flags = wp.zeros(n, dtype=wp.int64), wp.zeros(9, dtype=wp.int32)
+    radii, splats = wp.empty(n, dtype=wp.vec2i), wp.empty(n, dtype=Splat2D)
+    launches = Launches("cpu", record=False)
+    project(launches, 0, g, cam, settings, *grid, flags, wp.empty(n, dtype=wp.vec2), radii, splats, tiles_per_gauss,
+            keys, order)
 
-    tiles = proj.tiles_per_gauss.numpy().copy()
-    radii = proj.radii.numpy()[:, 0]
-    bits = np.asarray(proj.splats.numpy()["geom"], np.float32)[:, 3].view(np.int32)
-    keys = np.where(tiles > 0, bits, INT32_MAX)
-    assert (radii == 0).any() and ((tiles == 0) & (radii > 0)).any()  # culled; footprint off every tile
-    assert len(set(keys[tiles > 0].tolist())) < np.count_nonzero(tiles)  # ties
-    order = np.argsort(keys, kind="stable")
-    depth = count_intersections(proj, flags, frame)
-    np.testing.assert_array_equal(depth.order.numpy()[:n], order)
-    np.testing.assert_array_equal(depth.cum_tiles.numpy(), np.cumsum(tiles[order]))
+    tiles = tiles_per_gauss.numpy().copy()
+    radius = radii.numpy()[:, 0]
+    bits = np.asarray(splats.numpy()["geom"], np.float32)[:, 3].view(np.int32)
+    want_keys = np.where(tiles > 0, bits, INT32_MAX)
+    assert (radius == 0).any() and ((tiles == 0) & (radius > 0)).any()  # culled; footprint off every tile
+    assert len(set(want_keys[tiles > 0].tolist())) < np.count_nonzero(tiles)  # ties
+    want_order = np.argsort(want_keys, kind="stable")
+    count_intersections(launches, 0, n, keys, order, tiles_per_gauss, cum_tiles, capacity, flags)
+    np.testing.assert_array_equal(order.numpy()[:n], want_order)
+    np.testing.assert_array_equal(cum_tiles.numpy(), np.cumsum(tiles[want_order]))
     total = int(tiles.sum())
-    assert flags.numpy()[0] == total and total > 2 * n and sort_size - total > 4 * n  # pads past the depth keys
+    assert flags.numpy()[0] == total and total > 2 * n and capacity - total > 4 * n  # pads past the depth keys
+    assert flags.numpy()[8] == 0  # no overflow
 
-    bins = sort_intersections(proj, depth, sort_size, *grid, frame)
-    ranges, ids = bins.tile_ranges.numpy(), bins.gauss_ids.numpy()
+    ids, ranges = wp.zeros(2 * capacity, dtype=wp.int32), wp.zeros(grid[0] * grid[1], dtype=wp.vec2i)
+    sort_intersections(launches, 0, order, splats, radii, tiles_per_gauss, cum_tiles, *grid, capacity, keys, ids,
+                       ranges)
+    ranges, ids = ranges.numpy(), ids.numpy()
     listed = ranges[ranges[:, 1] > ranges[:, 0]]
     assert listed[0, 0] == 0 and listed[-1, 1] == total and np.all(listed[1:, 0] == listed[:-1, 1])
     np.testing.assert_array_equal(np.bincount(ids[:total], minlength=n), tiles)
-    rank = np.argsort(order)
+    rank = np.argsort(want_order)
     for s, e in listed:
         assert np.all(np.diff(rank[ids[s:e]]) > 0)  # front to back
 

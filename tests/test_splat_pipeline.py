@@ -162,7 +162,7 @@ def test_near_plane_straddling_and_degenerate_scales_stay_finite(rng, device):
 def test_gaussian_covering_whole_image_reaches_every_tile(device):
     arrays = gaussians([(0.0, 0.0, 2.0)], [(50.0, 50.0, 1.0)], [0.6], [(1.0, 1.0, 1.0)], device=device)
     out = render_gaussians(*arrays, camera(70, 45))
-    assert out._bins.n_isects == 5 * 3  # 70x45 px = 5x3 tiles, all touched
+    assert out.status.totals == [5 * 3]  # 70x45 px = 5x3 tiles, all touched
     # sigma = 500 px; the farthest pixel is 42 px off centre: exp(-(42/500)^2 / 2) > 0.996
     np.testing.assert_allclose(out.alpha.numpy(), 0.6, rtol=4e-3)
 
@@ -471,7 +471,10 @@ def test_backward_skips_entries_off_a_warps_pixels_exactly(rng, device, cpu_bloc
     """The raster backward passes over the entries whose footprint box misses a warp's
     8x4 pixel block (the forward's subtile mask), and its gradients are those of
     evaluating every entry, bit for bit on the CPU."""
-    from arc_warp._src.splat.raster_ops import raster_backward
+    from arc_warp._src.arc.intrinsics import cpu_launch_guard
+    from arc_warp._src.arc.scatter_ops import ordered_scatter_add
+    from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, grad_vector
+    from arc_warp._src.splat.raster_kernels import make_raster_bwd
 
     # 32x16 = two tiles: with cpu_blocks each tile is one emulated 256-lane block of 8 warps
     # (which skips together, the entries that reach none of its warps)
@@ -481,11 +484,22 @@ def test_backward_skips_entries_off_a_warps_pixels_exactly(rng, device, cpu_bloc
     out = render_gaussians(*arrays, cam, settings)
     assert out.alpha.numpy().mean() > 0.5  # the splats cover the image and composite
     cots = cotangents(rng, cam.width, cam.height, device)
+    cs, renderer, total = out._state.cameras[0], out._renderer, out.status.totals[0]
+    n = out.radii.shape[0]
     runs = {}
-    for skip in (True, False):
+    for skip in (True, False):  # the kernel's test variants: skip off, entries counted
         counts = wp.zeros(2, dtype=wp.int32, device=device)
-        grads = raster_backward(out._project, out._bins, out._images, settings.background, *cots, mode, True,
-                                settings.threshold or 0, out._frame, skip=skip, counts=counts)
+        per = total if mode == "deterministic" else n
+        grads = wp.zeros(per, dtype=grad_vector(True), device=device)
+        with cpu_launch_guard(device):
+            wp.launch(make_raster_bwd(mode, True, skip, True), dim=renderer.tiles_x * renderer.tiles_y * BLOCK_PIXELS,
+                      inputs=[cs.sort_ids, cs.ranges, cs.splats, arrays[4], cam.width, cam.height, renderer.tiles_x,
+                              wp.vec3(*settings.background), cs.final_t, cs.last_ids, out.depth, *cots,
+                              settings.threshold or 0, grads, counts], block_dim=BLOCK_PIXELS, device=device)
+        if mode == "deterministic":
+            summed = wp.zeros(n, dtype=grad_vector(True), device=device)
+            ordered_scatter_add(summed, cs.sort_ids[:total], grads)
+            grads = summed
         runs[skip] = (grads.numpy().copy(), counts.numpy())
     (got, (evaluated, skipped)), (want, (evaluated_all, none)) = runs[True], runs[False]
     assert none == 0 and evaluated + skipped == evaluated_all

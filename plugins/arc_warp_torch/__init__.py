@@ -1,10 +1,10 @@
 """PyTorch adapter for arc_warp: differentiable Gaussian splatting on torch tensors.
 
-- `rasterization(...)`: gsplat-like functional API over batched cameras.
+- `rasterization(...)`: gsplat-like functional API over batched cameras (gsplat 1.5.3's keywords).
 - `arc_warp_torch.inria.GaussianRasterizer` / `GaussianRasterizationSettings` /
   `SparseGaussianAdam`: drop-in for graphdeco-inria's diff_gaussian_rasterization.
 - `SparseGaussianAdam`: fused (Warp) Adam over visible Gaussians, or dense.
-- `RenderContext`: the workspace, streams and threshold reused across calls.
+- `RenderContext`: the renderers (one per image size and settings) a thread reuses across calls.
 - `capture_step`: a training step captured whole in `torch.cuda.graph` (one graph
   launch per step), its renders checked after replays.
 

@@ -9,11 +9,12 @@ stays as it is. Differences from the CUDA original are listed on `GaussianRaster
 from typing import NamedTuple, Optional
 
 import torch
+import warp as wp
 from torch import nn
 
-from arc_warp import Camera
+from arc_warp import Camera, DeviceCameras, RenderSettings
 
-from ._autograd import Means2dSink, RenderContext, check_tensor, default_context, render_camera
+from ._autograd import Means2dSink, check_tensor, default_context, render_batch, view
 from .optim import SparseGaussianAdam  # noqa: F401  (INRIA's train.py imports it from here)
 
 # INRIA culls Gaussians whose view-space depth is <= 0.2 (in_frustum in its CUDA code).
@@ -84,14 +85,19 @@ def _view(s: GaussianRasterizationSettings, device: torch.device) -> _View:
                  vm.detach().to(device, torch.float32).t())
 
 
-def _cameras(view: _View, context: RenderContext):
-    """What render_camera takes: on CUDA, DeviceCameras over the device viewmatrix and a
-    cached device K (no host copy or sync); on the CPU, a host Camera."""
-    if view.w2c.device.type != "cuda":
-        return context.camera(view.fx, view.fy, view.cx, view.cy, view.width, view.height,
-                              view.w2c.double().numpy(), INRIA_NEAR, Camera.far)
-    ks = context.intrinsics(view.fx, view.fy, view.cx, view.cy)
-    return context.device_cameras(view.w2c[None], ks, view.width, view.height, INRIA_NEAR, Camera.far)
+def _cameras(camera: _View):
+    """The camera to render: on CUDA, DeviceCameras over the device viewmatrix and a K
+    copied from pinned memory without a wait (kept alive with the matrix: the second value);
+    on the CPU, a host Camera."""
+    if camera.w2c.device.type != "cuda":
+        return [Camera(camera.fx, camera.fy, camera.cx, camera.cy, camera.width, camera.height,
+                       world_to_camera=camera.w2c.double().numpy(), near=INRIA_NEAR, far=Camera.far)], ()
+    k = torch.tensor([[camera.fx, 0.0, camera.cx], [0.0, camera.fy, camera.cy], [0.0, 0.0, 1.0]],
+                     dtype=torch.float32).pin_memory().to(camera.w2c.device, non_blocking=True)
+    vm = camera.w2c.contiguous()
+    cams = DeviceCameras(view(vm, wp.mat44, (1,)), view(k, wp.mat33, (1,)), camera.width, camera.height,
+                         INRIA_NEAR, Camera.far)
+    return cams, (vm, k)
 
 
 @torch.no_grad()
@@ -239,16 +245,16 @@ class GaussianRasterizer(nn.Module):
             if means2D.device != device:
                 raise ValueError(f"means2D: expected device {device}, got {means2D.device}")
             sink = Means2dSink(means2D, scale=(0.5 * camera.width, 0.5 * camera.height))
-        context = default_context(device)
-        settings = context.settings(sh_degree=sh_degree, reduce=s.reduce, threshold=s.threshold,
-                                    antialiased=bool(s.antialiasing))
-        r = render_camera(means3D, rotations, scales, opacities, colors, _cameras(camera, context), settings,
-                          sink, context)
-
-        color = (r.color + (1.0 - r.alpha)[..., None] * bg).permute(2, 0, 1)
-        has_depth = r.depth > 0.0
-        invdepth = torch.where(has_depth, r.alpha * r.alpha / torch.where(has_depth, r.depth, 1.0),
-                               torch.zeros_like(r.depth))
+        settings = RenderSettings(sh_degree=sh_degree, reduce=s.reduce, threshold=s.threshold,
+                                  antialiased=bool(s.antialiasing))
+        cameras, held = _cameras(camera)
+        batch = render_batch(means3D, rotations, scales, opacities, colors, cameras, settings, sink,
+                             default_context(device))
+        del held  # read by the queued projection: torch frees them in stream order
+        rgb, alpha, depth = batch.color[0], batch.alpha[0, ..., 0], batch.depth[0]
+        color = (rgb + (1.0 - alpha)[..., None] * bg).permute(2, 0, 1)
+        has_depth = depth > 0.0
+        invdepth = torch.where(has_depth, alpha * alpha / torch.where(has_depth, depth, 1.0), torch.zeros_like(depth))
         radii = inria_radii(means3D, scales, rotations, camera, float(s.tanfovx),
                             float(s.tanfovy))
         return color, radii, invdepth[None]

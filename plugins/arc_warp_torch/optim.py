@@ -8,6 +8,9 @@ import numpy as np
 import torch
 import warp as wp
 
+from arc_warp import RenderStatus
+from arc_warp.splat import FLAG_SLOTS
+
 from ._autograd import RenderContext, default_context
 
 MAX_SEGMENTS = 16  # parameters one launch updates: at most Warp's max_unroll (16), so the segment
@@ -49,14 +52,15 @@ def _table_fields(capacity: int) -> dict:
     type, so the kernel's struct and the host's ctypes struct (`_table_type`) are made
     of the same fields, in the same order: their layouts agree.
 
-    - ``pointers``, uint64 [5 * capacity + 1]: segment k's parameter, gradient, exp_avg and
+    - ``pointers``, uint64 [5 * capacity + 2]: segment k's parameter, gradient, exp_avg and
       exp_avg_sq (float32, contiguous, n_k floats each) at 4k .. 4k + 3; the visible mask
       (uint8 [N], read only when sparse) at 4 * capacity; segment k's step count (a float32
-      on the device, read only by the capturable kernel) at 4 * capacity + 1 + k;
-    - ``ints``, int32 [3 * capacity + 2]: ``starts`` at 0 .. capacity (segment k has the
+      on the device, read only by the capturable kernel) at 4 * capacity + 1 + k; the
+      renders' status flags (int32, ``skip`` on the device; 0: none) last;
+    - ``ints``, int32 [3 * capacity + 3]: ``starts`` at 0 .. capacity (segment k has the
       threads starts[k] <= i < starts[k + 1]; unused segments are empty, at the end), n_k at
       capacity + 1 + k, segment k's row width M_k (floats per Gaussian) at 2 * capacity + 1 + k,
-      and N last;
+      N at 3 * capacity + 1, and the number of status flags last;
     - ``scalars``, float32 [SCALARS * capacity]: segment k's beta2, 1 - beta1, 1 - beta2,
       step_size, bias2_sqrt and eps at SCALARS * k .. SCALARS * k + 5 (see `_adam_update`);
       for the capturable kernel, step_size and bias2_sqrt without the bias corrections (lr
@@ -64,8 +68,8 @@ def _table_fields(capacity: int) -> dict:
       SCALARS * k + 6 and + 7: it divides step_size by 1 - base1^t and multiplies
       bias2_sqrt by sqrt(1 - base2^t), t the step count read on the device.
     """
-    return {"pointers": wp.types.vector(length=5 * capacity + 1, dtype=wp.uint64),
-            "ints": wp.types.vector(length=3 * capacity + 2, dtype=wp.int32),
+    return {"pointers": wp.types.vector(length=5 * capacity + 2, dtype=wp.uint64),
+            "ints": wp.types.vector(length=3 * capacity + 3, dtype=wp.int32),
             "scalars": wp.types.vector(length=SCALARS * capacity, dtype=wp.float32)}
 
 
@@ -93,6 +97,11 @@ def _adam_kernel(capacity: int, sparse: bool, span: int, capturable: bool):
     @wp.kernel(enable_backward=False, module="unique")
     def adam_step(table: Table):
         i = wp.tid()
+        if table.pointers[5 * K + 1] != wp.uint64(0):  # skip the step if a render flagged anything
+            flags = wp.array(ptr=table.pointers[5 * K + 1], shape=(table.ints[3 * K + 2],), dtype=wp.int32)
+            for f in range(table.ints[3 * K + 2]):
+                if f % wp.static(FLAG_SLOTS) != 0 and flags[f] != 0:
+                    return
         for k in range(K):  # unrolled: every table index is a constant (no local-memory copy)
             if i < table.ints[k + 1]:
                 n = table.ints[K + 1 + k]
@@ -164,18 +173,21 @@ class _Launch:
             widths.append(width)
         pad = self.capacity - (hi - lo)
         self.threads = starts[-1]
-        self.pointers[:] = [*pointers, *[0] * (4 * pad), 0, *steps, *[0] * pad]
-        self.ints[:] = [*starts, *[self.threads] * pad, *counts, *[0] * pad, *widths, *[1] * pad, n_rows]
+        self.pointers[:] = [*pointers, *[0] * (4 * pad), 0, *steps, *[0] * pad, 0]
+        self.ints[:] = [*starts, *[self.threads] * pad, *counts, *[0] * pad, *widths, *[1] * pad, n_rows, 0]
         if self.threads:
             self.cmd.set_dim(self.threads)
 
-    def run(self, scalars: list, mask_ptr: int) -> None:
-        """Launch with ``scalars`` (SCALARS per active parameter, all of the step's) and the
-        visible mask at ``mask_ptr`` (0 when dense), on torch's current stream."""
+    def run(self, scalars: list, mask_ptr: int, flags: wp.array | None) -> None:
+        """Launch with ``scalars`` (SCALARS per active parameter, all of the step's), the
+        visible mask at ``mask_ptr`` (0 when dense) and the status ``flags`` to skip on
+        (None: none), on torch's current stream."""
         if not self.threads:
             return
         self.scalars[:SCALARS * (self.hi - self.lo)] = scalars[SCALARS * self.lo:SCALARS * self.hi]
         self.pointers[4 * self.capacity] = mask_ptr
+        self.pointers[5 * self.capacity + 1] = 0 if flags is None else flags.ptr
+        self.ints[3 * self.capacity + 2] = 0 if flags is None else flags.size
         self.cmd.set_param_at_index_from_ctype(0, self.table)  # read when launched: launches copy it
         with self.context.stream():
             self.cmd.launch()
@@ -212,9 +224,15 @@ class SparseGaussianAdam(torch.optim.Adam):
             (default) keeps the counts on the host, and ``step`` raises RuntimeError if
             called during a CUDA graph capture (a replay could not count its step).
 
-    ``step(visibility, N)``: ``visibility`` is a bool tensor [N] on the parameters'
+    ``step(visibility, N, skip)``: ``visibility`` is a bool tensor [N] on the parameters'
     device (INRIA passes ``radii > 0``); rows with False keep their values AND their
-    moments. ``visibility=None`` updates every row (dense Adam). A parameter whose
+    moments. ``visibility=None`` updates every row (dense Adam). ``skip``: the
+    :class:`arc_warp.RenderStatus` of the step's render (``meta["status"]``), or a list of
+    them: if one found bad inputs or overflowed its sort (an image that lacked Gaussians),
+    the step changes nothing and is not counted, as torch's GradScaler skips a step with
+    infinite gradients. With ``capturable`` this is decided on the device (in a CUDA graph
+    too); with host counts the status is read on the host (by then the device is long
+    past the render's flags). A parameter whose
     ``grad`` is None is skipped (its ``step`` is not counted). Every parameter of every
     group is updated by one kernel launch (one per device, or per ``MAX_SEGMENTS``
     parameters), on torch's current stream; no host sync. The tensors are checked, and
@@ -235,7 +253,18 @@ class SparseGaussianAdam(torch.optim.Adam):
         self._launches = {}  # (device, position, capacity, sparse) -> _Launch, reused across rebuilds
 
     @torch.no_grad()
-    def step(self, visibility: Optional[torch.Tensor] = None, N: Optional[int] = None):
+    def step(self, visibility: Optional[torch.Tensor] = None, N: Optional[int] = None, skip=None):
+        statuses = [] if skip is None else [skip] if isinstance(skip, RenderStatus) else list(skip)
+        if any(not isinstance(s, RenderStatus) for s in statuses):
+            raise TypeError("SparseGaussianAdam.step: skip must be a RenderStatus (meta['status']) or a list of them")
+        if len(statuses) > 1:
+            raise ValueError("SparseGaussianAdam.step: skip takes one render's status; render the step's cameras in "
+                             "one call")
+        flags = statuses[0].flags if statuses else None
+        if flags is not None and not self.capturable:
+            if statuses[0].read()[:, 1:].any():
+                return  # as GradScaler: no update, no count
+            flags = None
         capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
         if capturing and not self.capturable:
             raise RuntimeError("SparseGaussianAdam.step is being captured in a CUDA graph, but its step counts "
@@ -271,7 +300,11 @@ class SparseGaussianAdam(torch.optim.Adam):
             self._key = key
         steps = [state["step"] for _, _, state, _ in active]
         # on the host, as torch.optim.Adam keeps them (no device sync), or on the device (capturable)
-        torch._foreach_add_(steps, 1.0)
+        if flags is None:
+            torch._foreach_add_(steps, 1.0)
+        else:  # counted where no render flagged anything (decided on the device)
+            kept = (wp.to_torch(flags)[:, 1:] == 0).all().to(torch.float32)
+            torch._foreach_add_(steps, [kept.to(s.device) for s in steps])
         scalars = []
         for (_, _, _, group), step in zip(active, steps):
             beta1, beta2 = group["betas"]
@@ -285,7 +318,7 @@ class SparseGaussianAdam(torch.optim.Adam):
             scalars += (beta2, 1.0 - beta1, 1.0 - beta2, step_size, bias2_sqrt, group["eps"], *bases)
         mask_ptr = 0 if visible is None else visible.data_ptr()
         for launch in self._bound:
-            launch.run(scalars, mask_ptr)
+            launch.run(scalars, mask_ptr, flags)
 
     @staticmethod
     def _move_step(state: dict, device: torch.device, capturing: bool) -> None:

@@ -252,13 +252,14 @@ class GaussianRenderer:
         self._flags.zero_()
         write_cameras(self._launches, cameras, state.cams, self._flags)
         rows = coefficient_rows(gaussians)
-        scratch = self._scratch_views(False)
         if self.capacity is None:
-            self._measure(gaussians, state, rows, scratch)
+            measuring = self._scratch(False)  # held until the work is queued
+            self._measure(gaussians, state, rows, measuring.views)
+        scratch = self._scratch(False)  # held until the work is queued (an allocator's memory)
         state.sort_room(self.capacity)
-        status = self._render(gaussians, state, images, rows, scratch, range(self.num_cameras))
+        status = self._render(gaussians, state, images, rows, scratch.views, range(self.num_cameras))
         if check:
-            self._settle(status, gaussians, state, images, rows, scratch)
+            self._settle(status, gaussians, state, images, rows)
         else:
             self._pending = status
         return status
@@ -299,7 +300,7 @@ class GaussianRenderer:
             if a.shape not in shapes:
                 raise ValueError(f"images.{name} must have shape {' or '.join(map(str, shapes))}, got {a.shape}")
 
-    def _scratch_views(self, backward: bool) -> list[wp.array]:
+    def _scratch(self, backward: bool) -> _Block:
         """This call's scratch: the forward's (N-sized counts, depth order and scan, then
         keys that the depth sort and, with twice the capacity's room, the tile sort use in
         turn) or the backward's (the packed rasteriser gradients, the SH stage's share of
@@ -312,14 +313,14 @@ class GaussianRenderer:
             parts = [((n,), grad_t), ((n,), wp.vec3), ((cap if det else 0,), grad_t)]
         else:
             parts = [((n,), wp.int32), ((2 * n,), wp.int32), ((n,), wp.int64), ((2 * max(n, cap),), wp.int32)]
-        if self.allocator is not None:
-            return _Block(self.device, parts, self.allocator).views
+        if self.allocator is not None:  # the caller holds the block until its work is queued
+            return _Block(self.device, parts, self.allocator)
         attr = "_backward_scratch" if backward else "_forward_scratch"
         block = getattr(self, attr)
         if block is None or any(v.shape != shape for v, (shape, _) in zip(block.views, parts)):
             block = _Block(self.device, parts)
             setattr(self, attr, block)
-        return block.views
+        return block
 
     def _measure(self, gaussians: Gaussians, state: RenderState, rows, scratch) -> None:
         """Sets the capacity from the cameras' totals, read back (the one wait of a first
@@ -339,11 +340,8 @@ class GaussianRenderer:
         status.check_inputs()
         for total in status.totals:
             check_intersections(total, lambda: int(cum_tiles[-1:].numpy()[0]), n, self.tiles_x, self.tiles_y)
-        if self.capacity is None:  # (a render before this one may have set it)
-            self.capacity = max(status.totals) * 5 // 4 + SORT_SLACK
         # (the main pass re-projects: a first forward's cost, once per renderer or resize)
-        # the forward's scratch was sized without a capacity: the keys' room grows
-        scratch[:] = self._scratch_views(False)
+        self.capacity = max(status.totals) * 5 // 4 + SORT_SLACK
 
     def _render(self, gaussians: Gaussians, state: RenderState, images: RenderImages, rows, scratch,
                 cameras) -> RenderStatus:
@@ -386,7 +384,7 @@ class GaussianRenderer:
             self.device.stream.record_event(self._event)
         return RenderStatus(self._flags, self._host, self._event, self.capacity or 0)
 
-    def _settle(self, status: RenderStatus, gaussians, state, images, rows, scratch) -> None:
+    def _settle(self, status: RenderStatus, gaussians, state, images, rows) -> None:
         """Reads ``status`` now: ValueError for bad inputs; the cameras that overflowed are
         rendered again with a grown capacity (rare: it has 25% headroom)."""
         status.check_inputs()
@@ -394,10 +392,10 @@ class GaussianRenderer:
         if over:
             self._grow(status)
             state.sort_room(self.capacity)
-            scratch[:] = self._scratch_views(False)
+            scratch = self._scratch(False)
             for c in over:
                 self._flags[c].zero_()
-            redone = self._render(gaussians, state, images, rows, scratch, over)
+            redone = self._render(gaussians, state, images, rows, scratch.views, over)
             redone.check_inputs()
             merged = status.read().copy()
             merged[over] = redone.read()[over]
@@ -409,6 +407,14 @@ class GaussianRenderer:
         total = max(status.totals)
         check_intersections(total, lambda: total, self.num_gaussians, self.tiles_x, self.tiles_y)
         self.capacity = max(self.capacity or 0, total * 5 // 4 + SORT_SLACK)
+
+    def host_status(self, capacity: int | None = None) -> RenderStatus:
+        """The status that the host copy of the flags holds now, read without a wait: for a
+        caller that has synchronised with the last render, such as the replay of a CUDA
+        graph that captured it (whose sorts held ``capacity``; default: the current one)."""
+        status = RenderStatus(self._flags, self._host, None, self.capacity if capacity is None else capacity)
+        status.read()
+        return status
 
     def _read_pending(self) -> None:
         """The previous forward's status, if unread: bad inputs raise (naming it), an
@@ -460,11 +466,12 @@ class GaussianRenderer:
         det = settings.reduce == "deterministic"
         totals = state.status.totals if (det or state.status.is_read) else None
         first = True
+        scratch = self._scratch(True)  # held until the work is queued (an allocator's memory)
+        raster_grads, sh_share, entry_grads = scratch.views
         for c, cot in enumerate(cotangents):
             if cot is None:
                 continue
             cs = state.cameras[c]
-            raster_grads, sh_share, entry_grads = self._scratch_views(True)
             raster_grads.zero_()
             rgb = cs.rgb if g.sh_coeffs else g.colors
             if g.count and (totals is None or totals[c] > 0):
