@@ -164,6 +164,17 @@ class BinResult:
 
 
 @dataclass
+class Surface:
+    """An opaque surface behind the Gaussians of one camera's pixels (private; checked by
+    ``surface_ops.check_surfaces``): where ``depths`` is below +inf it hides every Gaussian
+    whose centre's camera z is not in front of it and its colour shows through the
+    Gaussians' final transmittance in place of the background."""
+
+    colors: wp.array  # (H, W) wp.vec3
+    depths: wp.array  # (H, W) float32, camera z (world units), +inf: no surface
+
+
+@dataclass
 class RasterImages:
     """(H, W) images of the rasteriser (private; see :class:`RenderOutput`)."""
 
@@ -173,6 +184,7 @@ class RasterImages:
     expected_depth: wp.array  # float
     final_t: wp.array  # float, transmittance after the last contributor
     last_ids: wp.array  # int32, sorted entry of the last contributor, -1 = none
+    surface: Surface | None = None  # composited behind the Gaussians (the backward reads it)
 
 
 @dataclass

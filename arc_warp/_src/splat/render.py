@@ -18,6 +18,7 @@ from arc_warp._src.splat.raster_ops import raster_backward, rasterize
 from arc_warp._src.splat.records import (BinResult, GaussianGrads, GaussianInputs, ProjectResult, RenderOutput,
                                          RenderSettings, replaced)
 from arc_warp._src.splat.sh_ops import color_backward, compute_colors
+from arc_warp._src.splat.surface_ops import check_surfaces, flag_surface
 from arc_warp._src.splat.validate import check_array, check_grads, check_inputs, raise_on_flags
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
 from arc_warp._src.splat.workspace import RENDER_PLANS, CurrentStream, Frame, GraphKey, Workspace, signature
@@ -38,6 +39,9 @@ def render_gaussians(
     workspace: Workspace | None = None,
     outputs: dict[str, wp.array] | None = None,
     tape: wp.Tape | None = None,
+    *,
+    surface_colors: wp.array | list | None = None,  # (H, W) wp.vec3, or C of them / (C, H, W) for a batch
+    surface_depths: wp.array | list | None = None,  # (H, W) float32 camera z, +inf: no surface; as the colours
 ) -> RenderOutput | list[RenderOutput]:
     """Renders 3D Gaussians with gsplat 1.5.3 "classic" conventions.
 
@@ -106,6 +110,19 @@ def render_gaussians(
             camera. Missing names are allocated.
         tape: the ``wp.Tape`` to record the backward on; ``None`` uses the tape of an
             enclosing ``with tape:`` block, if any.
+        surface_colors, surface_depths: an opaque surface behind the Gaussians (a mesh,
+            see :func:`surface_from_mesh`), per pixel a colour and a camera depth (z, world
+            units, the depth the Gaussians are sorted by; +inf where there is none), both
+            or neither. At a pixel, every Gaussian whose centre is not in front of the
+            surface (depth >= surface depth) is hidden, and the surface colour shows
+            through the transmittance the others leave (``T_final * colour``) instead of
+            the background; where the depth is +inf the background shows, so a surface at
+            +inf everywhere renders what no surface renders, bit for bit. ``alpha``,
+            ``depth`` and ``expected_depth`` stay the visible Gaussians' own. Checked like
+            the inputs (NaN depths and non-finite colours by the device). The backward adds
+            ``T_final * dL/dcolor`` into the colours' gradient (``.grad`` on the tape,
+            ``grad_surface_colors`` of :func:`render_gaussians_backward`); the depths get
+            none. Renders with a surface are not kept as repeatable call plans.
 
     Returns:
         :class:`RenderOutput` (or a list of them for a camera batch).
@@ -140,19 +157,27 @@ def render_gaussians(
         raise ValueError(f"workspace is on {workspace.device} but the inputs are on {inputs.means.device}")
     if isinstance(camera, DeviceCameras) and camera.viewmats.device != inputs.means.device:
         raise ValueError(f"DeviceCameras are on {camera.viewmats.device} but the inputs are on {inputs.means.device}")
-    outs = render_checked(inputs, cameras, settings, workspace, per_camera)
+    surfaces = check_surfaces(surface_colors, surface_depths, [(cam.height, cam.width) for cam, _ in cameras],
+                              batch, inputs.means.device)
+    outs = render_checked(inputs, cameras, settings, workspace, per_camera, surfaces=surfaces)
     if tape is None:
         tape = active_tape()
-    if tape is not None and any(a.requires_grad for a in inputs.arrays):
+    if tape is not None and any(a.requires_grad for a in inputs.arrays + _surface_colors(surfaces)):
         for out in outs:
-            tracked = [a for a in (out.color, out.alpha, out.depth, out.expected_depth, *inputs.arrays)
-                       if a.requires_grad]
+            tracked = [a for a in (out.color, out.alpha, out.depth, out.expected_depth, *inputs.arrays,
+                                   *_surface_colors([out._images.surface])) if a.requires_grad]
             tape.record_func(lambda out=out: _tape_backward(out), tracked)
     return outs if batch else outs[0]
 
 
+def _surface_colors(surfaces: list | None) -> tuple:
+    """The colour arrays of ``surfaces`` (entries may be None)."""
+    return tuple(s.colors for s in surfaces or () if s is not None)
+
+
 def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettings, workspace: Workspace,
-                   per_camera: list, defer: bool = False, stream: wp.Stream | None = None) -> list[RenderOutput]:
+                   per_camera: list, defer: bool = False, stream: wp.Stream | None = None,
+                   surfaces: list | None = None) -> list[RenderOutput]:
     """The renders of :func:`render_gaussians` from arguments it has checked (also the
     torch bridge's entry, which checks its tensors itself): ``cameras`` as
     (Camera, None) or (DeviceCameras, index) pairs, ``per_camera`` one dict of valid
@@ -172,16 +197,19 @@ def render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettin
 
     ``stream``: the stream to queue on (None: the device's current stream). A call
     repeated from its plan launches its graphs there directly; anything else runs with
-    it made the device's current stream (:class:`CurrentStream`)."""
+    it made the device's current stream (:class:`CurrentStream`).
+
+    ``surfaces``: one checked :class:`Surface` per camera (``check_surfaces``), or None."""
     with workspace.busy:
         outs = _render_checked(inputs, cameras, settings, workspace, per_camera, defer,
-                               CurrentStream(workspace.device, stream))
+                               CurrentStream(workspace.device, stream), surfaces)
         workspace.release_forward()  # the backward has scratch of its own
         return outs
 
 
 def _render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSettings, workspace: Workspace,
-                    per_camera: list, defer: bool, on_stream: CurrentStream) -> list[RenderOutput]:
+                    per_camera: list, defer: bool, on_stream: CurrentStream,
+                    surfaces: list | None = None) -> list[RenderOutput]:
     """:func:`render_checked` inside ``workspace.busy``; ``on_stream`` makes its stream current."""
     if workspace.deferred:
         try:
@@ -202,17 +230,17 @@ def _render_checked(inputs: GaussianInputs, cameras: list, settings: RenderSetti
             "previous render on this workspace (the same input arrays and settings, inputs that require grad; "
             "arc_warp_torch: defer_checks on) to leave its checks for after the replays; run the captured step "
             "once, with the same tensors, before capturing it")
-    for plan in workspace.render_plans:
+    for plan in workspace.render_plans if surfaces is None else ():  # plans hold no surfaces
         if plan.matches(input_key, cameras, settings, per_camera):
             outs = plan.repeat(inputs, settings, defer, on_stream)
             if outs is not None:
                 return outs
     with on_stream:
-        return _render_prepared(inputs, cameras, settings, workspace, per_camera, defer, input_key)
+        return _render_prepared(inputs, cameras, settings, workspace, per_camera, defer, input_key, surfaces)
 
 
 def _render_prepared(inputs: GaussianInputs, cameras: list, settings: RenderSettings, workspace: Workspace,
-                     per_camera: list, defer: bool, input_key) -> list[RenderOutput]:
+                     per_camera: list, defer: bool, input_key, surfaces: list | None = None) -> list[RenderOutput]:
     """:func:`render_checked`'s renders prepared camera by camera (no plan repeats them)."""
     queued, batch, replayed = [], [], []
     # batched cameras are binned after all of them are counted, so each keeps its counts
@@ -231,8 +259,9 @@ def _render_prepared(inputs: GaussianInputs, cameras: list, settings: RenderSett
 
     frames = [workspace.acquire() for _ in cameras]
     workspace.restore(frames)  # their memory handed back after earlier backwards, in one block
-    for (cam, index), targets, frame in zip(cameras, per_camera, frames):
-        key, stages, finish = _prepare_forward(inputs, cam, index, settings, frame, targets, input_key, own_arena)
+    for i, ((cam, index), targets, frame) in enumerate(zip(cameras, per_camera, frames)):
+        key, stages, finish = _prepare_forward(inputs, cam, index, settings, frame, targets, input_key, own_arena,
+                                               surface=None if surfaces is None else surfaces[i])
         if key is not None:
             batch.append((frame, targets, key, stages, finish))
             continue
@@ -242,7 +271,7 @@ def _render_prepared(inputs: GaussianInputs, cameras: list, settings: RenderSett
         queued.append((out, pending, targets))
     flush()
     _settle(queued, workspace, defer)
-    if len(replayed) == 1 and len(replayed[0]) == len(cameras):
+    if len(replayed) == 1 and len(replayed[0]) == len(cameras) and surfaces is None:
         _RenderPlan.keep(workspace, input_key, cameras, settings, per_camera, replayed[0], queued)
     return [out for out, _, _ in queued]
 
@@ -423,16 +452,17 @@ def _read_total(flags: np.ndarray, workspace: Workspace, grid: tuple[int, int]) 
 
 
 def _render_exact(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int | None,
-                  settings: RenderSettings, frame: Frame, outputs: dict) -> RenderOutput:
+                  settings: RenderSettings, frame: Frame, outputs: dict, surface=None) -> RenderOutput:
     """One camera's render queued kernel by kernel, its sort sized by the total read back
     first (see :func:`_prepare_forward`)."""
-    _, _, finish = _prepare_forward(inputs, camera, index, settings, frame, outputs, None, exact=True)
+    _, _, finish = _prepare_forward(inputs, camera, index, settings, frame, outputs, None, exact=True,
+                                    surface=surface)
     return finish(None)[0]
 
 
 def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, index: int | None,
                      settings: RenderSettings, frame: Frame, outputs: dict, input_key, own_arena: bool = False,
-                     exact: bool = False):
+                     exact: bool = False, surface=None):
     """One camera's render (camera ``index`` of ``DeviceCameras``, or a Camera), prepared
     but not queued: ``(key, stages, finish)``.
 
@@ -450,7 +480,8 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
     Otherwise ``finish(None)`` queues the render kernel by kernel. ``input_key`` is the
     part of the graph keys common to all cameras (None: no graphs). ``finish`` returns
     the output and, for a render queued with a kept size, what :func:`_settle` checks
-    once all cameras are queued. Nothing is queued before a stage or ``finish`` runs."""
+    once all cameras are queued. Nothing is queued before a stage or ``finish`` runs.
+    ``surface``: a checked :class:`Surface` composited behind the Gaussians, or None."""
     grid = tile_grid(camera.width, camera.height)
     workspace = frame._workspace
     n = inputs.count
@@ -478,7 +509,8 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
             camera_key = (signature(camera.viewmats), signature(camera.intrinsics), index, camera.width,
                           camera.height, camera.near, camera.far)
         key = GraphKey((input_key, camera_key, sort_size, tuple(signature(a) for a in images_out.values()),
-                        signature(means2d), signature(radii), own_arena))
+                        signature(means2d), signature(radii), own_arena,
+                        None if surface is None else (signature(surface.colors), signature(surface.depths))))
 
     def queue_projected(_):
         flags = frame.array("flags", 1 + len(BAD_SLOTS), wp.int32, zero=True)
@@ -487,6 +519,8 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
         proj = project(inputs, params, settings, *grid, flags, frame, means2d, radii, arena)
         if n > 0:
             compute_colors(inputs, params, proj, flags, frame)  # flags bad colours before the readback
+        if surface is not None:
+            flag_surface(surface, flags, frame)
         return params, _unbound(proj, inputs), flags
 
     def queue_counted(projected):
@@ -511,7 +545,7 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
         else:
             bins = BinResult(*grid, 0, frame.capacity("sort_ids", 0, wp.int32),
                              frame.array("tile_ranges", grid[0] * grid[1], wp.vec2i, zero=True))
-        images = rasterize(proj, bins, camera.width, camera.height, settings.background, frame, images_out)
+        images = rasterize(proj, bins, camera.width, camera.height, settings.background, frame, images_out, surface)
         means2d_absgrad = frame.array("means2d_absgrad", n, wp.vec2, zero=True) if settings.absgrad else None
         return bins, replaced(images, **dict.fromkeys(IMAGE_OUTPUTS)), means2d_absgrad
 
@@ -538,13 +572,15 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
                 else:
                     pending = _Pending(frame.host_numpy(host_flags), event, size, grid)
             else:
-                params, proj, _ = queue_projected(None)
+                params, proj, flags = queue_projected(None)
+                if surface is not None:  # no total to wait for, but the surface's checks
+                    raise_on_flags(flags.numpy())
                 depth = None
             proj = bound(proj)
             rastered = queue_raster(proj, depth, size)
         bins, images, means2d_absgrad = rastered
         bins = replaced(bins)  # its n_isects is this render's
-        images = replaced(images, **images_out)
+        images = replaced(images, **images_out, surface=surface)
         out = RenderOutput(
             color=images.color,
             alpha=images.alpha,
@@ -571,8 +607,9 @@ def _prepare_forward(inputs: GaussianInputs, camera: Camera | DeviceCameras, ind
 
 
 def _track_images(out: RenderOutput) -> None:
-    """Images of a render of inputs that require grad require grad too (wp.Tape records them)."""
-    if any(a.requires_grad for a in out._inputs.arrays):
+    """Images of a render of inputs (or surface colours) that require grad require grad too
+    (wp.Tape records them)."""
+    if any(a.requires_grad for a in out._inputs.arrays + _surface_colors([out._images.surface])):
         for img in (out.color, out.alpha, out.depth, out.expected_depth):
             img.requires_grad = True
 
@@ -616,7 +653,8 @@ def _settle(queued: list, workspace: Workspace, defer: bool = False, wait: bool 
                     f"arc_warp: a render before the capture had {total} tile intersections, more than the "
                     f"{p.sort_size} its sort held, and it cannot be rendered again inside the capture; run the "
                     "step once more, with its backward, before capturing it")
-            exact = _render_exact(out._inputs, out.camera, out.camera_index, out.settings, out._frame, targets)
+            exact = _render_exact(out._inputs, out.camera, out.camera_index, out.settings, out._frame, targets,
+                                  out._images.surface)
             for field in dataclasses.fields(RenderOutput):
                 setattr(out, field.name, getattr(exact, field.name))
             redone.append(out)
@@ -679,8 +717,10 @@ def _grads_into(frame: Frame, inputs: GaussianInputs, own_grads: bool, zero: boo
 def _tape_backward(out: RenderOutput):
     """Tape callback: output .grad -> input .grad (scratch for inputs without one)."""
     grads = _grads_into(out._frame, out._inputs, own_grads=True)
+    surface = out._images.surface
     render_gaussians_backward(
-        out, out.color.grad, out.alpha.grad, out.depth.grad, out.expected_depth.grad, grads=grads
+        out, out.color.grad, out.alpha.grad, out.depth.grad, out.expected_depth.grad, grads=grads,
+        grad_surface_colors=surface.colors.grad if surface is not None and surface.colors.requires_grad else None,
     )
 
 
@@ -693,6 +733,7 @@ def render_gaussians_backward(
     grads: GaussianGrads | None = None,
     accumulate: bool = True,
     means2d_grad: wp.array | None = None,  # (N,) wp.vec2
+    grad_surface_colors: wp.array | None = None,  # (H, W) wp.vec3, dL/d(surface colour) added into
 ) -> GaussianGrads:
     """Gradients of a scalar loss w.r.t. the inputs of the render that made ``out``.
 
@@ -713,7 +754,9 @@ def render_gaussians_backward(
     them, so ``grads`` need not be zeroed first; it also writes the 2D mean gradients
     (and ``means2d_absgrad``). Without ``grads`` the gradients are always written into
     fresh workspace buffers. ``means2d_grad``, if given, receives the 2D mean gradients
-    in place of ``out.means2d_grad``.
+    in place of ``out.means2d_grad``. ``grad_surface_colors``, for a render with a surface,
+    gets the surface colours' gradient added (``T_final * dL/dcolor`` where the surface
+    depth is below +inf); None: not computed.
 
     Returns:
         :class:`GaussianGrads` shaped like the inputs: buffers of the render's workspace
@@ -740,12 +783,17 @@ def render_gaussians_backward(
         check_grads(grads, inputs)
     if means2d_grad is not None:
         check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (inputs.count,), device)
-    backwards_checked([out], [(v_color, v_alpha, v_depth, v_expected)], grads, accumulate, [means2d_grad])
+    if grad_surface_colors is not None:
+        if out._images.surface is None:
+            raise ValueError("grad_surface_colors: this render had no surface (render_gaussians(surface_colors=))")
+        check_array(grad_surface_colors, "grad_surface_colors", wp.vec3, 2, shape, device)
+    backwards_checked([out], [(v_color, v_alpha, v_depth, v_expected)], grads, accumulate, [means2d_grad],
+                      surface_grads=[grad_surface_colors])
     return grads
 
 
 def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: GaussianGrads, accumulate: bool,
-                      means2d_grads: list, means2d: bool = True) -> None:
+                      means2d_grads: list, means2d: bool = True, surface_grads: list | None = None) -> None:
     """:func:`render_gaussians_backward` of the C renders of one call from arguments it
     has checked (also the torch bridge's entry), in order, into one ``grads`` matching the
     inputs: the first adds with ``accumulate`` (or writes), the others add.
@@ -753,22 +801,26 @@ def backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: 
     like the render's images or None (zero); ``means2d_grads`` per render an (N,) wp.vec2
     or None (``out.means2d_grad``); ``means2d`` False: no 2D mean gradients are written
     (nobody reads them; ``means2d_grads`` is then ignored). With graphs, consecutive
-    backwards with graph keys go through one ``Frame.replay`` (:func:`_replay_together`)."""
+    backwards with graph keys go through one ``Frame.replay`` (:func:`_replay_together`).
+    ``surface_grads``: per render an (H, W) wp.vec3 that its surface colours' gradient is
+    added into, or None (the default for all)."""
     if outs:
         with outs[0]._frame._workspace.busy:
-            _backwards_checked(outs, cotangents, grads, accumulate, means2d_grads, means2d)
+            _backwards_checked(outs, cotangents, grads, accumulate, means2d_grads, means2d,
+                               surface_grads or [None] * len(outs))
 
 
 def _backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads: GaussianGrads, accumulate: bool,
-                       means2d_grads: list, means2d: bool) -> None:
+                       means2d_grads: list, means2d: bool, surface_grads: list) -> None:
     """:func:`backwards_checked` inside its workspace's ``busy``."""
     # memory handed back comes back before any graph key is taken (a buffer that moved
     # changes the allocation count) or capture (Frame.restore allocates), as a render call
     # restores its frames up front; the backward's scratch, not the forward's arena
     outs[0]._frame._workspace.restore([out._frame for out in outs], forward=False)
     batch = []
-    for i, (out, cot, means2d_grad) in enumerate(zip(outs, cotangents, means2d_grads)):
-        frame, key, queue = _prepare_backward(out, *cot, grads, accumulate or i > 0, means2d_grad, means2d)
+    for i, (out, cot, means2d_grad, surface_grad) in enumerate(zip(outs, cotangents, means2d_grads, surface_grads)):
+        frame, key, queue = _prepare_backward(out, *cot, grads, accumulate or i > 0, means2d_grad, means2d,
+                                              surface_grad)
         if key is not None:
             batch.append((frame, key, (queue,)))
             continue
@@ -780,14 +832,15 @@ def _backwards_checked(outs: list[RenderOutput], cotangents: list[tuple], grads:
 
 def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.array | None,
                       v_depth: wp.array | None, v_expected: wp.array | None, grads: GaussianGrads,
-                      accumulate: bool, means2d_grad: wp.array | None, means2d: bool = True) -> tuple:
+                      accumulate: bool, means2d_grad: wp.array | None, means2d: bool = True,
+                      grad_surface_colors: wp.array | None = None) -> tuple:
     """One render's backward (arguments as :func:`backwards_checked`, one render's),
     prepared but not queued: ``(frame, key, queue)``; ``queue(None)`` queues it, for a ``Frame.replay`` by
     ``key`` unless ``key`` is None (no graphs, or ``"deterministic"``, which reads the
     exact total)."""
     inputs = out._inputs
     frame = out._frame
-    if inputs.count == 0:
+    if inputs.count == 0 and grad_surface_colors is None:
         return frame, None, lambda _: None
     if not means2d:
         means2d_grad = None
@@ -803,7 +856,7 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
         # object keeps its pointer and shape, and a training step passes the same ones)
         parts = (out._key, out._bins.n_isects == 0, threshold, accumulate, v_color, v_alpha, v_depth, v_expected,
                  grads.means, grads.quats, grads.scales, grads.opacities, grads.colors, means2d_grad,
-                 out.means2d_absgrad)
+                 out.means2d_absgrad, grad_surface_colors)
         keys = frame._workspace.backward_keys
         key = keys.get(parts)
         if key is None:
@@ -821,7 +874,10 @@ def _prepare_backward(out: RenderOutput, v_color: wp.array | None, v_alpha: wp.a
         raster_grads = raster_backward(
             proj, bins, images, settings.background, v_color, v_alpha, v_depth, v_expected,
             settings.reduce, settings.absgrad, threshold, frame, share_room=accumulate,
+            grad_surface_colors=grad_surface_colors,
         )
+        if inputs.count == 0:
+            return  # the surface colours' gradient alone
         sh_v_means = color_backward(inputs, cam, proj, raster_grads, settings.absgrad, grads.colors,
                                     settings.reduce, threshold, frame, accumulate,
                                     None if accumulate else grads.means)

@@ -36,15 +36,16 @@ def check_inputs(means, quats, scales, opacities, colors, settings: RenderSettin
 
 _ZERO_QUAT_SLOT = BAD_SLOTS.index("quats (zero norm)") + 1
 _CAMERA_SLOT = BAD_SLOTS.index("cameras") + 1
+_SURFACE_DEPTH_SLOT = BAD_SLOTS.index("surface_depths (NaN)") + 1
 
 
 def raise_on_flags(flags: np.ndarray | list):
-    """ValueError naming each input the device checks found non-finite, zero quaternions and
-    invalid device cameras. ``flags`` is a numpy array or a list (slot 0, the
+    """ValueError naming each input the device checks found non-finite, zero quaternions,
+    invalid device cameras and NaN surface depths. ``flags`` is a numpy array or a list (slot 0, the
     intersection total, is not a check)."""
     if not any(flags[1:]):
         return
-    special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT)
+    special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT, _SURFACE_DEPTH_SLOT)
     bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if flags[slot] and slot not in special]
     problems = [f"non-finite (NaN/Inf) values in {', '.join(bad)}"] if bad else []
     if flags[_ZERO_QUAT_SLOT]:
@@ -57,6 +58,8 @@ def raise_on_flags(flags: np.ndarray | list):
             "a camera's viewmat/K (DeviceCameras) is non-finite, has a focal length <= 0 or a viewmat "
             "whose last row is not (0, 0, 0, 1); check the camera matrices"
         )
+    if flags[_SURFACE_DEPTH_SLOT]:
+        problems.append("surface_depths has NaN values; give +inf where a pixel has no surface")
     if problems:
         raise ValueError("render_gaussians: " + "; ".join(problems))
 

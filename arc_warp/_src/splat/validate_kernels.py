@@ -7,7 +7,8 @@ and ``validate.raise_on_flags`` names what was wrong.
 import warp as wp
 
 # Slots of the ``bad`` flags array (slot 0 holds the intersection count).
-BAD_SLOTS = ("means", "quats", "scales", "opacities", "colors", "quats (zero norm)", "cameras")
+BAD_SLOTS = ("means", "quats", "scales", "opacities", "colors", "quats (zero norm)", "cameras", "surface_colors",
+             "surface_depths (NaN)")
 
 
 @wp.func
@@ -20,4 +21,12 @@ def flag_nonfinite(values: wp.array(dtype=float), bad: wp.array(dtype=wp.int32),
     """Sets ``bad[slot] = 1`` if any value is NaN or Inf (flat float view of an input)."""
     i = wp.tid()
     if not wp.isfinite(values[i]):
+        bad[slot] = 1
+
+
+@wp.kernel(enable_backward=False)
+def flag_nan(values: wp.array(dtype=float), bad: wp.array(dtype=wp.int32), slot: int):
+    """Sets ``bad[slot] = 1`` if any value is NaN (+-Inf pass: surface depths use +inf)."""
+    i = wp.tid()
+    if wp.isnan(values[i]):
         bad[slot] = 1
