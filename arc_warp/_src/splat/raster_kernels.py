@@ -17,6 +17,11 @@ same mask and a warp skips, as one, the entries whose bit it lacks (``warp_skips
 lane of it could find them valid, so the gradients and the transmittance it restores
 back to front are what evaluating every entry gives.
 
+With a surface (``make_raster_fwd(True)`` and the backward's ``surface``, compile-time
+variants: without one the kernels are the plain ones) a pixel's walk also ends at the
+first entry not in front of its surface depth, and the surface colour takes the
+background's place in the composite and in the backward's ``T_final * background`` term.
+
 The ``deterministic`` backward adds nothing atomically: per entry, each warp sums its
 pixels with the fixed reduce-scatter tree, the warps' sums meet in shared memory and
 are added in warp order, and the total is written to the entry's own slot of a

@@ -48,6 +48,18 @@ def surface_from_mesh(
     into vertices, attributes and textures). The depths have no gradient: visibility is
     a step in them.
 
+    Example (one camera; ``clip`` [1, V, 4] from an OpenGL-style projection whose w is
+    the camera z; inside ``with tape:`` the loss's gradient reaches ``clip.grad``)::
+
+        import arc_warp.mesh as dr
+
+        rast, _ = dr.rasterize(clip, tri, (camera.height, camera.width))
+        color, _ = dr.interpolate(vertex_colors, rast, tri)
+        color = dr.antialias(color, rast, clip, tri)
+        colors, depths = surface_from_mesh(color, rast, clip, tri, flip_y=True)
+        out = render_gaussians(means, quats, scales, opacities, rgb, camera,
+                               surface_colors=colors[0], surface_depths=depths[0])
+
     Returns:
         ``(colors, depths)``: [B, H, W] wp.vec3 and [B, H, W] float32 (world units), row 0
         at the top; ``colors[b]`` and ``depths[b]`` are camera b's surface (a view of
