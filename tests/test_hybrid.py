@@ -8,6 +8,8 @@ chain mesh ops -> surface_from_mesh -> composite -> loss by finite differences o
 mesh vertices.
 """
 
+import contextlib
+
 import numpy as np
 import pytest
 
@@ -18,10 +20,10 @@ import arc_warp  # noqa: E402
 import arc_warp.mesh as dr  # noqa: E402
 from arc_warp.splat import surface_from_mesh  # noqa: E402
 
-from conftest import cpu_blocks_enabled, random_scene  # noqa: E402
+from conftest import random_scene  # noqa: E402
 from reference_splat import fragile_fields, margins, render_reference, surface_margin  # noqa: E402
 from test_splat_reference import (  # noqa: E402
-    GRAD_RTOL, OUTPUTS, PARAMS, assert_forward_close, assert_grads_close, cotangents, ref_camera, torch_params,
+    OUTPUTS, PARAMS, assert_forward_close, assert_grads_close, cotangents, ref_camera, torch_params,
     warp_inputs,
 )
 
@@ -52,11 +54,13 @@ def reference(scene, params, surface, background=BACKGROUND, colors=None):
                             surface_colors=colors, surface_depths=None if sd is None else torch.tensor(sd))
 
 
-def robust_hybrid(rng, tries=40, **kwargs):
+def robust_hybrid(rng, tries=40, scene=None, **kwargs):
     """A random scene and surface whose float64 composite is not within float32 noise of
-    any discrete decision (test_splat_reference.robust_scene's, plus every occlusion)."""
+    any discrete decision (test_splat_reference.robust_scene's, plus every occlusion);
+    ``scene`` given: only the surface is drawn."""
+    given = scene
     for _ in range(tries):
-        scene = random_scene(rng, **kwargs)
+        scene = random_scene(rng, **kwargs) if given is None else given
         surface = random_surface(rng, scene.height, scene.width)
         with torch.no_grad():
             p = torch_params(scene)
@@ -163,18 +167,12 @@ def test_gradients_match_reference(rng, device, reduce, cpu_blocks):
 
 
 def test_tape_path_over_a_camera_batch(rng, device):
-    # two cameras' surfaces as one (C, H, W) array pair: gradients reach each view's .grad
+    # two cameras (one pose, two surfaces) with their surfaces as one (C, H, W) array pair:
+    # gradients reach each camera's view of the colours' .grad
     scene, surface = robust_hybrid(rng, n=40, width=24, height=18, sh_degree=1)
-    scene2, surface2 = robust_hybrid(rng, n=40, width=24, height=18, sh_degree=1)
-    scene2.means, scene2.quats, scene2.scales = scene.means, scene.quats, scene.scales
-    scene2.opacities, scene2.colors = scene.opacities, scene.colors
-    with torch.no_grad():  # scene2's own draw was robust for its own Gaussians only
-        ref2 = reference(scene2, torch_params(scene2), surface2)
-        if fragile_fields(margins(ref2, torch_params(scene2)["opacities"], ref_camera(scene2))) or \
-                surface_margin(ref2, surface2[1]) <= SURFACE_MARGIN:
-            pytest.skip("the second camera's view of the first scene is fragile")
-    cots = [cotangents(rng, scene), cotangents(rng, scene2)]
-    wants = [reference_grads(s, f, c) for s, f, c in zip((scene, scene2), (surface, surface2), cots)]
+    _, surface2 = robust_hybrid(rng, scene=scene)
+    cots = [cotangents(rng, scene), cotangents(rng, scene)]
+    wants = [reference_grads(scene, f, c) for f, c in zip((surface, surface2), cots)]
     inputs = warp_inputs(scene, device, requires_grad=True)
     colors = wp.array(np.stack([surface[0], surface2[0]]), dtype=wp.vec3, device=device, requires_grad=True)
     depths = wp.array(np.stack([surface[1], surface2[1]]), dtype=wp.float32, device=device)
@@ -182,7 +180,7 @@ def test_tape_path_over_a_camera_batch(rng, device):
     tape = wp.Tape()
     with tape:
         outs = arc_warp.render_gaussians(inputs["means"], inputs["quats"], inputs["scales"], inputs["opacities"],
-                                         inputs["colors"], [camera_of(scene), camera_of(scene2)], settings,
+                                         inputs["colors"], [camera_of(scene), camera_of(scene)], settings,
                                          surface_colors=colors, surface_depths=depths)
     grads = {}
     for out, cot in zip(outs, cots):
@@ -219,7 +217,8 @@ def test_surface_alone_without_gaussians(device):
 
 @pytest.mark.parametrize("reduce", ["arc", "deterministic"])
 def test_surface_at_infinity_is_todays_render(rng, device, cpu_blocks, reduce):
-    # bit for bit: images and gradients, whatever the surface colours
+    # bit for bit: images, and gradients wherever the backward is deterministic (the CPU
+    # runs its atomics in order; a GPU's arc sums in whichever order the atomics land)
     kw = dict(n=40, width=19, height=13, sh_degree=1, opacity_range=(0.3, 0.99), size_px_range=(1.0, 6.0))
     scene = random_scene(rng, **kw)
     surface = (rng.uniform(size=(scene.height, scene.width, 3)).astype(np.float32),
@@ -234,7 +233,11 @@ def test_surface_at_infinity_is_todays_render(rng, device, cpu_blocks, reduce):
     g_hybrid = arc_warp.render_gaussians_backward(hybrid, *cotangent_arrays(cot, device),
                                                   grad_surface_colors=grad_surface)
     for k in PARAMS:
-        np.testing.assert_array_equal(getattr(g_hybrid, k).numpy(), getattr(g_plain, k).numpy(), err_msg=k)
+        got, want = getattr(g_hybrid, k).numpy(), getattr(g_plain, k).numpy()
+        if device == "cpu" or reduce == "deterministic":
+            np.testing.assert_array_equal(got, want, err_msg=k)
+        else:  # float32 sums in another order
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6 * np.abs(want).max(), err_msg=k)
     assert not grad_surface.numpy().any()
 
 
@@ -353,12 +356,14 @@ def mesh_surface(clip, tri, vertex_colors, resolution, flip_y):
 
 
 def test_surface_from_mesh_gives_camera_depth_in_image_rows():
-    # A tilted quad over the image's top third: its depth per pixel is the ray-plane
-    # distance along camera z, and its pixels must land in the top rows whichever the
-    # projection's y direction (flip_y says which).
+    # A tilted planar quad over the image's top third: its depth per pixel is the distance
+    # along camera z to the plane on the pixel centre's ray, and its pixels must land in
+    # the top rows whichever the projection's y direction (flip_y says which).
     h, w = 24, 32
     cam = arc_warp.Camera.look_at((0.3, -0.2, -4.0), (0.0, 0.0, 0.0), (0.0, -1.0, 0.0), 50.0, w, h)
-    cam_pts = np.array([[-3.0, -3.0, 3.0], [3.0, -3.0, 2.5], [3.0, -0.4, 3.2], [-3.0, -0.4, 3.6]])
+    xy = np.array([[-3.0, -3.0], [3.0, -3.0], [3.0, -0.4], [-3.0, -0.4]])
+    plane = np.array([0.3, -0.2, 3.0])  # z = 0.3 x - 0.2 y + 3 in camera space
+    cam_pts = np.concatenate([xy, (xy @ plane[:2] + plane[2])[:, None]], axis=1)
     view = cam.world_to_camera
     world = (cam_pts - view[:3, 3]) @ np.linalg.inv(view[:3, :3]).T
     tri = wp.array(np.array([[0, 1, 2], [0, 2, 3]], np.int32), dtype=wp.int32)
@@ -366,36 +371,27 @@ def test_surface_from_mesh_gives_camera_depth_in_image_rows():
     results = []
     for y_up in (True, False):
         clip = wp.array(to_clip(world, clip_matrix(cam, y_up)), dtype=wp.float32)
-        colors, depths, *_ = mesh_surface(clip, tri, vcol, (h, w), flip_y=y_up)
-        results.append((colors.numpy()[0], depths.numpy()[0]))
-    (c_up, d_up), (c_down, d_down) = results
-    np.testing.assert_array_equal(np.isfinite(d_up), np.isfinite(d_down))
-    finite = np.isfinite(d_up)
-    np.testing.assert_allclose(d_up[finite], d_down[finite], rtol=1e-6)
+        colors, depths, rast, *_ = mesh_surface(clip, tri, vcol, (h, w), flip_y=y_up)
+        results.append((colors.numpy()[0], depths.numpy()[0], rast.numpy()[0]))
+    (c_up, d_up, rast_up), (c_down, d_down, _) = results
+    covered = np.isfinite(d_up)
+    np.testing.assert_array_equal(covered, np.isfinite(d_down))
+    np.testing.assert_allclose(d_up[covered], d_down[covered], rtol=1e-6)
     np.testing.assert_allclose(c_up, c_down, atol=1e-6)
-    # analytic: the plane through the first three corners, along each pixel's ray
-    normal = np.cross(cam_pts[1] - cam_pts[0], cam_pts[2] - cam_pts[0])
+    assert covered[: h // 4].all() and not covered[h // 2:].any(), "the quad's pixels are the top rows"
+    assert (d_up[~covered] == np.inf).all()
+    # z = 0.3 x - 0.2 y + 3 on the ray (x, y) = z (rx, ry) of the pixel centre
     v, u = np.meshgrid(np.arange(h) + 0.5, np.arange(w) + 0.5, indexing="ij")
-    rays = np.stack([(u - cam.cx) / cam.fx, (v - cam.cy) / cam.fy, np.ones_like(u)], -1)
-    z = (normal @ cam_pts[0]) / (rays @ normal)
-    # the quad is planar to ~1e-2 only (4 free corners): compare the first triangle's pixels
-    first = np.zeros_like(finite)
-    corners = cam_pts[:3] / cam_pts[:3, 2:]
-    px = np.stack([cam.fx * corners[:, 0] + cam.cx, cam.fy * corners[:, 1] + cam.cy], -1)
-    for i in range(3):
-        a, b = px[i], px[(i + 1) % 3]
-        side = (b[0] - a[0]) * (v - a[1]) - (b[1] - a[1]) * (u - a[0])
-        first = first & (side > 0.05) if i else side > 0.05
-    if not first.any():
-        first = ~first  # the other winding
-        for i in range(3):
-            a, b = px[i], px[(i + 1) % 3]
-            first &= (b[0] - a[0]) * (v - a[1]) - (b[1] - a[1]) * (u - a[0]) < -0.05
-    assert first.sum() > 20 and finite[first].all()
-    # float32 clip positions and barycentrics: ~1e-6 relative
-    np.testing.assert_allclose(d_up[first], z[first], rtol=1e-5)
-    assert finite[: h // 4].any() and not finite[-h // 4:].any(), "the quad belongs to the top rows"
-    assert np.isinf(d_up[~finite]).all() and (d_up[~finite] > 0).all()
+    rx, ry = (u - cam.cx) / cam.fx, (v - cam.cy) / cam.fy
+    z = plane[2] / (1.0 - plane[0] * rx - plane[1] * ry)
+    # float32 clip positions and barycentrics: ~1e-6 relative; a centre that only the
+    # snapped triangle covers gets barycentrics clamped onto the edge (nvdiffrast's), the
+    # edge point's depth, a fraction of a pixel away
+    bary = rast_up[::-1, :, :2]  # the y-up image's rows run bottom-up
+    inside = covered & (bary[..., 0] > 0) & (bary[..., 1] > 0) & (bary.sum(-1) < 1)
+    assert inside.sum() > 0.9 * covered.sum()
+    np.testing.assert_allclose(d_up[inside], z[inside], rtol=1e-5)
+    np.testing.assert_allclose(d_up[covered], z[covered], rtol=1e-3)
 
 
 def _sphere_scene(rng, width=32, height=24, n=70):
@@ -420,7 +416,7 @@ def _hybrid_loss(scene, inputs, clip, tri, vcol, cot, flip_y=True, tape=None):
     """(loss, rast ids, antialias-blended pixel mask, render) of the chain; recorded on
     ``tape`` if given."""
     settings = arc_warp.RenderSettings(background=BACKGROUND)
-    with tape if tape is not None else _no_tape():
+    with tape if tape is not None else contextlib.nullcontext():
         colors, depths, rast, flat, color = mesh_surface(clip, tri, vcol, (scene.height, scene.width), flip_y)
         out = arc_warp.render_gaussians(inputs["means"], inputs["quats"], inputs["scales"], inputs["opacities"],
                                         inputs["colors"], camera_of(scene), settings, surface_colors=colors[0],
@@ -428,14 +424,6 @@ def _hybrid_loss(scene, inputs, clip, tri, vcol, cot, flip_y=True, tape=None):
     loss = float((out.color.numpy().astype(np.float64) * cot).sum())
     blended = np.any(color.numpy() != flat.numpy(), axis=-1)
     return loss, rast.numpy()[..., 3].copy(), blended, out, depths
-
-
-class _no_tape:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def test_finite_differences_through_mesh_ops(rng):

@@ -35,8 +35,8 @@ def surface_from_mesh(
 
     ``flip_y``: True when the mesh image's row 0 is the picture's bottom, as with an
     OpenGL-style projection (y up) and nvdiffrast's memory order (``rasterize`` puts row 0
-    at NDC y = -1); False when the projection already maps the camera's y down to NDC y
-    up the rows, as ``arc_warp_newton.camera_clip_matrix`` does (row 0 at the top).
+    at NDC y = -1); False when the projection maps the camera's y (down) to NDC y, so that
+    row 0 is the picture's top, as ``arc_warp_newton.camera_clip_matrix`` does.
 
     Silhouettes: the composite uses a pixel's colour only where it has a surface, so of
     ``antialias``'s blend across a silhouette only the pixels inside the mesh reach the
