@@ -23,23 +23,26 @@ import warp as wp
 
 from arc_warp._src.splat import bin_kernels
 from arc_warp._src.splat.project_kernels import make_project_fwd
-from arc_warp._src.splat.raster_kernels import make_raster_bwd, raster_fwd
+from arc_warp._src.splat.raster_kernels import make_raster_bwd, make_raster_fwd
 from arc_warp._src.splat.sh_kernels import make_sh_fwd
 from ptx_mesh import ptx_counts, ptxas_info
 
 
 def kernels(bwd: bool = False) -> dict:
     """name -> kernel of the forward, in pipeline order (SH at degree 3, 16 coefficient
-    rows), then with ``bwd`` the raster backward per reduce mode."""
+    rows; the rasteriser also with a surface), then with ``bwd`` the raster backward per
+    reduce mode (and ``arc`` with a surface)."""
     out = {
         "project_fwd": make_project_fwd(False),
         "sh_fwd deg3": make_sh_fwd(16, 16),
         "bin_kernels (whole module)": bin_kernels.write_keys,
-        "raster_fwd": raster_fwd,
+        "raster_fwd": make_raster_fwd(False),
+        "raster_fwd surface": make_raster_fwd(True),
     }
     if bwd:
         for mode in ("arc", "atomic", "deterministic"):
             out[f"raster_bwd {mode}"] = make_raster_bwd(mode, False)
+        out["raster_bwd arc surface"] = make_raster_bwd("arc", False, surface=True)
     return out
 
 

@@ -15,7 +15,10 @@ Conventions:
   opacity-aware box (extent min(3.33, sqrt(2 ln(255 o))) std-devs) fully off-image;
 - compositing: front to back by camera depth (stable order for ties), alpha clamped
   to 0.999, contributions under 1/255 skipped, and a pixel stops at the first
-  Gaussian that would bring its transmittance to <= 1e-4 (that one is not composited).
+  Gaussian that would bring its transmittance to <= 1e-4 (that one is not composited);
+- hybrid compositing (optional): an opaque surface per pixel (colour, camera depth,
+  +inf for none) hides each Gaussian whose centre depth is >= the surface depth at that
+  pixel, and its colour replaces the background where its depth is finite.
 """
 
 import math
@@ -188,12 +191,18 @@ def eval_colors(means, colors, cam: RefCamera, sh_degree) -> torch.Tensor:
 
 
 def composite(proj: RefProjection, opacities, rgb, cam: RefCamera, background,
-              pixel_means2d=None) -> RefRender:
+              pixel_means2d=None, surface_colors=None, surface_depths=None) -> RefRender:
     """Dense front-to-back compositing over every pixel x every visible Gaussian.
 
     `pixel_means2d` (P, M, 2), if given, replaces `proj.means2d[order]` with one copy per
     pixel (P = H * W row-major, M = visible Gaussians front to back), so autograd gives
-    each pixel's own gradient with respect to each 2D mean (see `means2d_grads`)."""
+    each pixel's own gradient with respect to each 2D mean (see `means2d_grads`).
+
+    `surface_colors` (H, W, 3) and `surface_depths` (H, W), if given, put an opaque
+    surface behind the Gaussians: a Gaussian counts at a pixel only where its camera depth
+    is below the surface's (the test is per pair, independent of the order), and the
+    composite is sum w_i c_i + T_final * (surface colour where its depth is finite, else
+    the background). Alpha and the depths stay the visible Gaussians' own."""
     h, w = cam.height, cam.width
     vis_idx = torch.nonzero(proj.visible).flatten()
     depth_all = proj.means_cam[:, 2]
@@ -211,6 +220,9 @@ def composite(proj: RefProjection, opacities, rgb, cam: RefCamera, background,
     alpha_raw = opacities[order][None, :] * torch.exp(-power)
     alpha = torch.clamp(alpha_raw, max=ALPHA_MAX)
     valid = ((power >= 0) & (alpha >= ALPHA_MIN)).detach()
+    if surface_depths is not None:
+        sd = torch.as_tensor(surface_depths, dtype=dtype).reshape(-1, 1)
+        valid = valid & (depth_all.detach()[order][None, :] < sd)
     a = torch.where(valid, alpha, torch.zeros_like(alpha))
     one_minus = 1.0 - a
     t_next = torch.cumprod(one_minus, dim=1)
@@ -221,8 +233,11 @@ def composite(proj: RefProjection, opacities, rgb, cam: RefCamera, background,
     weight = torch.where(alive, a * t_prev, torch.zeros_like(a))
     t_final = torch.where(alive, one_minus, torch.ones_like(one_minus)).prod(dim=1)
 
-    bg = torch.as_tensor(background, dtype=dtype)
-    color = weight @ rgb[order] + t_final[:, None] * bg[None, :]
+    behind = torch.as_tensor(background, dtype=dtype)[None, :].expand(h * w, 3)
+    if surface_depths is not None:
+        has_surface = torch.isfinite(sd)  # (P, 1)
+        behind = torch.where(has_surface, torch.as_tensor(surface_colors, dtype=dtype).reshape(-1, 3), behind)
+    color = weight @ rgb[order] + t_final[:, None] * behind
     depth = weight @ depth_all[order]
     alpha_out = 1.0 - t_final
     has = alpha_out > 0
@@ -235,13 +250,16 @@ def composite(proj: RefProjection, opacities, rgb, cam: RefCamera, background,
 
 
 def render_reference(means, quats, scales, opacities, colors, cam: RefCamera, sh_degree=None,
-                     background=(0.0, 0.0, 0.0), eps2d=0.3) -> RefRender:
+                     background=(0.0, 0.0, 0.0), eps2d=0.3, surface_colors=None,
+                     surface_depths=None) -> RefRender:
     """Render N Gaussians (float64 torch tensors, shapes as arc_warp's inputs with vectors as
     trailing dims: means (N,3), quats (N,4) wxyz, scales (N,3) linear, opacities (N,),
-    colors (N,3) RGB or (N,K,3) SH with K >= (sh_degree+1)^2)."""
+    colors (N,3) RGB or (N,K,3) SH with K >= (sh_degree+1)^2), optionally over a surface
+    (`composite`'s (H, W, 3) `surface_colors` and (H, W) `surface_depths`)."""
     proj = project(means, quats, scales, opacities, cam, eps2d)
     rgb = eval_colors(means, colors, cam, sh_degree)
-    return composite(proj, opacities, rgb, cam, background)
+    return composite(proj, opacities, rgb, cam, background, surface_colors=surface_colors,
+                     surface_depths=surface_depths)
 
 
 def means2d_grads(means, quats, scales, opacities, colors, cam: RefCamera, cotangents: dict,
@@ -352,3 +370,19 @@ def fragile_fields(m: Margins, safe: Margins = SAFE) -> list:
     """Names of the margins of `m` below the `safe` thresholds."""
     return [name for name in Margins.__dataclass_fields__
             if getattr(m, name) < getattr(safe, name)]
+
+
+def surface_margin(ref: RefRender, surface_depths) -> float:
+    """Min relative gap |z_i - d_p| / z_i between the depth z_i of a Gaussian and the
+    finite surface depth d_p of a pixel it reaches (power >= 0, alpha >= 1/255, before the
+    surface test): the occlusion decision of each such pair, which a float32 renderer
+    makes on depths ~1e-7 relative off, is float64's when this is well above that."""
+    with torch.no_grad():
+        z = ref.projection.means_cam[:, 2].detach()[ref.order]
+        reach = (ref.power >= 0) & (ref.alpha_raw.clamp(max=ALPHA_MAX) >= ALPHA_MIN)
+        sd = torch.as_tensor(surface_depths, dtype=z.dtype).reshape(-1, 1)
+        pairs = reach & torch.isfinite(sd)
+        if not pairs.any():
+            return float("inf")
+        gap = (z[None, :] - sd).abs() / z[None, :].abs()
+        return float(gap[pairs].min())

@@ -494,8 +494,8 @@ def test_backward_skips_entries_off_a_warps_pixels_exactly(rng, device, cpu_bloc
         with cpu_launch_guard(device):
             wp.launch(make_raster_bwd(mode, True, skip, True), dim=renderer.tiles_x * renderer.tiles_y * BLOCK_PIXELS,
                       inputs=[cs.sort_ids, cs.ranges, cs.splats, arrays[4], cam.width, cam.height, renderer.tiles_x,
-                              wp.vec3(*settings.background), cs.final_t, cs.last_ids, out.depth, *cots,
-                              settings.threshold or 0, grads, counts], block_dim=BLOCK_PIXELS, device=device)
+                              wp.vec3(*settings.background), None, None, cs.final_t, cs.last_ids, out.depth, *cots,
+                              settings.threshold or 0, grads, None, counts], block_dim=BLOCK_PIXELS, device=device)
         if mode == "deterministic":
             summed = wp.zeros(n, dtype=grad_vector(True), device=device)
             ordered_scatter_add(summed, cs.sort_ids[:total], grads)

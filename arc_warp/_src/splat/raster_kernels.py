@@ -17,6 +17,11 @@ same mask and a warp skips, as one, the entries whose bit it lacks (``warp_skips
 lane of it could find them valid, so the gradients and the transmittance it restores
 back to front are what evaluating every entry gives.
 
+With a surface (``make_raster_fwd(True)`` and the backward's ``surface``, compile-time
+variants: without one the kernels are the plain ones) a pixel's walk also ends at the
+first entry not in front of its surface depth, and the surface colour takes the
+background's place in the composite and in the backward's ``T_final * background`` term.
+
 The ``deterministic`` backward adds nothing atomically: per entry, each warp sums its
 pixels with the fixed reduce-scatter tree, the warps' sums meet in shared memory and
 are added in warp order, and the total is written to the entry's own slot of a
@@ -199,106 +204,140 @@ def stage_entry(
         batch_stage(buf, slot, geom, conic, colors[g], g, subtiles)
 
 
-# 8 blocks per SM caps registers at 32: full occupancy (the spills, 56 bytes at sm_90, are
-# in the staging and the epilogue, outside the entry loops)
-@wp.kernel(
-    enable_backward=False,
-    module_options={"fast_math": True},
-    module="unique",
-    launch_bounds=(BLOCK_PIXELS, 8),
-)
-def raster_fwd(
-    gauss_ids: wp.array(dtype=wp.int32),
-    ranges: wp.array(dtype=wp.vec2i),
-    splats: wp.array(dtype=Splat2D),
-    colors: wp.array(dtype=wp.vec3),
-    width: int,
-    height: int,
-    tiles_x: int,
-    background: wp.vec3,
-    out_color: wp.array2d(dtype=wp.vec3),
-    out_alpha: wp.array2d(dtype=float),
-    out_depth: wp.array2d(dtype=float),
-    out_expected_depth: wp.array2d(dtype=float),
-    out_final_t: wp.array2d(dtype=float),
-    out_last: wp.array2d(dtype=wp.int32),
-):
-    tp = tile_pixel(wp.tid(), tiles_x)
-    x = tp.x
-    y = tp.y
-    inside = x < width and y < height
-    px = float(x) + 0.5
-    py = float(y) + 0.5
-    r = ranges[tp.tile]
-    buf = batch_buffer()
-    rank = batch_rank()
-    size = wp.block_dim()
-    lanes = warp_width()
-    lane = lane_id()
-    col0 = x - x % TILE_SIZE
-    row0 = y - y % TILE_SIZE
-    sub = tp.sub
-    t = float(1.0)
-    rgb = wp.vec3(0.0)
-    depth = float(0.0)
-    last = int(-1)
-    done = not inside
-    start = r[0]
-    while start < r[1]:
-        # the barrier also tells the block that the previous batch is no longer read
-        if block_count(done) == size:
-            break
-        stage_entry(buf, rank, gauss_ids, splats, colors, start + rank, start + rank < r[1], col0, row0)
-        block_sync()
-        count = wp.min(size, r[1] - start)
-        # chunks of one warp's width: each lane tests one entry's subtile bit, then the warp
-        # walks the entries that reach its subtile front to back (every lane ballots)
-        chunk = int(0)
-        while chunk < count:
-            hit = False
-            if chunk + lane < count:
-                hit = reaches(batch_subtiles(buf, chunk + lane), sub)
-            pending = ballot(-1, hit)
-            while pending != 0 and not done:
-                j = chunk + lowest_lane(pending)
-                pending = drop_lowest(pending)
-                geom = batch_get(buf, GEOM, j)
-                opacity = geom[2]
-                f = splat_falloff(geom, batch_get(buf, CONIC, j), px, py)
-                # -1.0 * power: a sign flip folded into exp's multiply; Warp's unary minus is 0 - x
-                alpha = wp.min(ALPHA_MAX, opacity * wp.exp(-1.0 * f.power))
-                if f.power < 0.0 or alpha < ALPHA_MIN:
-                    continue
-                next_t = t * (1.0 - alpha)
-                if next_t <= T_MIN:
-                    done = True
-                    break
-                w = alpha * t
-                c = batch_get(buf, RGB, j)
-                rgb += w * wp.vec3(c[0], c[1], c[2])
-                splat_depth = geom[3]
-                depth += w * splat_depth
-                last = start + j
-                t = next_t
-            chunk += lanes
-        start += size
-    if inside:
-        alpha_out = 1.0 - t
-        out_color[y, x] = rgb + t * background
-        out_alpha[y, x] = alpha_out
-        if out_depth.shape[0] > 0:  # (0, 0) depth images: not wanted (the torch bridge's RGB mode)
-            out_depth[y, x] = depth
-            expected = float(0.0)
-            if alpha_out > 0.0:
-                expected = depth / alpha_out
-            out_expected_depth[y, x] = expected
-        out_final_t[y, x] = t
-        out_last[y, x] = last
+@functools.cache
+def make_raster_fwd(surface: bool = False):
+    """The tile rasteriser's forward; ``surface`` (a compile-time choice) composites the
+    Gaussians over an opaque surface per pixel (``surface_colors``, ``surface_depths``;
+    None without it, where the kernel is the plain one, code and arithmetic).
+
+    Launch with ``dim = n_tiles * 256, block_dim = 256``. With a surface, an entry whose
+    depth (its centre's camera z, ``Splat2D.geom[3]``) is not in front of the pixel's
+    surface depth is not composited there. Entries run in depth order (the sort's keys
+    are these depths' bits), so the first such entry ends the pixel like the transmittance
+    floor does, and ``last_ids`` / ``final_t`` tell the backward where it stopped. The
+    surface colour takes the background's place (``T_final * colour``) where its depth is
+    below +inf; elsewhere the background shows, as without a surface. ``alpha``, ``depth``
+    and ``expected_depth`` stay the Gaussians' own (1 - T_final, sum w_i z_i, their ratio).
+    """
+
+    # 8 blocks per SM caps registers at 32: full occupancy (the spills, 56 bytes at sm_90, are
+    # in the staging and the epilogue, outside the entry loops)
+    @wp.kernel(
+        enable_backward=False,
+        module_options={"fast_math": True},
+        module="unique",
+        launch_bounds=(BLOCK_PIXELS, 8),
+    )
+    def raster_fwd(
+        gauss_ids: wp.array(dtype=wp.int32),
+        ranges: wp.array(dtype=wp.vec2i),
+        splats: wp.array(dtype=Splat2D),
+        colors: wp.array(dtype=wp.vec3),
+        width: int,
+        height: int,
+        tiles_x: int,
+        background: wp.vec3,
+        surface_colors: wp.array2d(dtype=wp.vec3),
+        surface_depths: wp.array2d(dtype=float),
+        out_color: wp.array2d(dtype=wp.vec3),
+        out_alpha: wp.array2d(dtype=float),
+        out_depth: wp.array2d(dtype=float),
+        out_expected_depth: wp.array2d(dtype=float),
+        out_final_t: wp.array2d(dtype=float),
+        out_last: wp.array2d(dtype=wp.int32),
+    ):
+        tp = tile_pixel(wp.tid(), tiles_x)
+        x = tp.x
+        y = tp.y
+        inside = x < width and y < height
+        px = float(x) + 0.5
+        py = float(y) + 0.5
+        r = ranges[tp.tile]
+        buf = batch_buffer()
+        rank = batch_rank()
+        size = wp.block_dim()
+        lanes = warp_width()
+        lane = lane_id()
+        col0 = x - x % TILE_SIZE
+        row0 = y - y % TILE_SIZE
+        sub = tp.sub
+        t = float(1.0)
+        rgb = wp.vec3(0.0)
+        depth = float(0.0)
+        last = int(-1)
+        done = not inside
+        surface_depth = float(0.0)  # read inside the image only (outside, done from the start)
+        if wp.static(surface):
+            if inside:
+                surface_depth = surface_depths[y, x]
+        start = r[0]
+        while start < r[1]:
+            # the barrier also tells the block that the previous batch is no longer read
+            if block_count(done) == size:
+                break
+            stage_entry(buf, rank, gauss_ids, splats, colors, start + rank, start + rank < r[1], col0, row0)
+            block_sync()
+            count = wp.min(size, r[1] - start)
+            # chunks of one warp's width: each lane tests one entry's subtile bit, then the warp
+            # walks the entries that reach its subtile front to back (every lane ballots)
+            chunk = int(0)
+            while chunk < count:
+                hit = False
+                if chunk + lane < count:
+                    hit = reaches(batch_subtiles(buf, chunk + lane), sub)
+                pending = ballot(-1, hit)
+                while pending != 0 and not done:
+                    j = chunk + lowest_lane(pending)
+                    pending = drop_lowest(pending)
+                    geom = batch_get(buf, GEOM, j)
+                    if wp.static(surface):
+                        # in depth order, every entry after one at or behind the surface is too
+                        if geom[3] >= surface_depth:
+                            done = True
+                            break
+                    opacity = geom[2]
+                    f = splat_falloff(geom, batch_get(buf, CONIC, j), px, py)
+                    # -1.0 * power: a sign flip folded into exp's multiply; Warp's unary minus is 0 - x
+                    alpha = wp.min(ALPHA_MAX, opacity * wp.exp(-1.0 * f.power))
+                    if f.power < 0.0 or alpha < ALPHA_MIN:
+                        continue
+                    next_t = t * (1.0 - alpha)
+                    if next_t <= T_MIN:
+                        done = True
+                        break
+                    w = alpha * t
+                    c = batch_get(buf, RGB, j)
+                    rgb += w * wp.vec3(c[0], c[1], c[2])
+                    splat_depth = geom[3]
+                    depth += w * splat_depth
+                    last = start + j
+                    t = next_t
+                chunk += lanes
+            start += size
+        if inside:
+            alpha_out = 1.0 - t
+            behind = background
+            if wp.static(surface):
+                if surface_depth < wp.inf:
+                    behind = surface_colors[y, x]
+            out_color[y, x] = rgb + t * behind
+            out_alpha[y, x] = alpha_out
+            if out_depth.shape[0] > 0:  # (0, 0) depth images: not wanted (the torch bridge's RGB mode)
+                out_depth[y, x] = depth
+                expected = float(0.0)
+                if alpha_out > 0.0:
+                    expected = depth / alpha_out
+                out_expected_depth[y, x] = expected
+            out_final_t[y, x] = t
+            out_last[y, x] = last
+
+    return raster_fwd
 
 
 @functools.cache
-def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = False):
-    """Backward of ``raster_fwd``; ``mode`` picks the accumulator (a compile-time choice).
+def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = False, surface: bool = False):
+    """Backward of ``make_raster_fwd(surface)``; ``mode`` picks the accumulator (a
+    compile-time choice).
 
     Launch with ``dim = n_tiles * 256, block_dim = 256``. Batches run back to front from
     the block's last contributor; a warp starts each batch at its own last contributor.
@@ -316,6 +355,13 @@ def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = F
     ``out_grads`` is (N,) per Gaussian, except for ``deterministic``: (n_isects,) per
     sorted entry, zero-initialised, each written by its tile's block alone. An image
     cotangent may be None (zero), so a missing one costs no zero image.
+
+    With ``surface``, the pixel's surface colour stands in for the background in each
+    entry's gradient where its depth is below +inf (the forward's last contributor already
+    excludes the entries behind it), and ``grad_surface_colors`` ((H, W) wp.vec3, or None:
+    not wanted) gets ``T_final * dL/dcolour`` added there; the surface depths get no
+    gradient (visibility is a step in them). Without it the three surface arrays are unused
+    (None).
     """
     from arc_warp._src.arc.intrinsics import reduce_scatter
     from arc_warp._src.arc.reduce_funcs import check_mode, lane_adder, warp_plan, warp_reducer
@@ -416,6 +462,8 @@ def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = F
         height: int,
         tiles_x: int,
         background: wp.vec3,
+        surface_colors: wp.array2d(dtype=wp.vec3),
+        surface_depths: wp.array2d(dtype=float),
         final_t: wp.array2d(dtype=float),
         last_ids: wp.array2d(dtype=wp.int32),
         depth_img: wp.array2d(dtype=float),
@@ -425,6 +473,7 @@ def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = F
         v_expected_img: wp.array2d(dtype=float),
         threshold: int,
         out_grads: wp.array(dtype=grad_t),
+        grad_surface_colors: wp.array2d(dtype=wp.vec3),
         counts: wp.array(dtype=wp.int32),
     ):
         tp = tile_pixel(wp.tid(), tiles_x)
@@ -437,6 +486,7 @@ def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = F
         v_rgb_px = wp.vec3(0.0)
         v_alpha_px = float(0.0)
         v_depth_px = float(0.0)
+        behind = background
         if x < width and y < height:
             t_final = final_t[y, x]
             last = last_ids[y, x]
@@ -455,8 +505,13 @@ def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = F
                 v_ed = v_expected_img[y, x]
                 v_depth_px += v_ed / alpha_out
                 v_alpha_px -= v_ed * depth_img[y, x] / (alpha_out * alpha_out)
-        # d(output)/d(alpha_i) terms that do not depend on i: alpha and background
-        v_final = t_final * (v_alpha_px - wp.dot(background, v_rgb_px))
+            if wp.static(surface):
+                if surface_depths[y, x] < wp.inf:
+                    behind = surface_colors[y, x]
+                    if grad_surface_colors.shape[0] > 0:  # one thread per pixel: a plain add
+                        grad_surface_colors[y, x] = grad_surface_colors[y, x] + t_final * v_rgb_px
+        # d(output)/d(alpha_i) terms that do not depend on i: alpha and what shows behind
+        v_final = t_final * (v_alpha_px - wp.dot(behind, v_rgb_px))
 
         # entries behind every pixel's last contributor are skipped block-wide, and
         # behind the warp's last contributor warp-wide

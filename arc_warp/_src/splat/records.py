@@ -143,6 +143,17 @@ class Gaussians:
 
 
 @dataclass(frozen=True)
+class Surface:
+    """An opaque surface behind the Gaussians of one camera's pixels (checked by
+    ``surface_ops.check_surfaces``): where ``depths`` is below +inf it hides every Gaussian
+    whose centre's camera z is not in front of it, and its colour shows through the
+    Gaussians' final transmittance in place of the background."""
+
+    colors: wp.array  # (H, W) wp.vec3
+    depths: wp.array  # (H, W) float32, camera z (world units), +inf: no surface
+
+
+@dataclass(frozen=True)
 class RenderImages:
     """What :meth:`GaussianRenderer.forward` writes for C cameras of one H x W size.
 

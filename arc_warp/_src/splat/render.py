@@ -8,6 +8,7 @@ import warp as wp
 from arc_warp._src.camera import Camera, DeviceCameras
 from arc_warp._src.splat.records import GaussianGrads, ImageGrads, RenderImages, RenderOutput, RenderSettings
 from arc_warp._src.splat.renderer import GaussianRenderer, plane
+from arc_warp._src.splat.surface_ops import check_surfaces
 from arc_warp._src.splat.validate import check_gaussians, check_grads
 from arc_warp._src.splat.workspace import Workspace
 from arc_warp._src.tape import active_tape
@@ -28,6 +29,9 @@ def render_gaussians(
     workspace: Workspace | None = None,
     outputs: dict[str, wp.array] | None = None,
     tape: wp.Tape | None = None,
+    *,
+    surface_colors: wp.array | list | None = None,  # (H, W) wp.vec3, or C of them / (C, H, W) for several cameras
+    surface_depths: wp.array | list | None = None,  # (H, W) float32 camera z, +inf: no surface; as the colours
 ) -> RenderOutput | list[RenderOutput]:
     """Renders 3D Gaussians with gsplat 1.5.3 "classic" conventions.
 
@@ -82,6 +86,19 @@ def render_gaussians(
             For several cameras, a list of such dicts (or None), one per camera.
         tape: the ``wp.Tape`` to record the backward on; ``None`` uses the tape of an
             enclosing ``with tape:`` block, if any.
+        surface_colors, surface_depths: an opaque surface behind the Gaussians (a mesh,
+            see :func:`surface_from_mesh`), per pixel a colour and a camera depth (z, world
+            units, the depth the Gaussians are sorted by; +inf where there is none), both
+            or neither. At a pixel, every Gaussian whose centre is not in front of the
+            surface (depth >= surface depth) is hidden, and the surface colour shows
+            through the transmittance the others leave (``T_final * colour``) instead of
+            the background; where the depth is +inf the background shows, so a surface at
+            +inf everywhere renders what no surface renders, bit for bit. ``alpha``,
+            ``depth`` and ``expected_depth`` stay the visible Gaussians' own. Checked like
+            the inputs (NaN depths and non-finite colours by the device). The backward adds
+            ``T_final * dL/dcolor`` into the colours' gradient (``.grad`` on the tape,
+            ``grad_surface_colors`` of :func:`render_gaussians_backward`); the depths get
+            none.
 
     Returns:
         :class:`RenderOutput` (or a list of them for several cameras).
@@ -114,6 +131,7 @@ def render_gaussians(
         raise ValueError(f"outputs= for a list of {c} cameras must be a list of as many dicts (or None)")
     per_camera = outputs if batch and outputs is not None else [outputs] * c
     given = [_check_outputs(o, n, shape, g.device) for o in per_camera]
+    surfaces = check_surfaces(surface_colors, surface_depths, [shape] * c, batch, g.device)
     if workspace is None:
         renderer = GaussianRenderer(sized.width, sized.height, n, c, g.sh_coeffs, settings, g.device, record=False)
     else:
@@ -126,7 +144,7 @@ def render_gaussians(
         means2d=wp.empty((c, n), dtype=wp.vec2, device=g.device),
         radii=wp.empty((c, n), dtype=wp.vec2i, device=g.device))
     state = renderer.new_state()
-    status = renderer.forward(g, cameras, state, images, check=True)
+    status = renderer.forward(g, cameras, state, images, check=True, surfaces=surfaces)
     outs = []
     for i, mine in enumerate(given):
         views = {name: plane(getattr(images, name), i) for name in (*IMAGE_OUTPUTS, "means2d", "radii")}
@@ -140,11 +158,14 @@ def render_gaussians(
                                  _renderer=renderer, _state=state, _index=i))
     if tape is None:
         tape = active_tape()
-    if tape is not None and any(a.requires_grad for a in g.arrays):
+    surface_inputs = tuple(surface.colors for surface in surfaces or ())
+    if tape is not None and any(a.requires_grad for a in g.arrays + surface_inputs):
         for out in outs:
             for img in (out.color, out.alpha, out.depth, out.expected_depth):
                 img.requires_grad = True
-            tracked = [a for a in (out.color, out.alpha, out.depth, out.expected_depth, *g.arrays) if a.requires_grad]
+            own = () if surfaces is None else (surfaces[out._index].colors,)
+            tracked = [a for a in (out.color, out.alpha, out.depth, out.expected_depth, *g.arrays, *own)
+                       if a.requires_grad]
             tape.record_func(lambda out=out: _tape_backward(out), tracked)
     return outs if batch else outs[0]
 
@@ -168,10 +189,12 @@ def _check_outputs(outputs, n: int, shape: tuple, device) -> dict:
 def _tape_backward(out: RenderOutput):
     """Tape callback: output .grad -> input .grad (the inputs' own .grad where they have
     one, scratch for the others)."""
-    g = out._state.gaussians
+    g, surfaces = out._state.gaussians, out._state.surfaces
     grads = GaussianGrads(*(a.grad if a.requires_grad else wp.zeros_like(a) for a in g.arrays))
+    surface = None if surfaces is None else surfaces[out._index].colors
     render_gaussians_backward(out, out.color.grad, out.alpha.grad, out.depth.grad, out.expected_depth.grad,
-                              grads=grads)
+                              grads=grads, grad_surface_colors=surface.grad if surface is not None
+                              and surface.requires_grad else None)
 
 
 def render_gaussians_backward(
@@ -183,6 +206,7 @@ def render_gaussians_backward(
     grads: GaussianGrads | None = None,
     accumulate: bool = True,
     means2d_grad: wp.array | None = None,  # (N,) wp.vec2
+    grad_surface_colors: wp.array | None = None,  # (H, W) wp.vec3, added into
 ) -> GaussianGrads:
     """Gradients of a scalar loss w.r.t. the inputs of the render that made ``out``.
 
@@ -225,9 +249,15 @@ def render_gaussians_backward(
         check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (g.count,), device)
     else:
         means2d_grad = out.means2d_grad
-    cotangents = [None] * out._renderer.num_cameras
-    cotangents[out._index] = cot
-    m2d = [None] * out._renderer.num_cameras
-    m2d[out._index] = means2d_grad
-    out._renderer.backward(out._state, cotangents, grads, accumulate, m2d)
+    c = out._renderer.num_cameras
+    surfaces = None
+    if grad_surface_colors is not None:
+        if out._state.surfaces is None:
+            raise ValueError("grad_surface_colors: the render had no surface (surface_colors / surface_depths)")
+        check_array(grad_surface_colors, "grad_surface_colors", wp.vec3, 2, shape, device)
+        surfaces = [None] * c
+        surfaces[out._index] = grad_surface_colors
+    cotangents, m2d = [None] * c, [None] * c
+    cotangents[out._index], m2d[out._index] = cot, means2d_grad
+    out._renderer.backward(out._state, cotangents, grads, accumulate, m2d, surfaces)
     return grads

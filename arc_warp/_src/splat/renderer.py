@@ -36,9 +36,10 @@ from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections,
 from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D, grad_vector
 from arc_warp._src.splat.project_ops import project, project_backward, write_cameras
 from arc_warp._src.splat.raster_ops import raster_backward, rasterize
-from arc_warp._src.splat.records import GaussianGrads, Gaussians, ImageGrads, RenderImages, RenderSettings
+from arc_warp._src.splat.records import GaussianGrads, Gaussians, ImageGrads, RenderImages, RenderSettings, Surface
 from arc_warp._src.splat.sh_ops import coefficient_rows, color_backward, compute_colors
 from arc_warp._src.splat.status import RenderStatus
+from arc_warp._src.splat.surface_ops import flag_surface
 from arc_warp._src.splat.validate import check_intersections
 from arc_warp._src.splat.validate_kernels import FLAG_SLOTS
 from arc_warp._src.validate import check_array
@@ -124,6 +125,7 @@ class RenderState:
                              strides=(self.cameras[1].cam.ptr - self.cameras[0].cam.ptr if c > 1 else 1,),
                              device=renderer.device) if c > 1 else self.cameras[0].cam
         self.capacity = 0
+        self.surfaces: list[Surface] | None = None
         self.gaussians: Gaussians | None = None
         self.images: RenderImages | None = None
         self.status: RenderStatus | None = None
@@ -228,9 +230,15 @@ class GaussianRenderer:
     # ---------------------------------------------------------------- forward
 
     def forward(self, gaussians: Gaussians, cameras, state: RenderState, images: RenderImages,
-                check: bool | None = None) -> RenderStatus:
+                check: bool | None = None, surfaces: list[Surface] | None = None) -> RenderStatus:
         """Renders ``gaussians`` into each camera of ``cameras`` (a sequence of C
         :class:`Camera`, or :class:`DeviceCameras` of C), writing ``images`` and ``state``.
+
+        ``surfaces``: one :class:`Surface` per camera ((H, W) colours and camera depths,
+        +inf where a pixel has none), composited behind the Gaussians: at a pixel every
+        Gaussian whose centre is not in front of the surface is hidden, and the surface
+        colour shows through the transmittance the others leave, where the background
+        would (``alpha`` and the depths stay the visible Gaussians' own).
 
         ``check``: read the render's status before returning (raise for bad inputs, render
         an overflowed camera again): None does it where it costs no wait (the CPU). See the
@@ -238,7 +246,7 @@ class GaussianRenderer:
         previous forward still unread is read (its ValueError raises here).
 
         Returns the render's :class:`RenderStatus` (also ``state.status``)."""
-        self._check_call(gaussians, cameras, state, images)
+        self._check_call(gaussians, cameras, state, images, surfaces)
         self._read_pending()
         if check is None:
             check = self.device.is_cpu
@@ -248,7 +256,7 @@ class GaussianRenderer:
                 raise RuntimeError(
                     "GaussianRenderer: a render inside a CUDA graph capture cannot wait for the device to size its "
                     "sort; run the captured step once before capturing it")
-        state.gaussians, state.images = gaussians, images
+        state.gaussians, state.images, state.surfaces = gaussians, images, surfaces
         self._flags.zero_()
         write_cameras(self._launches, cameras, state.cams, self._flags)
         rows = coefficient_rows(gaussians)
@@ -264,7 +272,8 @@ class GaussianRenderer:
             self._pending = status
         return status
 
-    def _check_call(self, gaussians: Gaussians, cameras, state: RenderState, images: RenderImages) -> None:
+    def _check_call(self, gaussians: Gaussians, cameras, state: RenderState, images: RenderImages,
+                    surfaces: list[Surface] | None) -> None:
         """TypeError/ValueError, before anything is queued, for arguments this renderer was
         not made for."""
         if not isinstance(gaussians, Gaussians):
@@ -299,6 +308,12 @@ class GaussianRenderer:
             check_array(a, f"images.{name}", dtype, a.ndim if isinstance(a, wp.array) else 0, None, self.device)
             if a.shape not in shapes:
                 raise ValueError(f"images.{name} must have shape {' or '.join(map(str, shapes))}, got {a.shape}")
+        if surfaces is not None:
+            if len(surfaces) != c or not all(isinstance(s, Surface) for s in surfaces):
+                raise ValueError(f"surfaces: expected one Surface per camera ({c}), got {surfaces!r}")
+            for i, surface in enumerate(surfaces):
+                check_array(surface.colors, f"surfaces[{i}].colors", wp.vec3, 2, (h, w), self.device)
+                check_array(surface.depths, f"surfaces[{i}].depths", wp.float32, 2, (h, w), self.device)
 
     def _scratch(self, backward: bool) -> _Block:
         """This call's scratch: the forward's (N-sized counts, depth order and scan, then
@@ -361,6 +376,9 @@ class GaussianRenderer:
             rgb = cs.rgb if gaussians.sh_coeffs else gaussians.colors
             project(launches, c, gaussians, cs.cam, settings, self.tiles_x, self.tiles_y, flags, plane(images.means2d, c),
                     plane(images.radii, c), cs.splats, tiles_per_gauss, keys, order)
+            surface = None if state.surfaces is None else state.surfaces[c]
+            if surface is not None:
+                flag_surface(launches, c, surface, flags)
             if n:
                 compute_colors(launches, c, gaussians, rows, cs.cam, plane(images.radii, c), cs.rgb, flags)
                 count_intersections(launches, c, n, keys, order, tiles_per_gauss, cum_tiles, cap, flags)
@@ -373,8 +391,8 @@ class GaussianRenderer:
             if c == cameras[-1]:
                 status = self._recorded_status()
             rasterize(launches, c, self.tiles_x, self.tiles_y, settings.background, cs.sort_ids, cs.ranges,
-                      cs.splats, rgb, plane(images.color, c), plane(images.alpha, c), plane(images.depth, c), plane(images.expected_depth, c),
-                      cs.final_t, cs.last_ids)
+                      cs.splats, rgb, plane(images.color, c), plane(images.alpha, c), plane(images.depth, c),
+                      plane(images.expected_depth, c), cs.final_t, cs.last_ids, surface)
         state.status = status
         return status
 
@@ -441,7 +459,8 @@ class GaussianRenderer:
     # ---------------------------------------------------------------- backward
 
     def backward(self, state: RenderState, cotangents: list[ImageGrads | None], grads: GaussianGrads,
-                 accumulate: bool = False, means2d_grads: list[wp.array | None] | None = None) -> None:
+                 accumulate: bool = False, means2d_grads: list[wp.array | None] | None = None,
+                 grad_surface_colors: list[wp.array | None] | None = None) -> None:
         """Gradients of a scalar loss w.r.t. the inputs of the forward that filled ``state``.
 
         ``cotangents`` holds one :class:`ImageGrads` per camera (None: the camera is not
@@ -449,7 +468,9 @@ class GaussianRenderer:
         with ``accumulate``, adds into them; the others add. ``means2d_grads``: per camera
         an (N,) vec2 that receives dL/dmeans2d in pixels (written) or None (not computed).
         With ``settings.absgrad`` each camera's ``state.cameras[c].absgrad`` receives the
-        per-pixel absolute sums (written).
+        per-pixel absolute sums (written). ``grad_surface_colors``: per camera rendered with a
+        surface, an (H, W) wp.vec3 that ``T_final * dL/dcolor`` is added into (None: not
+        wanted); surface depths get no gradient.
 
         The rasteriser backward runs one 256-thread block per tile and reduces the
         per-Gaussian gradients with the accumulator of ``settings.reduce``; then the SH
@@ -474,14 +495,16 @@ class GaussianRenderer:
             cs = state.cameras[c]
             raster_grads.zero_()
             rgb = cs.rgb if g.sh_coeffs else g.colors
-            if g.count and (totals is None or totals[c] > 0):
+            surface = None if state.surfaces is None else state.surfaces[c]
+            if (g.count and (totals is None or totals[c] > 0)) or surface is not None:
                 if det:
                     entry_grads.zero_()
                 raster_backward(launches, c, self.tiles_x, self.tiles_y, settings.background, cs.sort_ids, cs.ranges,
                                 cs.splats, rgb, cs.final_t, cs.last_ids, plane(state.images.depth, c), cot.color, cot.alpha,
                                 cot.depth, cot.expected_depth, settings.reduce, settings.absgrad, self.threshold,
                                 raster_grads, entry_grads if det else None,
-                                min(totals[c], state.status.capacity) if det else 0)
+                                min(totals[c], state.status.capacity) if det else 0, surface,
+                                None if grad_surface_colors is None else grad_surface_colors[c])
             add = accumulate or not first
             if add and not accumulate:  # this camera's own outputs are written, but the kernel adds
                 for own in (means2d_grads[c], cs.absgrad):

@@ -9,18 +9,19 @@ from arc_warp._src.splat.validate_kernels import BAD_SLOTS, OVERFLOW_SLOT
 
 _ZERO_QUAT_SLOT = BAD_SLOTS.index("quats (zero norm)") + 1
 _CAMERA_SLOT = BAD_SLOTS.index("cameras") + 1
+_SURFACE_DEPTH_SLOT = BAD_SLOTS.index("surface_depths (NaN)") + 1
 
 
 def raise_on_flags(flags, context: str = "render_gaussians") -> None:
     """ValueError naming each input the device checks of one or more cameras found
-    non-finite, zero quaternions and invalid device cameras. ``flags`` is a (C,
+    non-finite, zero quaternions, invalid device cameras and NaN surface depths. ``flags`` is a (C,
     FLAG_SLOTS) array or a list of rows (slot 0, the total, and the overflow slot are not
     input checks)."""
     rows = np.atleast_2d(np.asarray(flags))
     seen = rows[:, 1:OVERFLOW_SLOT].any(axis=0)
     if not seen.any():
         return
-    special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT)
+    special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT, _SURFACE_DEPTH_SLOT)
     bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if seen[slot - 1] and slot not in special]
     problems = [f"non-finite (NaN/Inf) values in {', '.join(bad)}"] if bad else []
     if seen[_ZERO_QUAT_SLOT - 1]:
@@ -31,6 +32,8 @@ def raise_on_flags(flags, context: str = "render_gaussians") -> None:
         problems.append(
             "a camera's viewmat/K (DeviceCameras) is non-finite, has a focal length <= 0 or a viewmat "
             "whose last row is not (0, 0, 0, 1); check the camera matrices")
+    if seen[_SURFACE_DEPTH_SLOT - 1]:
+        problems.append("surface_depths has NaN values; give +inf where a pixel has no surface")
     raise ValueError(f"{context}: " + "; ".join(problems))
 
 

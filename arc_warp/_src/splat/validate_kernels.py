@@ -10,7 +10,8 @@ its update when any slot past 0 is set.
 import warp as wp
 
 # Slots 1.. of the flags (slot 0 holds the intersection total).
-BAD_SLOTS = ("means", "quats", "scales", "opacities", "colors", "quats (zero norm)", "cameras")
+BAD_SLOTS = ("means", "quats", "scales", "opacities", "colors", "quats (zero norm)", "cameras", "surface_colors",
+             "surface_depths (NaN)")
 OVERFLOW_SLOT = 1 + len(BAD_SLOTS)
 FLAG_SLOTS = OVERFLOW_SLOT + 1
 
@@ -25,4 +26,12 @@ def flag_nonfinite(values: wp.array(dtype=float), bad: wp.array(dtype=wp.int32),
     """Sets ``bad[slot] = 1`` if any value is NaN or Inf (flat float view of an input)."""
     i = wp.tid()
     if not wp.isfinite(values[i]):
+        bad[slot] = 1
+
+
+@wp.kernel(enable_backward=False)
+def flag_nan(values: wp.array(dtype=float), bad: wp.array(dtype=wp.int32), slot: int):
+    """Sets ``bad[slot] = 1`` if any value is NaN (+-Inf pass: surface depths use +inf)."""
+    i = wp.tid()
+    if wp.isnan(values[i]):
         bad[slot] = 1
