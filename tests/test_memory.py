@@ -1,47 +1,34 @@
-"""Device memory a workspace keeps for a render + backward (Issue 11: peak memory per Gaussian).
-
-``Workspace.memory_report`` lists every buffer; these tests hold the bytes that scale with
-the number of Gaussians, and those that scale with the intersections, to a stated budget,
-so a buffer added back (a per-Gaussian scratch array, headroom on the sort) fails here.
-"""
+"""Device memory of a render and its backward: what a RenderState keeps for the backward
+and what a call's scratch takes, held to a stated budget per Gaussian, pixel and sort
+entry (so a buffer added back, a per-Gaussian scratch array or headroom on the sort,
+fails here); cotangents not given cost nothing and equal zero images; the torch bridge
+frees what only the backward read once it has run."""
 
 import numpy as np
 import pytest
 import warp as wp
 
-from arc_warp import Camera, GaussianGrads, RenderSettings, Workspace, render_gaussians, render_gaussians_backward
-from arc_warp._src.splat.bin_ops import forward_scratch_bytes
+from arc_warp import (Camera, GaussianGrads, GaussianRenderer, ImageGrads, RenderImages, RenderSettings,
+                      check_gaussians, render_gaussians, render_gaussians_backward)
+from arc_warp._src.splat.renderer import ALIGN
 from conftest import random_scene
 
-# Bytes per Gaussian a workspace keeps for an SH render and its backward, with the outputs
-# and the gradients (2D means' included) given by the caller (as the torch bridge does):
-# the render frame's splats (32) and colours (12), and the shared scratch arena, whose
-# largest stage here is the backward's packed rasteriser gradient (40; the SH stage's
-# share of dL/dmeans goes into the mean gradient, which this backward writes); the
-# forward's depth sort (28), whose keys the tile sort's take over, fits in it. Plus at
-# most 4 alignment gaps.
-BUDGET_PER_GAUSSIAN = 32 + 12 + 40
-# Bytes per Gaussian of the backward's stage of the scratch arena: the packed rasteriser
-# gradient, and beside it the SH share of dL/dmeans where the backward adds into the mean
-# gradient (a backward that writes it holds the share there)
-BACKWARD_STAGE = {"written": 40, "added": 40 + 12}
-# Bytes per sorted entry: int32 Gaussian ids, twice the kept sort size (the radix sort's
-# room), with no headroom past the kept size's own (the keys are scratch).
-BYTES_PER_SORT_ENTRY = 2 * 4
-SORT_BUFFERS = ("sort_ids",)
-
-
-def _small_splats(rng):
-    """A scene of small splats (a kept sort size of about 2.3 entries per Gaussian, as
-    bench_train_step's 1M scene's), whose forward's stage of the scratch arena fits in the
-    backward's."""
-    return random_scene(rng, n=12000, width=128, height=96, sh_degree=3, size_px_range=(0.3, 1.5))
+# Bytes a RenderState keeps per camera, for the backward: per Gaussian the projected
+# splats (32) and SH colours (12); per pixel the final transmittance and last contributor
+# (8); per sorted entry the Gaussian ids, twice the capacity (the radix sort's room).
+STATE_PER_GAUSSIAN, STATE_PER_PIXEL, STATE_PER_SORT_ENTRY = 32 + 12, 8, 2 * 4
+# A forward's scratch per Gaussian: tile counts (4), depth order (8: the sort's room), scan
+# (8); then keys, shared by the depth sort (8 per Gaussian) and the tile sort (8 per entry).
+FORWARD_PER_GAUSSIAN, KEYS_PER_ENTRY = 4 + 8 + 8, 2 * 4
+# A backward's scratch per Gaussian: the packed rasteriser gradient (40) and the SH
+# stage's share of dL/dmeans (12).
+BACKWARD_PER_GAUSSIAN = 40 + 12
 
 
 def _arrays(scene):
-    return [wp.array(x, dtype=t, device="cpu") for x, t in
-            ((scene.means, wp.vec3), (scene.quats, wp.vec4), (scene.scales, wp.vec3),
-             (scene.opacities, wp.float32), (scene.colors, wp.vec3))]
+    return (wp.array(scene.means, dtype=wp.vec3), wp.array(scene.quats, dtype=wp.vec4),
+            wp.array(scene.scales, dtype=wp.vec3), wp.array(scene.opacities, dtype=wp.float32),
+            wp.array(scene.colors, dtype=wp.vec3))
 
 
 def _camera(scene):
@@ -49,102 +36,24 @@ def _camera(scene):
                   world_to_camera=scene.world_to_camera)
 
 
-def _step(scene, camera, settings, ws):
-    """One render + backward into caller-owned outputs and gradients."""
-    n, shape = scene.means.shape[0], (scene.height, scene.width)
-    arrays = _arrays(scene)
-    outputs = {"color": wp.empty(shape, wp.vec3), "alpha": wp.empty(shape, wp.float32),
-               "depth": wp.empty(shape, wp.float32), "expected_depth": wp.empty(shape, wp.float32),
-               "means2d": wp.empty(n, wp.vec2), "radii": wp.empty(n, wp.vec2i)}
-    grads = GaussianGrads(*(wp.empty(a.shape, a.dtype) for a in arrays))
-    out = render_gaussians(*arrays, camera, settings, ws, outputs)
-    render_gaussians_backward(out, wp.ones(shape, wp.vec3), grads=grads, accumulate=False,
-                              means2d_grad=wp.empty(n, wp.vec2))
-    return out
-
-
-def test_workspace_bytes_per_gaussian_within_budget(rng):
-    scene = _small_splats(rng)
-    n = scene.means.shape[0]
-    camera = _camera(scene)
-    ws = Workspace("cpu")
-    for _ in range(3):
-        out = _step(scene, camera, RenderSettings(), ws)
-        del out  # a training loop's output is gone before the next render: one frame
-    report = ws.memory_report()
-    assert {b.frame for b in report} == {0, 1}
-    assert ws.nbytes() == sum(b.nbytes for b in report)
-    per_gaussian = sum(b.nbytes for b in report if b.name == "scratch" or (b.shape[0] % n == 0 and len(b.shape) == 1))
-    assert per_gaussian <= BUDGET_PER_GAUSSIAN * n + 4 * 256, (
-        f"{per_gaussian / n:.1f} bytes per Gaussian, budget {BUDGET_PER_GAUSSIAN}: "
-        + ", ".join(f"{b.name} {b.nbytes / n:.1f}" for b in report))
-    kept = ws.sort_size(((scene.width + 15) // 16, (scene.height + 15) // 16))
-    sort_bytes = sum(b.nbytes for b in report if b.name in SORT_BUFFERS)
-    assert kept is not None and sort_bytes <= BYTES_PER_SORT_ENTRY * kept
-
-
-@pytest.mark.parametrize("size_px", [(0.3, 2.0), (6.0, 16.0)])
-def test_workspace_holds_no_sort_keys_zero_images_or_unused_means2d_grad(rng, size_px):
-    """The tile sort's keys are scratch of the forward's stage (the arena grows past the
-    backward's stage only when the keys need more: large splats), a missing cotangent
-    costs no zero image, and a render whose backward is given its 2D-mean gradient buffer
-    keeps none: after the first step, the shared frame holds the arena alone, the steps
-    allocate nothing more, and the images match a one-off render's."""
-    n = 400
-    scene = random_scene(rng, n=n, width=64, height=48, sh_degree=3, size_px_range=size_px)
-    camera = _camera(scene)
-    ws = Workspace("cpu")
-    counts = []
-    for _ in range(3):
-        out = _step(scene, camera, RenderSettings(), ws)
-        counts.append(ws.allocations)
-        image = out.color.numpy()
-        del out
-    assert counts[2] == counts[1] == counts[0]
-    np.testing.assert_array_equal(image, render_gaussians(*_arrays(scene), camera).color.numpy())
-    report = ws.memory_report()
-    names = {(b.frame, b.name) for b in report}
-    assert {name for frame, name in names if frame == 0} == {"scratch"}, names
-    assert (1, "means2d_grad") not in names, names
-    kept = ws.sort_size(((scene.width + 15) // 16, (scene.height + 15) // 16))
-    backward = n * BACKWARD_STAGE["written"]
-    arena = next(b.nbytes for b in report if b.name == "scratch")
-    assert arena == max(backward, forward_scratch_bytes(n, kept))
-    if size_px[0] > 1.0:
-        assert forward_scratch_bytes(n, kept) > backward  # the keys grew the arena
-
-
-@pytest.mark.parametrize("accumulate", [False, True])
-def test_backward_stage_holds_sh_share_only_when_adding(rng, accumulate):
-    """A backward that writes dL/dmeans holds the SH stage's share of it in the mean
-    gradient, not in the shared arena beside the rasteriser gradient (so the arena held
-    with the caller's gradients is 12 bytes per Gaussian smaller); one that adds into
-    dL/dmeans keeps the share in the arena, since the gradient holds earlier values."""
-    scene = _small_splats(rng)
-    n, camera, arrays, shape = scene.means.shape[0], _camera(scene), _arrays(scene), (scene.height, scene.width)
-    ws = Workspace("cpu")
-    grads = GaussianGrads(*(wp.zeros(a.shape, a.dtype) for a in arrays))
-    for _ in range(2):
-        out = render_gaussians(*arrays, camera, RenderSettings(), ws)
-        render_gaussians_backward(out, wp.ones(shape, wp.vec3), grads=grads, accumulate=accumulate)
-    kept = ws.sort_size(((scene.width + 15) // 16, (scene.height + 15) // 16))
-    backward = n * BACKWARD_STAGE["added" if accumulate else "written"] + (256 if accumulate else 0)
-    assert forward_scratch_bytes(n, kept) < n * BACKWARD_STAGE["written"]  # the backward's stage sizes the arena
-    assert next(b.nbytes for b in ws.memory_report() if b.name == "scratch") == backward
-
-
-def test_torch_backward_holds_no_sh_share_in_scratch(rng):
-    """A one-camera torch backward writes its gradients (arc_warp_torch's gradient buffer),
-    so its arena holds the rasteriser gradient alone."""
-    scene = _small_splats(rng)
-    n = scene.means.shape[0]
-    render, context, _ = _torch_renderer(scene)
-    for _ in range(2):
-        render()[0].sum().backward()
-    ws = context.workspace
-    kept = ws.sort_size(((scene.width + 15) // 16, (scene.height + 15) // 16))
-    assert forward_scratch_bytes(n, kept) < n * BACKWARD_STAGE["written"]
-    assert next(b.nbytes for b in ws.memory_report() if b.name == "scratch") == n * BACKWARD_STAGE["written"]
+def test_state_and_scratch_within_budget(rng):
+    scene = random_scene(rng, n=12000, width=128, height=96, sh_degree=3, size_px_range=(0.3, 1.5))
+    n, h, w = 12000, scene.height, scene.width
+    g = check_gaussians(*_arrays(scene))
+    renderer = GaussianRenderer(w, h, n, 1, g.sh_coeffs)
+    state = renderer.new_state()
+    images = RenderImages(wp.empty((1, h, w), dtype=wp.vec3), *(wp.empty((1, h, w)) for _ in range(3)),
+                          wp.empty((1, n), dtype=wp.vec2), wp.empty((1, n), dtype=wp.vec2i))
+    renderer.forward(g, [_camera(scene)], state, images)
+    renderer.backward(state, [ImageGrads(wp.ones((h, w), dtype=wp.vec3))],
+                      GaussianGrads(*(wp.empty_like(a) for a in g.arrays)))
+    cap = renderer.capacity
+    gaps = 16 * ALIGN  # every part's alignment
+    held = sum(o.capacity for o in state.owners)
+    assert held <= STATE_PER_GAUSSIAN * n + STATE_PER_PIXEL * h * w + STATE_PER_SORT_ENTRY * cap + 8 * 256 + gaps
+    forward = renderer._forward_scratch.owner.capacity
+    assert forward <= FORWARD_PER_GAUSSIAN * n + KEYS_PER_ENTRY * max(n, cap) + gaps
+    assert renderer._backward_scratch.owner.capacity <= BACKWARD_PER_GAUSSIAN * n + gaps
 
 
 @pytest.mark.parametrize("reduce,absgrad", [("arc", True), ("atomic", False), ("deterministic", True)])
@@ -190,21 +99,12 @@ def _torch_renderer(scene):
     return render, context, t["means"]
 
 
-def test_torch_training_loop_holds_one_frame(rng):
-    render, context, _ = _torch_renderer(random_scene(rng, n=500, width=40, height=32, sh_degree=1))
-    img = None
-    for _ in range(3):  # the previous image is still referenced while the next one renders
-        img = render()[0]
-        img.sum().backward()
-    assert {b.frame for b in context.workspace.memory_report()} == {0, 1}
-
-
 def test_torch_backward_drops_what_only_the_backward_needed(rng):
     """The radii returned are the caller's alone (the render node saves an alias of their
-    memory, with the projected means', which its backward reads). After a backward without
-    retain_graph the node holds neither those nor its outputs' frame (so the optimizer step
-    that follows does not hold them), while the loss (and so the node) is still alive;
-    with retain_graph it keeps them for a second backward, which then gives the same
+    memory, with the projected means' and its state's, which its backward reads). After a
+    backward without retain_graph torch has freed them (so the optimizer step that follows
+    does not hold them), while the loss (and so the node) is still alive; with
+    retain_graph it keeps them for a second backward, which then gives the same
     gradients."""
     import gc
     import weakref
@@ -220,14 +120,13 @@ def test_torch_backward_drops_what_only_the_backward_needed(rng):
     assert radii() is None  # dropped by the caller
     loss.backward(retain_graph=True)
     gc.collect()
-    assert node.outs is not None and len(node.saved_tensors) == 6  # a second backward may still run
+    assert len(node.saved_tensors) == 8  # a second backward may still run: inputs, radii, state (2)
     first = means.grad.clone()
     means.grad = None
     loss.backward()
     np.testing.assert_array_equal(means.grad.numpy(), first.numpy())
     gc.collect()
     assert loss.grad_fn is not None  # the graph's nodes are alive, their saved tensors freed
-    assert node.outs is None
     with pytest.raises(RuntimeError, match="freed"):
         node.saved_tensors
 
@@ -235,7 +134,7 @@ def test_torch_backward_drops_what_only_the_backward_needed(rng):
 def test_torch_dropped_means2d_is_not_held_nor_its_gradient_made(rng):
     """`meta["means2d"]` is held by nobody but the caller: dropped before the backward, it
     dies while the loss lives, and the backward makes no gradient for it (the means'
-    gradient buffer holds the means' alone), with the same means gradient, bit for bit, as
+    gradient is a buffer of its own), with the same means gradient, bit for bit, as
     when it is kept. Kept, its .grad gets dL/dmeans2d, added to on a second backward."""
     import gc
     import weakref
@@ -245,7 +144,6 @@ def test_torch_dropped_means2d_is_not_held_nor_its_gradient_made(rng):
     kept = meta["means2d"]
     img.sum().backward(retain_graph=True)
     want, first = means.grad.clone(), kept.grad.clone()
-    held = means.grad.untyped_storage().nbytes()  # the inputs' and means2d's gradients
     assert kept.grad.shape == kept.shape and first.abs().sum() > 0
     img.sum().backward()
     np.testing.assert_array_equal(kept.grad.numpy(), 2 * first.numpy())
@@ -259,5 +157,4 @@ def test_torch_dropped_means2d_is_not_held_nor_its_gradient_made(rng):
     assert dropped() is None and loss.grad_fn is not None
     loss.backward()
     np.testing.assert_array_equal(means.grad.numpy(), want.numpy())
-    assert means.grad.untyped_storage().nbytes() == held - kept.numel() * 4  # none for means2d
-    assert "means2d_grad" not in {b.name for b in context.workspace.memory_report()}  # nor in the workspace
+    assert means.grad.untyped_storage().nbytes() == means.numel() * 4  # a buffer of its own

@@ -40,14 +40,15 @@ class Launches:
 
     def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
         """``wp.launch(kernel, dim, inputs=args, block_dim=block_dim)`` on the device's
-        current stream, off any tape. ``key`` (default: the kernel) names the launch site
-        where one kernel is launched at several places of a call (per camera, say)."""
+        current stream, off any tape. ``key`` names the launch site where one kernel is
+        launched at several places of a call (per camera, say); a site is recorded per
+        kernel, so a site whose kernel variant changes (another setting) gets its own."""
         if dim == 0:
             return  # Warp records no command for an empty launch
         if not self.record:
             wp.launch(kernel, dim=dim, inputs=args, device=self.device, block_dim=block_dim, record_tape=False)
             return
-        key = kernel if key is None else key
+        key = (kernel, key)
         site = self._sites.get(key)
         if site is None:
             cmd = wp.launch(kernel, dim=dim, inputs=args, device=self.device, block_dim=block_dim,

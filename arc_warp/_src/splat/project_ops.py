@@ -27,10 +27,12 @@ def camera_params(cameras: list[Camera]) -> np.ndarray:
     return params
 
 
-def write_cameras(launches: Launches, cameras, cams: wp.array, flags: wp.array) -> None:
-    """Fill the (C,) ``CameraParams`` ``cams``: host :class:`Camera` values copied over, or
-    :class:`DeviceCameras` read on the device (an invalid camera sets its row of the (C,
-    FLAG_SLOTS) ``flags``)."""
+def write_cameras(launches: Launches, cameras, cams: wp.array, flags: wp.array, staging: wp.array) -> None:
+    """Fill the (C,) ``CameraParams`` ``cams``: host :class:`Camera` values written into the
+    (C,) host ``staging`` records (page-locked on CUDA, so the copy queues without a wait)
+    and copied over, or :class:`DeviceCameras` read on the device (an invalid camera sets
+    its row of the (C, FLAG_SLOTS) ``flags``). The caller makes sure the device has read
+    ``staging``'s previous values."""
     if isinstance(cameras, DeviceCameras):
         slot = 1 + BAD_SLOTS.index("cameras")
         for c in range(len(cameras)):
@@ -39,7 +41,8 @@ def write_cameras(launches: Launches, cameras, cams: wp.array, flags: wp.array) 
                              float(cameras.near), float(cameras.far), cams[c:c + 1], flags[c], slot],
                             key=("camera", c))
         return
-    wp.copy(cams, wp.array(camera_params(cameras), dtype=CameraParams, device="cpu"))
+    staging.numpy()[:] = camera_params(cameras)
+    wp.copy(cams, staging)
 
 
 def project(launches: Launches, key, g: Gaussians, cam: wp.array, settings: RenderSettings, tiles_x: int,

@@ -103,7 +103,7 @@ class RenderState:
 
     def __init__(self, renderer: GaussianRenderer, allocator=None):
         n, c, shape = renderer.num_gaussians, renderer.num_cameras, (renderer.height, renderer.width)
-        self.renderer = renderer
+        self.renderer, self.num_gaussians = renderer, n
         self.allocator = allocator
         sh = renderer.sh_coeffs > 0
         absgrad = renderer.settings.absgrad
@@ -205,6 +205,9 @@ class GaussianRenderer:
                                     pinned=self.device.is_cuda)
         self._host = self._host_flags.numpy()
         self._event = wp.Event(self.device) if self.device.is_cuda else None
+        # host cameras' records on their way to the device, and an event after their last copy
+        self._staging = wp.empty(cameras, dtype=CameraParams, device="cpu", pinned=self.device.is_cuda)
+        self._staged = wp.Event(self.device) if self.device.is_cuda else None
         self._pending: RenderStatus | None = None  # the last forward's status, unread
         self._forward_scratch = self._backward_scratch = None  # owned scratch (no allocator)
         self.capturing = False  # set by CapturedRenders: no waits, no growth
@@ -256,9 +259,19 @@ class GaussianRenderer:
                 raise RuntimeError(
                     "GaussianRenderer: a render inside a CUDA graph capture cannot wait for the device to size its "
                     "sort; run the captured step once before capturing it")
+            if self.device.is_cuda and not isinstance(cameras, DeviceCameras):
+                raise RuntimeError(
+                    "GaussianRenderer: host cameras inside a CUDA graph capture would be copied from memory the "
+                    "replays no longer hold; pass DeviceCameras (arc_warp_torch: viewmats and Ks on the GPU)")
         state.gaussians, state.images, state.surfaces = gaussians, images, surfaces
         self._flags.zero_()
-        write_cameras(self._launches, cameras, state.cams, self._flags)
+        if self._staged is not None and not isinstance(cameras, DeviceCameras):
+            # the previous forward's copy has read the staging records: waits only if the
+            # device is a whole step behind
+            wp.synchronize_event(self._staged)
+        write_cameras(self._launches, cameras, state.cams, self._flags, self._staging)
+        if self._staged is not None and not isinstance(cameras, DeviceCameras):
+            self.device.stream.record_event(self._staged)
         rows = coefficient_rows(gaussians)
         if self.capacity is None:
             measuring = self._scratch(False)  # held until the work is queued
@@ -284,8 +297,9 @@ class GaussianRenderer:
                 f"got {gaussians.count} with {gaussians.sh_coeffs}; resize() it, or use another renderer")
         if gaussians.device != self.device:
             raise ValueError(f"GaussianRenderer is on {self.device}, the Gaussians on {gaussians.device}")
-        if not isinstance(state, RenderState) or state.renderer is not self:
-            raise ValueError("state must be a RenderState of this renderer (GaussianRenderer.new_state)")
+        if not isinstance(state, RenderState) or state.renderer is not self or state.num_gaussians != gaussians.count:
+            raise ValueError("state must be a RenderState of this renderer, made since its last resize "
+                             "(GaussianRenderer.new_state)")
         if isinstance(cameras, DeviceCameras):
             size, count = (cameras.width, cameras.height), len(cameras)
             if cameras.viewmats.device != self.device:
@@ -315,13 +329,14 @@ class GaussianRenderer:
                 check_array(surface.colors, f"surfaces[{i}].colors", wp.vec3, 2, (h, w), self.device)
                 check_array(surface.depths, f"surfaces[{i}].depths", wp.float32, 2, (h, w), self.device)
 
-    def _scratch(self, backward: bool) -> _Block:
+    def _scratch(self, backward: bool, n: int | None = None, capacity: int | None = None) -> _Block:
         """This call's scratch: the forward's (N-sized counts, depth order and scan, then
         keys that the depth sort and, with twice the capacity's room, the tile sort use in
         turn) or the backward's (the packed rasteriser gradients, the SH stage's share of
         dL/dmeans, and ``deterministic``'s per-entry partials). Owned and grown, or fresh
         from the allocator."""
-        n, cap = self.num_gaussians, self.capacity or 0
+        n = self.num_gaussians if n is None else n
+        cap = (self.capacity or 0) if capacity is None else capacity
         if backward:
             grad_t = grad_vector(self.settings.absgrad)
             det = self.settings.reduce == "deterministic"
@@ -397,7 +412,10 @@ class GaussianRenderer:
         return status
 
     def _recorded_status(self) -> RenderStatus:
-        """The status whose host copies are queued: the event is recorded after them."""
+        """The status whose host copies are queued: the event is recorded after them (not
+        inside a capture, whose replays the caller synchronises with)."""
+        if self.capturing:
+            return RenderStatus(self._flags, self._host, None, self.capacity or 0)
         if self._event is not None:
             self.device.stream.record_event(self._event)
         return RenderStatus(self._flags, self._host, self._event, self.capacity or 0)
@@ -487,7 +505,9 @@ class GaussianRenderer:
         det = settings.reduce == "deterministic"
         totals = state.status.totals if (det or state.status.is_read) else None
         first = True
-        scratch = self._scratch(True)  # held until the work is queued (an allocator's memory)
+        # sized by the state's render (the renderer may have been resized since); held until
+        # the work is queued (an allocator's memory)
+        scratch = self._scratch(True, g.count, state.capacity)
         raster_grads, sh_share, entry_grads = scratch.views
         for c, cot in enumerate(cotangents):
             if cot is None:
