@@ -74,12 +74,16 @@ class Camera:
         w2c = np.array(self.world_to_camera, dtype=np.float64)
         if w2c.shape != (4, 4) or not np.all(np.isfinite(w2c)):
             raise ValueError(f"Camera.world_to_camera must be a finite (4, 4) matrix, got shape {w2c.shape}")
-        if not np.allclose(w2c[3], (0.0, 0.0, 0.0, 1.0)):
+        last = w2c[3].tolist()  # as np.allclose(w2c[3], (0, 0, 0, 1)), without its array machinery
+        if not all(abs(v - w) <= 1e-8 + 1e-5 * abs(w) for v, w in zip(last, (0.0, 0.0, 0.0, 1.0))):
             raise ValueError(f"Camera.world_to_camera last row must be (0, 0, 0, 1), got {w2c[3]}")
         w2c.setflags(write=False)
         object.__setattr__(self, "world_to_camera", w2c)
         for name in ("fx", "fy", "cx", "cy", "near", "far"):
             object.__setattr__(self, name, float(getattr(self, name)))
+        center = np.linalg.inv(w2c)[:3, 3]
+        center.setflags(write=False)
+        object.__setattr__(self, "_center", center)
 
     @property
     def K(self) -> np.ndarray:
@@ -88,8 +92,8 @@ class Camera:
 
     @property
     def center(self) -> np.ndarray:
-        """(3,) float64 camera position in world space."""
-        return np.linalg.inv(self.world_to_camera)[:3, 3]
+        """(3,) float64 camera position in world space (read-only)."""
+        return self._center
 
     @classmethod
     def from_fov(

@@ -328,19 +328,21 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     sized = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
     h, w = sized.height, sized.width
     inputs = (means, quats, scales, opacities, colors)
-    g = check_gaussians(*(view(t, dt, (n,) if t.dim() < 3 else (n, t.shape[1])) for t, dt in zip(inputs, INPUT_DTYPES)),
-                        settings.sh_degree if colors.dim() == 3 else None)
-    renderer = context.workspace.renderer(w, h, n, c, g.sh_coeffs, settings)
+    sh_coeffs = colors.shape[1] if colors.dim() == 3 else 0
+    renderer = context.workspace.renderer(w, h, n, c, sh_coeffs, settings)
+    # Warp views of the inputs and outputs, made once per memory (GaussianRenderer.bound)
+    g = renderer.bound(("gaussians", *(t.data_ptr() for t in inputs)), lambda: check_gaussians(
+        *(view(t, dt, (n,) if t.dim() < 3 else (n, sh_coeffs)) for t, dt in zip(inputs, INPUT_DTYPES))))
     # two allocations: the colour and depth images, and the alpha image, projected means
     # and radii, which a loop that keeps only the colours through its optimizer step frees
     block = means.new_empty((5 if depths else 3) * c * h * w)
     projected = means.new_empty(4 * c * n + c * h * w)
     plane = c * h * w * 4
-    images = RenderImages(
+    images = renderer.bound(("images", block.data_ptr(), projected.data_ptr(), depths), lambda: RenderImages(
         color=view(block, wp.vec3, (c, h, w)), alpha=view(projected, wp.float32, (c, h, w), 16 * c * n),
         depth=view(block, wp.float32, (c, h, w) if depths else (c, 0, 0), 3 * plane),
         expected_depth=view(block, wp.float32, (c, h, w) if depths else (c, 0, 0), 4 * plane),
-        means2d=view(projected, wp.vec2, (c, n)), radii=view(projected, wp.vec2i, (c, n), 8 * c * n))
+        means2d=view(projected, wp.vec2, (c, n)), radii=view(projected, wp.vec2i, (c, n), 8 * c * n)))
     state = renderer.new_state(context.allocate)
     with state_context(renderer):
         status = renderer.forward(g, cameras, state, images, context.check)

@@ -13,24 +13,28 @@ from arc_warp._src.splat.records import GaussianGrads, Gaussians, RenderSettings
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
 
 
-def camera_params(cameras: list[Camera]) -> np.ndarray:
-    """(C,) numpy records of ``CameraParams`` for host cameras: their float64 values
-    rounded once to float32, as the kernels read them."""
-    params = np.zeros(len(cameras), dtype=CameraParams.numpy_dtype())
-    for p, camera in zip(params, cameras):
+CAMERA_RECORD = CameraParams.numpy_dtype()  # numpy's layout of one CameraParams (made once: it parses)
+
+
+def camera_params(cameras: list[Camera], out: np.ndarray | None = None) -> np.ndarray:
+    """(C,) numpy records of ``CameraParams`` for host cameras (into ``out`` if given): their
+    float64 values rounded once to float32, as the kernels read them."""
+    params = np.zeros(len(cameras), dtype=CAMERA_RECORD) if out is None else out
+    for i, camera in enumerate(cameras):
         w2c = camera.world_to_camera
-        p["rot"] = w2c[:3, :3].astype(np.float32)
-        p["trans"] = w2c[:3, 3].astype(np.float32)
-        p["center"] = camera.center.astype(np.float32)
+        params["rot"][i] = w2c[:3, :3]
+        params["trans"][i] = w2c[:3, 3]
+        params["center"][i] = camera.center
         for name in ("fx", "fy", "cx", "cy", "width", "height", "near", "far"):
-            p[name] = getattr(camera, name)
+            params[name][i] = getattr(camera, name)
     return params
 
 
-def write_cameras(launches: Launches, cameras, cams: wp.array, flags: wp.array, staging: wp.array) -> None:
+def write_cameras(launches: Launches, cameras, cams: wp.array, flags: wp.array, staging: wp.array,
+                  records: np.ndarray) -> None:
     """Fill the (C,) ``CameraParams`` ``cams``: host :class:`Camera` values written into the
-    (C,) host ``staging`` records (page-locked on CUDA, so the copy queues without a wait)
-    and copied over, or :class:`DeviceCameras` read on the device (an invalid camera sets
+    (C,) host ``staging`` records (page-locked on CUDA, so the copy queues without a wait;
+    ``records`` is their numpy view) and copied over, or :class:`DeviceCameras` read on the device (an invalid camera sets
     its row of the (C, FLAG_SLOTS) ``flags``). The caller makes sure the device has read
     ``staging``'s previous values."""
     if isinstance(cameras, DeviceCameras):
@@ -41,7 +45,7 @@ def write_cameras(launches: Launches, cameras, cams: wp.array, flags: wp.array, 
                              float(cameras.near), float(cameras.far), cams[c:c + 1], flags[c], slot],
                             key=("camera", c))
         return
-    staging.numpy()[:] = camera_params(cameras)
+    camera_params(cameras, records)
     wp.copy(cams, staging)
 
 

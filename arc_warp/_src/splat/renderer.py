@@ -24,6 +24,7 @@ being able to know it first.
 
 from __future__ import annotations
 
+import collections
 import warnings
 
 import numpy as np
@@ -45,6 +46,7 @@ from arc_warp._src.splat.validate_kernels import FLAG_SLOTS
 from arc_warp._src.validate import check_array
 
 SORT_SLACK = 4096  # entries added to every capacity, so small scenes rarely overflow
+BINDINGS = 16  # memory layouts whose views a renderer keeps (see GaussianRenderer.bound)
 ALIGN = 256  # byte alignment of each part carved from one allocation
 
 
@@ -59,28 +61,31 @@ class _Block:
     """Typed views carved from one allocation of ``allocator(nbytes) -> (pointer, owner)``
     (None: a Warp byte array, which each view keeps alive, as Warp's own views do), each
     part ``ALIGN``-aligned. With an allocator the views do not keep the ``owner`` alive:
-    its caller does (torch frees a render's memory when its backward is done)."""
+    its caller does (torch frees a render's memory when its backward is done), and they
+    come from ``renderer.bound`` (made once per pointer and layout)."""
 
-    def __init__(self, device, parts: list[tuple], allocator=None):
+    def __init__(self, renderer: GaussianRenderer, parts: list[tuple], allocator=None):
         offsets, total = [], 0
         for shape, dtype in parts:
             offsets.append(total)
             total += -(-_nbytes(shape, dtype) // ALIGN) * ALIGN
+        device = renderer.device
         if allocator is None:
             self.owner = wp.empty(max(total, 1), dtype=wp.uint8, device=device)
             base = self.owner.ptr
         else:
             base, self.owner = allocator(max(total, 1))
-        self.views = [wp.array(ptr=base + offset, dtype=dtype, shape=shape, device=device)
-                      for offset, (shape, dtype) in zip(offsets, parts)]
+
+        def views():
+            return [wp.array(ptr=base + offset, dtype=dtype, shape=shape, device=device)
+                    for offset, (shape, dtype) in zip(offsets, parts)]
+
         if allocator is None:
+            self.views = views()
             for view in self.views:
                 view._ref = self.owner
-
-
-def plane(a: wp.array, c: int) -> wp.array:
-    """Camera ``c``'s part of a batched (C, ...) array (Warp cannot index an empty one)."""
-    return a[c] if a.size else wp.empty(a.shape[1:], dtype=a.dtype, device=a.device)
+        else:
+            self.views = renderer.bound(("block", base, tuple(parts)), views)
 
 
 class _CameraState:
@@ -110,7 +115,7 @@ class RenderState:
         per_camera = [((1,), CameraParams), ((n,), Splat2D), ((n if sh else 0,), wp.vec3),
                       ((renderer.tiles_x * renderer.tiles_y,), wp.vec2i), (shape, wp.float32), (shape, wp.int32),
                       ((n if absgrad else 0,), wp.vec2)]
-        block = _Block(renderer.device, per_camera * c, allocator)
+        block = _Block(renderer, per_camera * c, allocator)
         self.owners = [block.owner]
         self.cameras = []
         for i in range(c):
@@ -120,10 +125,12 @@ class RenderState:
             cs.absgrad = cs.absgrad if absgrad else None
             cs.sort_ids = None
             self.cameras.append(cs)
-        # the (C,) CameraParams are consecutive: every camera's first part is one record
-        self.cams = wp.array(ptr=self.cameras[0].cam.ptr, dtype=CameraParams, shape=(c,),
-                             strides=(self.cameras[1].cam.ptr - self.cameras[0].cam.ptr if c > 1 else 1,),
-                             device=renderer.device) if c > 1 else self.cameras[0].cam
+        # the (C,) CameraParams are evenly spaced: every camera's first part is one record
+        first, second = self.cameras[0].cam, self.cameras[-1].cam
+        self.cams = first if c == 1 else renderer.bound(
+            ("cams", first.ptr, c), lambda: wp.array(ptr=first.ptr, dtype=CameraParams, shape=(c,),
+                                                     strides=((second.ptr - first.ptr) // (c - 1),),
+                                                     device=renderer.device))
         self.capacity = 0
         self.surfaces: list[Surface] | None = None
         self.gaussians: Gaussians | None = None
@@ -135,7 +142,7 @@ class RenderState:
         int32: the radix sort's room)."""
         if capacity <= self.capacity:
             return
-        block = _Block(self.renderer.device, [((2 * capacity,), wp.int32)] * len(self.cameras), self.allocator)
+        block = _Block(self.renderer, [((2 * capacity,), wp.int32)] * len(self.cameras), self.allocator)
         self.owners.append(block.owner)
         for cs, ids in zip(self.cameras, block.views):
             cs.sort_ids = ids
@@ -207,8 +214,10 @@ class GaussianRenderer:
         self._event = wp.Event(self.device) if self.device.is_cuda else None
         # host cameras' records on their way to the device, and an event after their last copy
         self._staging = wp.empty(cameras, dtype=CameraParams, device="cpu", pinned=self.device.is_cuda)
+        self._staged_records = self._staging.numpy()
         self._staged = wp.Event(self.device) if self.device.is_cuda else None
         self._pending: RenderStatus | None = None  # the last forward's status, unread
+        self._bindings: collections.OrderedDict = collections.OrderedDict()  # see bound()
         self._forward_scratch = self._backward_scratch = None  # owned scratch (no allocator)
         self.capturing = False  # set by CapturedRenders: no waits, no growth
         self.num_gaussians = 0
@@ -269,7 +278,7 @@ class GaussianRenderer:
             # the previous forward's copy has read the staging records: waits only if the
             # device is a whole step behind
             wp.synchronize_event(self._staged)
-        write_cameras(self._launches, cameras, state.cams, self._flags, self._staging)
+        write_cameras(self._launches, cameras, state.cams, self._flags, self._staging, self._staged_records)
         if self._staged is not None and not isinstance(cameras, DeviceCameras):
             self.device.stream.record_event(self._staged)
         rows = coefficient_rows(gaussians)
@@ -344,11 +353,11 @@ class GaussianRenderer:
         else:
             parts = [((n,), wp.int32), ((2 * n,), wp.int32), ((n,), wp.int64), ((2 * max(n, cap),), wp.int32)]
         if self.allocator is not None:  # the caller holds the block until its work is queued
-            return _Block(self.device, parts, self.allocator)
+            return _Block(self, parts, self.allocator)
         attr = "_backward_scratch" if backward else "_forward_scratch"
         block = getattr(self, attr)
         if block is None or any(v.shape != shape for v, (shape, _) in zip(block.views, parts)):
-            block = _Block(self.device, parts)
+            block = _Block(self, parts)
             setattr(self, attr, block)
         return block
 
@@ -359,11 +368,11 @@ class GaussianRenderer:
         n = gaussians.count
         for c, cs in enumerate(state.cameras):
             flags = self._flags[c]
-            images = state.images
+            *_, means2d, radii = state.images.planes[c]
             project(self._launches, c, gaussians, cs.cam, self.settings, self.tiles_x, self.tiles_y, flags,
-                    plane(images.means2d, c), plane(images.radii, c), cs.splats, tiles_per_gauss, keys, order)
+                    means2d, radii, cs.splats, tiles_per_gauss, keys, order)
             if n:
-                compute_colors(self._launches, c, gaussians, rows, cs.cam, plane(images.radii, c), cs.rgb, flags)
+                compute_colors(self._launches, c, gaussians, rows, cs.cam, radii, cs.rgb, flags)
                 count_intersections(self._launches, c, n, keys, order, tiles_per_gauss, cum_tiles, 2**31 - 1, flags)
         wp.copy(self._host_flags, self._flags)
         status = self._recorded_status()
@@ -389,15 +398,16 @@ class GaussianRenderer:
             if cs.absgrad is not None:
                 cs.absgrad.zero_()  # backwards add into it
             rgb = cs.rgb if gaussians.sh_coeffs else gaussians.colors
-            project(launches, c, gaussians, cs.cam, settings, self.tiles_x, self.tiles_y, flags, plane(images.means2d, c),
-                    plane(images.radii, c), cs.splats, tiles_per_gauss, keys, order)
+            color, alpha, depth, expected_depth, means2d, radii = images.planes[c]
+            project(launches, c, gaussians, cs.cam, settings, self.tiles_x, self.tiles_y, flags, means2d, radii,
+                    cs.splats, tiles_per_gauss, keys, order)
             surface = None if state.surfaces is None else state.surfaces[c]
             if surface is not None:
                 flag_surface(launches, c, surface, flags)
             if n:
-                compute_colors(launches, c, gaussians, rows, cs.cam, plane(images.radii, c), cs.rgb, flags)
+                compute_colors(launches, c, gaussians, rows, cs.cam, radii, cs.rgb, flags)
                 count_intersections(launches, c, n, keys, order, tiles_per_gauss, cum_tiles, cap, flags)
-                sort_intersections(launches, c, order, cs.splats, plane(images.radii, c), tiles_per_gauss, cum_tiles,
+                sort_intersections(launches, c, order, cs.splats, radii, tiles_per_gauss, cum_tiles,
                                    self.tiles_x, self.tiles_y, cap, keys, cs.sort_ids, cs.ranges)
             else:
                 cs.ranges.zero_()
@@ -406,8 +416,7 @@ class GaussianRenderer:
             if c == cameras[-1]:
                 status = self._recorded_status()
             rasterize(launches, c, self.tiles_x, self.tiles_y, settings.background, cs.sort_ids, cs.ranges,
-                      cs.splats, rgb, plane(images.color, c), plane(images.alpha, c), plane(images.depth, c),
-                      plane(images.expected_depth, c), cs.final_t, cs.last_ids, surface)
+                      cs.splats, rgb, color, alpha, depth, expected_depth, cs.final_t, cs.last_ids, surface)
         state.status = status
         return status
 
@@ -443,6 +452,22 @@ class GaussianRenderer:
         total = max(status.totals)
         check_intersections(total, lambda: total, self.num_gaussians, self.tiles_x, self.tiles_y)
         self.capacity = max(self.capacity or 0, total * 5 // 4 + SORT_SLACK)
+
+    def bound(self, key: tuple, make):
+        """What ``make()`` builds (Warp views, for one) of the memory ``key`` names by its
+        pointers and layout: made once and returned again while the same memory comes
+        back, as a training loop's steady state gets it from torch's caching allocator
+        (a Warp view costs about 4 us of host time; its launches then repack nothing).
+        The one place where a call's pointers are kept: ``BINDINGS`` of them, the least
+        recently used dropped first. The caller keeps the memory alive while it uses them."""
+        entry = self._bindings.get(key)
+        if entry is None:
+            entry = self._bindings[key] = make()
+            if len(self._bindings) > BINDINGS:
+                self._bindings.popitem(last=False)
+        else:
+            self._bindings.move_to_end(key)
+        return entry
 
     def host_status(self, capacity: int | None = None) -> RenderStatus:
         """The status that the host copy of the flags holds now, read without a wait: for a
@@ -513,6 +538,7 @@ class GaussianRenderer:
             if cot is None:
                 continue
             cs = state.cameras[c]
+            _, _, depth, _, _, radii = state.images.planes[c]
             raster_grads.zero_()
             rgb = cs.rgb if g.sh_coeffs else g.colors
             surface = None if state.surfaces is None else state.surfaces[c]
@@ -520,7 +546,7 @@ class GaussianRenderer:
                 if det:
                     entry_grads.zero_()
                 raster_backward(launches, c, self.tiles_x, self.tiles_y, settings.background, cs.sort_ids, cs.ranges,
-                                cs.splats, rgb, cs.final_t, cs.last_ids, plane(state.images.depth, c), cot.color, cot.alpha,
+                                cs.splats, rgb, cs.final_t, cs.last_ids, depth, cot.color, cot.alpha,
                                 cot.depth, cot.expected_depth, settings.reduce, settings.absgrad, self.threshold,
                                 raster_grads, entry_grads if det else None,
                                 min(totals[c], state.status.capacity) if det else 0, surface,
@@ -532,8 +558,8 @@ class GaussianRenderer:
                         own.zero_()
             # a backward that writes dL/dmeans holds the SH share there (read before it is written)
             share = sh_share if add else grads.means
-            shared = color_backward(launches, c, g, cs.cam, plane(state.images.radii, c), rgb, raster_grads,
+            shared = color_backward(launches, c, g, cs.cam, radii, rgb, raster_grads,
                                     settings.absgrad, grads.colors, settings.reduce, self.threshold, add, share)
-            project_backward(launches, c, g, cs.cam, settings, plane(state.images.radii, c), cs.splats, rgb, raster_grads,
+            project_backward(launches, c, g, cs.cam, settings, radii, cs.splats, rgb, raster_grads,
                              grads, means2d_grads[c], cs.absgrad, add, share if shared else None)
             first = False

@@ -18,9 +18,9 @@ def raise_on_flags(flags, context: str = "render_gaussians") -> None:
     FLAG_SLOTS) array or a list of rows (slot 0, the total, and the overflow slot are not
     input checks)."""
     rows = np.atleast_2d(np.asarray(flags))
-    seen = rows[:, 1:OVERFLOW_SLOT].any(axis=0)
-    if not seen.any():
+    if not rows[:, 1:OVERFLOW_SLOT].any():
         return
+    seen = rows[:, 1:OVERFLOW_SLOT].any(axis=0)
     special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT, _SURFACE_DEPTH_SLOT)
     bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if seen[slot - 1] and slot not in special]
     problems = [f"non-finite (NaN/Inf) values in {', '.join(bad)}"] if bad else []
@@ -77,13 +77,13 @@ class RenderStatus:
     @property
     def totals(self) -> list[int]:
         """Each camera's tile intersections (saturated at 2^31 - 1)."""
-        return [int(t) for t in self.read()[:, 0]]
+        return self.read()[:, 0].tolist()
 
     @property
     def overflowed(self) -> list[int]:
         """Indices of the cameras whose total exceeded ``capacity``: their images left out
         the farthest Gaussians of some tiles."""
-        return [int(c) for c in np.flatnonzero(self.read()[:, OVERFLOW_SLOT])]
+        return [c for c, flag in enumerate(self.read()[:, OVERFLOW_SLOT].tolist()) if flag]
 
     def check_inputs(self, context: str = "render_gaussians") -> None:
         """Raise ValueError if the device found bad inputs (:func:`raise_on_flags`)."""
