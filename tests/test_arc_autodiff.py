@@ -108,17 +108,19 @@ def test_sites_of_the_examples_are_all_covered():
 
 
 @wp.kernel
-def _branchy(a: wp.array(dtype=wp.vec3), b: wp.array(dtype=wp.vec3), idx: wp.array(dtype=int),
-             out: wp.array(dtype=wp.vec3)):
+def _branchy(a: wp.array(dtype=wp.vec3), b: wp.array(dtype=wp.vec3), c: wp.array(dtype=float),
+             idx: wp.array(dtype=int), out: wp.array(dtype=wp.vec3)):
     t = wp.tid()
     k = idx[t]
     v = wp.vec3(0.0)
+    # the backward runs the common read first, then each lane its branch's: lanes of one
+    # block stand at reads of a, of b and of c (another dtype) at the same time
     if t % 3 == 0:
         v = a[k] * 2.0
     elif t % 3 == 1:
-        v = b[k] + a[(k + 1) % 7]
+        v = b[k] * c[k]
     else:
-        v = wp.cw_mul(b[k], a[k])
+        v = wp.cw_mul(b[k], a[(k + 3) % 7])
     out[t] = v + a[k % 4]
 
 
@@ -140,14 +142,15 @@ def test_lanes_at_different_sites_keep_the_emulated_block_in_step():
     rng = np.random.default_rng(3)
     a = wp.array(rng.normal(size=(7, 3)), dtype=wp.vec3, requires_grad=True)
     b = wp.array(rng.normal(size=(7, 3)), dtype=wp.vec3, requires_grad=True)
+    c = wp.array(rng.normal(size=7), dtype=float, requires_grad=True)
     n = 256
     idx = wp.array(rng.integers(0, 7, n).astype(np.int32), dtype=int)
     out = wp.zeros(n, dtype=wp.vec3, requires_grad=True)
     cot = wp.array(rng.normal(size=(n, 3)), dtype=wp.vec3)
     with cpu_blocks_enabled(True):
-        ref = _launch_grads(_branchy, [a, b, idx], n, [out], [cot])
+        ref = _launch_grads(_branchy, [a, b, c, idx], n, [out], [cot])
         for mode in ("warp", "arc"):
-            got = _launch_grads(arc_warp.arc_adjoint(_branchy, mode=mode, threshold=2), [a, b, idx], n, [out], [cot])
+            got = _launch_grads(arc_warp.arc_adjoint(_branchy, mode=mode, threshold=2), [a, b, c, idx], n, [out], [cot])
             for g, r in zip(got, ref):
                 np.testing.assert_allclose(g, r, rtol=0, atol=ROUNDOFF * np.abs(r).max())
             assert not all(np.array_equal(g, r) for g, r in zip(got, ref)), "nothing reduced"
