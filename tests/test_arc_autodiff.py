@@ -51,16 +51,26 @@ def test_examples_match_warps_adjoint(name, cpu_blocks):
                 assert np.array_equal(got[key], ref[key]), f"{name} {mode} {key}: not Warp's bits"
 
 
-@pytest.mark.parametrize("name", sorted(EXAMPLES))
-def test_warp_mode_reduces_under_cpu_warp_emulation(name):
-    # Under emulation the warp sums in a tree: some bits must differ from the launch
-    # order's, else the reduction never ran (the rewrite fell back to per-lane adds).
-    ex = EXAMPLES[name]
-    pb = _problem(name)
-    with cpu_blocks_enabled(True):
-        ref = ex.gradients(pb, None, BLOCK)
-        got = ex.gradients(pb, "warp", BLOCK)
-    assert any(not np.array_equal(got[k], ref[k]) for k in ref), f"{name}: warp mode summed in Warp's order"
+@wp.kernel
+def _shared_read(a: wp.array(dtype=float), out: wp.array(dtype=float)):
+    t = wp.tid()
+    out[t] = a[0]
+
+
+@pytest.mark.parametrize("mode", ["atomic", "warp", "arc"])
+def test_the_warp_tree_sums_the_shared_reads(mode, cpu_blocks):
+    # 64 lanes read a[0]; the adjoints are 2^24 in lane 0 and 1 elsewhere. Adding them one
+    # by one loses every 1 (2^24 + 1 rounds back to 2^24). The warp's butterfly pairs lane 0
+    # with lane 16 first (that 1 is lost), then adds the other 30 ones summed among
+    # themselves: 2^24 + 30, and the second warp's 32 after it: 2^24 + 62.
+    a = wp.zeros(1, dtype=float, requires_grad=True)
+    out = wp.zeros(64, dtype=float, requires_grad=True)
+    cot = np.ones(64, np.float32)
+    cot[0] = 2.0**24
+    (got,) = _launch_grads(arc_warp.arc_adjoint(_shared_read, mode=mode, threshold=2), [a], 64, [out],
+                           [wp.array(cot, dtype=float)])
+    reduced = cpu_blocks and mode != "atomic"
+    assert got[0] == (2.0**24 + 62 if reduced else 2.0**24)
 
 
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
