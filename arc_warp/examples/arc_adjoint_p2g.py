@@ -117,6 +117,8 @@ def make_problem(rng, particles: int = 512, grid: int = 16, sort: bool = True, d
     def arr(values, dtype, grad=True):
         return wp.array(np.asarray(values, np.float32), dtype=dtype, device=device, requires_grad=grad)
 
+    grid_v = wp.zeros((grid, grid), dtype=wp.vec2, device=device, requires_grad=True)
+    grid_v.retain_grad = True  # keep dL/dgrid_v after grid_update's backward (a store's adjoint clears it)
     return Problem(
         x=arr(x, wp.vec2),
         v=arr(rng.normal(size=(particles, 2)), wp.vec2),
@@ -124,7 +126,7 @@ def make_problem(rng, particles: int = 512, grid: int = 16, sort: bool = True, d
         inv_dx=inv_dx,
         grid_m=wp.zeros((grid, grid), dtype=float, device=device, requires_grad=True),
         grid_mv=wp.zeros((grid, grid), dtype=wp.vec2, device=device, requires_grad=True),
-        grid_v=wp.zeros((grid, grid), dtype=wp.vec2, device=device, requires_grad=True),
+        grid_v=grid_v,
         v_new=wp.zeros(particles, dtype=wp.vec2, device=device, requires_grad=True),
         cotangent=arr(rng.normal(size=(particles, 2)), wp.vec2, grad=False),
     )
@@ -146,13 +148,14 @@ def cotangents(pb: Problem) -> dict:
 
 
 def gradients(pb: Problem, mode: str | None, block_dim: int = 256, threshold: int | None = None) -> dict:
-    """dL/dx, dL/dv, dL/dmass through a tape, with Warp's adjoint (``mode=None``) or ARC's."""
+    """dL/dx, dL/dv, dL/dmass and dL/dgrid_v (what g2p's reads accumulate) through a tape,
+    with Warp's adjoint (``mode=None``) or ARC's."""
     kernels = kernels_for(KERNELS, mode, threshold)
     tape = wp.Tape()
     with tape:
         forward(pb, kernels, block_dim)
     tape.backward(grads=cotangents(pb))
-    out = {"x": pb.x.grad.numpy().copy(), "v": pb.v.grad.numpy().copy(), "mass": pb.mass.grad.numpy().copy()}
+    out = {name: getattr(pb, name).grad.numpy().copy() for name in ("x", "v", "mass", "grid_v")}
     tape.zero()
     return out
 

@@ -125,6 +125,7 @@ class _Rewriter(ast.NodeTransformer):
         self.helpers: dict[str, object] = {"_arc_index": wp.vec4i, "_arc_int": wp.int32}
         self.sites: list[AdjointSite] = []
         self.store_targets: set[int] = set()
+        self.tid_names: frozenset = frozenset()  # names bound once to wp.tid()
 
     # -- bookkeeping
 
@@ -147,35 +148,50 @@ class _Rewriter(ast.NodeTransformer):
         return ast.Call(ast.Name("_arc_index", ast.Load()), args, [])
 
     def _target(self, node) -> tuple[str | None, str]:
-        """(argument name, '') if ``node`` is a full-index subscript of a covered array, else
-        (name or None, reason)."""
+        """(argument name, '') if ``node`` is a subscript ARC covers, (name, reason) if it
+        is left to Warp, (None, '') if it is no subscript of an array argument."""
         if not isinstance(node, ast.Subscript) or not isinstance(node.value, ast.Name):
-            return None, "not a subscript of a kernel argument"
+            return None, ""
         name = node.value.id
         if name not in self.arrays:
-            return None, "not a kernel array argument"
-        dtype, ndim = self.arrays[name]
-        indices = _indices(node)
-        if any(isinstance(i, ast.Slice) for i in indices) or len(indices) != ndim:
-            return name, f"{len(indices)} of {ndim} indices (a view): Warp's adjoint"
-        if flat_dtype(dtype) is None:
-            return name, f"dtype {getattr(dtype, '__name__', dtype)}: Warp's adjoint"
-        return name, ""
+            return None, ""
+        return name, self._reason(name, _indices(node))
 
-    def mark_store_targets(self, tree):
-        for node in ast.walk(tree):
+    def _reason(self, name: str, indices: list) -> str:
+        """Why the access ``name[indices]`` stays Warp's, or '' if ARC covers it."""
+        dtype, ndim = self.arrays[name]
+        if any(isinstance(i, ast.Slice) for i in indices) or len(indices) != ndim:
+            return f"{len(indices)} of {ndim} indices (a view): Warp's"
+        if flat_dtype(dtype) is None:
+            return f"dtype {getattr(dtype, '__name__', dtype)}: Warp's"
+        ids = [i.id for i in indices if isinstance(i, ast.Name)]
+        if self.tid_names and len(ids) == len(indices) == len(self.tid_names) and set(ids) == self.tid_names:
+            return "the thread's own element (no two lanes share it): Warp's"
+        return ""
+
+    def scan(self, fdef):
+        """Notes the store targets (their subscripts are not reads) and the names bound, once
+        and only once, to ``wp.tid()``: an element indexed by all of them is one thread's."""
+        assigned: dict[str, int] = {}
+        tid = []
+        for node in ast.walk(fdef):
             targets = []
             if isinstance(node, ast.Assign):
                 targets = node.targets
-            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
-                targets = [node.target]
-            elif isinstance(node, ast.For):
+                call = node.value.func if isinstance(node.value, ast.Call) else None
+                if isinstance(call, ast.Attribute) and call.attr == "tid" and _resolve(self.fn, call.value) is wp:
+                    tid = [n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)]
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.NamedExpr)):
                 targets = [node.target]
             for t in targets:
                 for sub in ast.walk(t):
+                    if isinstance(sub, ast.Name) and isinstance(sub.ctx, ast.Store):
+                        assigned[sub.id] = assigned.get(sub.id, 0) + 1
                     if isinstance(sub, (ast.Subscript, ast.Attribute)):
                         self.store_targets.add(id(sub))
                         self.store_targets.add(id(sub.value))
+        if tid and len(set(tid)) == len(tid) and all(assigned.get(n) == 1 for n in tid):
+            self.tid_names = frozenset(tid)
 
     def _add_call(self, array, indices, value, node, negate=False) -> ast.Expr:
         dtype, ndim = self.arrays[array]
@@ -195,7 +211,7 @@ class _Rewriter(ast.NodeTransformer):
             return node  # evaluated in Python at build time
         first = node.args[0] if node.args else None
         if func in (wp.atomic_add, wp.atomic_sub) and isinstance(first, ast.Name) and first.id in self.arrays:
-            self._site("atomic_add", first.id, node, "old value used: Warp's atomic")  # statements go to visit_Expr
+            self._site("atomic_add", first.id, node, "old value used: Warp's")  # statements go to visit_Expr
         return self.generic_visit(node)
 
     def visit_Expr(self, node):
@@ -204,11 +220,11 @@ class _Rewriter(ast.NodeTransformer):
         first = call.args[0] if atomic in (wp.atomic_add, wp.atomic_sub) and call.args else None
         if not (isinstance(first, ast.Name) and first.id in self.arrays):
             return self.generic_visit(node)
-        dtype, ndim = self.arrays[first.id]
+        reason = "keyword arguments: Warp's" if call.keywords else self._reason(first.id, call.args[1:-1])
         args = [self.visit(a) for a in call.args]
-        if not call.keywords and len(args) == ndim + 2 and flat_dtype(dtype) is not None:
+        if not reason:
             return self._add_call(first.id, args[1:-1], args[-1], node, negate=atomic is wp.atomic_sub)
-        self._site("atomic_add", first.id, node, "index count, keywords or dtype: Warp's atomic")
+        self._site("atomic_add", first.id, node, reason)
         call.args = args
         call.keywords = [self.visit(k) for k in call.keywords]
         return node
@@ -260,7 +276,7 @@ def _transform(fn, mode: str, threshold: int):
     fdef.decorator_list = []
     rewriter = _Rewriter(fn, _array_args(fn), mode, threshold)
     if mode != "deterministic":
-        rewriter.mark_store_targets(fdef)
+        rewriter.scan(fdef)
         fdef.body = [rewriter.visit(stmt) for stmt in fdef.body]
     ast.fix_missing_locations(fdef)
 
