@@ -114,7 +114,8 @@ def _indices(node: ast.Subscript) -> list[ast.expr]:
 
 
 class _Rewriter(ast.NodeTransformer):
-    """Rewrites the accesses of the module notes; names helpers ``_arc_read_<n>`` etc."""
+    """Rewrites the accesses of the module notes, in place; collects the helpers the new
+    source names (``_arc_index``, ``_arc_int``, ``_arc_fn<n>``) and the sites."""
 
     def __init__(self, fn, arrays: dict, mode: str, threshold: int):
         self.fn = fn
@@ -274,6 +275,10 @@ def _transform(fn, mode: str, threshold: int):
     if not isinstance(fdef, ast.FunctionDef):
         raise TypeError(f"arc_adjoint needs a kernel defined with def; got {type(fdef).__name__}")
     fdef.decorator_list = []
+    clash = sorted({n.id for n in ast.walk(fdef) if isinstance(n, ast.Name) and n.id.startswith("_arc_")})
+    if clash:
+        raise ValueError(f"{fn.__name__} uses the names {clash}, which arc_adjoint keeps for its own helpers; "
+                         "rename them")
     rewriter = _Rewriter(fn, _array_args(fn), mode, threshold)
     if mode != "deterministic":
         rewriter.scan(fdef)

@@ -20,7 +20,8 @@ such slots, and the slot is a key that equal elements share, which is what the w
 match-any needs. Matrices, quaternions and transforms of K <= 32 floats are added as
 ``wp.types.vector(K, wp.float32)`` (:func:`flat_dtype`).
 
-``site`` is a compile-time number per rewritten expression. On the GPU each call plans on
+Slots are 32-bit ints, as the accumulator's indices are: an array may span up to 2^31
+floats. ``site`` is a compile-time number per rewritten expression. On the GPU each call plans on
 its own (:func:`~.reduce_funcs.warp_plan` checks ``__activemask``). CPU warp emulation
 synchronises the whole block, so a kernel whose lanes branch around different sites would
 pair the wrong barriers: :func:`site_converged` compares the site of every lane first and
@@ -102,7 +103,8 @@ def site_adder(acc, mode: str, threshold: int):
         elif valid:
             atomic_add(dest, slot, value)
 
-    return wp.func(add, name=f"arc_site_add_{mode}_{threshold}", module="unique")
+    tag = "f32" if acc is wp.float32 else f"v{acc._length_}"
+    return wp.func(add, name=f"arc_site_add_{mode}_{threshold}_{tag}", module="unique")
 
 
 def _index_list(ndim: int) -> str:
@@ -208,10 +210,11 @@ def read_func(dtype, ndim: int, mode: str, threshold: int):
 
     def adj_read(a: arr, idx: wp.vec4i, site: int, adj_ret: dtype):
         view = grad_view(a, wp.adjoint[a])
-        if wp.static(same):
-            add(view, grad_slot(a, wp.adjoint[a], idx), adj_ret, has_data(view), site)
-        else:
-            add(view, grad_slot(a, wp.adjoint[a], idx), flatten(adj_ret), has_data(view), site)
+        if has_data(view):  # the same in every thread of the launch: no lane diverges here
+            if wp.static(same):
+                add(view, grad_slot(a, wp.adjoint[a], idx), adj_ret, True, site)
+            else:
+                add(view, grad_slot(a, wp.adjoint[a], idx), flatten(adj_ret), True, site)
 
     read = wp.func(read, name=f"arc_read_{_tag(dtype, ndim, mode, threshold)}", module="unique")
     wp.func_grad(read)(adj_read)
