@@ -178,6 +178,28 @@ def test_lanes_at_different_sites_keep_the_emulated_block_in_step():
 
 
 @wp.kernel
+def _ragged(a: wp.array(dtype=wp.vec2), count: wp.array(dtype=int), out: wp.array(dtype=wp.vec2)):
+    t = wp.tid()
+    if t % 5 == 0:
+        return
+    for j in range(count[t]):  # a run-time trip count, different per lane
+        wp.atomic_add(out, t, a[(t + j) % 9] * float(j + 1))
+
+
+def test_early_returns_and_ragged_loops_under_emulation(cpu_blocks):
+    rng = np.random.default_rng(4)
+    a = wp.array(rng.normal(size=(9, 2)), dtype=wp.vec2, requires_grad=True)
+    n = 200  # not a multiple of the block: a partial last block too
+    count = wp.array(rng.integers(0, 4, n).astype(np.int32), dtype=int)
+    out = wp.zeros(n, dtype=wp.vec2, requires_grad=True)
+    cot = wp.array(rng.normal(size=(n, 2)), dtype=wp.vec2)
+    ref = _launch_grads(_ragged, [a, count], n, [out], [cot])
+    for mode in ("warp", "arc"):
+        got = _launch_grads(arc_warp.arc_adjoint(_ragged, mode=mode, threshold=2), [a, count], n, [out], [cot])
+        np.testing.assert_allclose(got[0], ref[0], rtol=0, atol=ROUNDOFF * np.abs(ref[0]).max())
+
+
+@wp.kernel
 def _mixed(grid: wp.array3d(dtype=float), rows: wp.array2d(dtype=wp.vec2), w64: wp.array(dtype=wp.float64),
            q: wp.array(dtype=wp.quat), counter: wp.array(dtype=float), out: wp.array(dtype=float),
            acc: wp.array(dtype=wp.vec2)):
@@ -287,11 +309,14 @@ def _nvrtc_archs() -> set:
 def test_rewritten_kernels_compile_for_cuda(tmp_path):
     # NVRTC compiles without a GPU: the native snippets' CUDA arms, and the warp
     # collectives (match.any on sm_75 too: arc plans per target) are in the PTX.
-    kernel = arc_warp.arc_adjoint(arc_adjoint_splat.splat, mode="arc", threshold=8)
-    for arch in (75, 90):
-        (path,) = wp.compile_aot_module(kernel.module, arch=arch, use_ptx=True, module_dir=tmp_path / str(arch))
+    # _mixed: 3-D views, quaternions flattened to 4 floats, float and vec2 adds.
+    builds = [(arc_warp.arc_adjoint(arc_adjoint_splat.splat, mode="arc", threshold=8), 75),
+              (arc_warp.arc_adjoint(arc_adjoint_splat.splat, mode="arc", threshold=8), 90),
+              (arc_warp.arc_adjoint(_mixed, mode="arc", threshold=8), 90)]
+    for i, (kernel, arch) in enumerate(builds):
+        (path,) = wp.compile_aot_module(kernel.module, arch=arch, use_ptx=True, module_dir=tmp_path / str(i))
         ptx = path.read_text()
-        assert "shfl.sync" in ptx and re.search(r"match\.any", ptx), arch
+        assert f".target sm_{arch}" in ptx and "shfl.sync" in ptx and re.search(r"match\.any", ptx), kernel.key
 
 
 @pytest.mark.gpu

@@ -322,7 +322,9 @@ def arc_adjoint(kernel=None, *, mode: str = "arc", threshold: int | None = None,
             function with Warp annotations; ``None`` returns a decorator.
         mode: ``"atomic"`` (one atomic per lane, Warp's own order), ``"warp"`` (always
             reduce in the warp), ``"arc"`` (adaptive, threshold T), ``"deterministic"``
-            (Warp's deterministic execution, nothing rewritten) or ``"floor"``
+            (Warp's deterministic execution, nothing rewritten; with Warp's limits: a
+            float ``wp.atomic_add`` whose old value is used raises
+            ``WarpDeterminismError`` when the kernel is built) or ``"floor"``
             (benchmarks only: the rewritten adds add nothing).
         threshold: ARC threshold T for ``arc``, baked into the kernel; ``None`` takes
             :func:`arc_warp.resolve_threshold` for ``device`` now (a GPU's first call
