@@ -94,6 +94,19 @@ def test_floor_mode_drops_every_covered_add(name):
         assert np.any(ref[key]) and not np.any(got[key]), f"{name} {key}: a read's adjoint escaped the rewrite"
 
 
+@pytest.mark.parametrize("name", sorted(EXAMPLES))
+def test_example_scripts_run(name, monkeypatch, capsys):
+    # what `python -m arc_warp.examples.arc_adjoint_<name> --cpu-blocks` prints
+    monkeypatch.setattr("sys.argv", ["x", "--cpu-blocks", "--device", "cpu"])
+    with cpu_blocks_enabled(False):
+        EXAMPLES[name].main()
+    lines = capsys.readouterr().out.splitlines()
+    modes = ["atomic", "warp", "arc", "deterministic"]
+    rows = [r for r in (line.split() for line in lines) if r and r[0] in modes]  # Warp logs its compiles too
+    assert [r[0] for r in rows] == modes
+    assert all(float(v) < ROUNDOFF for r in rows for v in r[2::2]), lines
+
+
 def test_deterministic_is_bit_identical_across_runs_and_block_widths():
     pb = _problem("splat")
     runs = []
