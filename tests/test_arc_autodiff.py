@@ -159,6 +159,12 @@ def _branchy(a: wp.array(dtype=wp.vec3), b: wp.array(dtype=wp.vec3), c: wp.array
     out[t] = v + a[k % 4]
 
 
+@wp.kernel
+def _shared_index_read(a: wp.array(dtype=float), idx: wp.array(dtype=int), out: wp.array(dtype=float)):
+    t = wp.tid()
+    out[t] = a[idx[t]] * 2.0
+
+
 def _launch_grads(kernel, arrays, dim, outputs, cotangents, block_dim=BLOCK):
     """Gradients of the arrays with requires_grad, zeroed first (they stay in .grad)."""
     differentiable = [a for a in arrays + outputs if isinstance(a, wp.array) and a.requires_grad]
@@ -258,6 +264,22 @@ def test_views_strides_and_other_dtypes_match_warp(cpu_blocks):
     assert "old value" in left[("atomic_add", "counter")]
     covered = {(s.kind, s.array) for s in arc_warp.adjoint_sites(kernel) if s.arc}
     assert covered == {("read", "grid"), ("read", "rows"), ("read", "q"), ("atomic_add", "grid"), ("atomic_add", "acc")}
+
+
+def test_adjoint_launch_without_adjoint_arrays_adds_into_grad():
+    # Like adj_address: with no adjoint array passed for an input, its .grad receives the adds.
+    rng = np.random.default_rng(6)
+    idx = wp.array(rng.integers(0, 5, 64).astype(np.int32), dtype=int)
+    cot = wp.array(rng.normal(size=64).astype(np.float32), dtype=float)
+    grads = []
+    for kernel in (_shared_index_read, arc_warp.arc_adjoint(_shared_index_read, mode="warp")):
+        a = wp.array(np.ones(5, np.float32), dtype=float, requires_grad=True)
+        out = wp.zeros(64, dtype=float)
+        wp.launch(kernel, 64, inputs=[a, idx], outputs=[out], adj_inputs=[None, None], adj_outputs=[cot],
+                  adjoint=True, block_dim=BLOCK)
+        grads.append(a.grad.numpy())
+    np.testing.assert_allclose(grads[1], grads[0], rtol=0, atol=ROUNDOFF * np.abs(grads[0]).max())
+    assert np.any(grads[0])
 
 
 def _make_closure_kernel(scale):
