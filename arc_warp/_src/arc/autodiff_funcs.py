@@ -21,8 +21,8 @@ match-any needs. Matrices, quaternions and transforms of K <= 32 floats are adde
 ``wp.types.vector(K, wp.float32)`` (:func:`flat_dtype`).
 
 Slots are 32-bit ints, as the accumulator's indices are: an array may span up to 2^31
-floats. ``site`` is a compile-time number per rewritten expression. On the GPU each call plans on
-its own (:func:`~.reduce_funcs.warp_plan` checks ``__activemask``). CPU warp emulation
+floats. ``site`` is a compile-time number per rewritten expression. On the GPU each call
+plans on its own (:func:`~.reduce_funcs.warp_plan` checks ``__activemask``). CPU warp emulation
 synchronises the whole block, so a kernel whose lanes branch around different sites would
 pair the wrong barriers: :func:`site_converged` compares the site of every lane first and
 sends a block whose lanes stand at different sites to per-lane adds, after the same two
