@@ -53,12 +53,12 @@ def no_steps(monkeypatch):
     monkeypatch.setattr(trainer_module.Trainer, "train_step", step)
 
 
-def _one_line_error(capsys, code, expected):
+def _one_line_error(capsys, code, *expected):
     err = capsys.readouterr().err
     assert code == 2, err
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and expected in lines[0], err
+    assert len(lines) == 1 and all(text in lines[0] for text in expected), err
 
 
 def test_train_colmap_binary_simple_radial_no_conversion(tmp_path, capsys):
@@ -116,7 +116,12 @@ RESUME_ERRORS = {
     "lower SH degree": (lambda ckpt, tmp: ckpt, ["--sh-degree", "0"],
                         "pass --sh-degree 1 to resume it"),
     "other dataset": (lambda ckpt, tmp: ckpt, ["--sh-degree", "1", "OTHER"],
-                      "was trained on another dataset"),
+                      "was trained on another dataset (it has 2 training views, this one 3)"),
+    "other --downscale": (lambda ckpt, tmp: ckpt, ["--sh-degree", "1", "--downscale", "2"],
+                          "at 16x16 pixels, this run loads it at 8x8 (--downscale 2); pass "
+                          "--downscale 1, or drop --resume"),
+    "--steps below its step": (lambda ckpt, tmp: ckpt, ["--sh-degree", "1", "--steps", "1"],
+                               "is at step 2, past --steps 1; pass --steps 3 or more"),
 }
 
 
@@ -134,8 +139,39 @@ def test_resume_checked_before_training(case, checkpoint, data, tmp_path, capsys
         extra = ["--sh-degree", "1"]
     code = main(["train", dataset, "-o", str(tmp_path / "o"), "--steps", "4", "--resume", path]
                 + extra + TINY)
-    _one_line_error(capsys, code, f"--resume {path}")
+    _one_line_error(capsys, code, f"--resume {path}", expected)
     capsys.readouterr()
+
+
+def test_resume_at_its_last_step_says_so_and_writes_the_outputs(checkpoint, data, tmp_path,
+                                                                 capsys, no_steps):
+    out = tmp_path / "o"
+    assert main(["train", data, "-o", str(out), "--steps", "2", "--sh-degree", "1",
+                 "--resume", checkpoint] + TINY) == 0
+    err = capsys.readouterr().err
+    assert f"note: --resume {checkpoint} is already at step 2 = --steps; nothing is left to " \
+        "train" in err and "pass a larger --steps to train on" in err
+    assert (out / "point_cloud.ply").is_file() and (out / "metrics.json").is_file()
+
+
+def test_ctrl_c_during_start_up_is_one_line(data, tmp_path):
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time
+        import arc_warp_train.datasets as datasets
+
+        def load_dataset(*args, **kwargs):  # Ctrl-C while the images load
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+
+        datasets.load_dataset = load_dataset
+        from arc_warp.cli import main
+        sys.exit(main(["train", {data!r}, "-o", {str(tmp_path / "o")!r}, "--device", "cpu"]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "arc-warp train: interrupted", proc.stderr
 
 
 def test_ctrl_c_saves_checkpoint_and_prints_resume_command(data, tmp_path, capsys,
