@@ -185,7 +185,10 @@ def test_ctrl_c_saves_checkpoint_and_prints_resume_command(data, tmp_path, capsy
         return out
 
     monkeypatch.setattr(trainer_module.Trainer, "train_step", interrupting_step)
-    argv = ["train", data, "-o", str(tmp_path / "o"), "--steps", "6", "--sh-degree", "1"] + TINY
+    os.makedirs(tmp_path / "o")
+    (tmp_path / "o" / "metrics.json").write_text("{}")  # of an earlier run: --overwrite
+    argv = ["train", data, "-o", str(tmp_path / "o"), "--steps", "6", "--sh-degree", "1",
+            "--overwrite"] + TINY
     assert main(argv) == 130
     err = capsys.readouterr().err
     assert "interrupted at step 2" in err and "Traceback" not in err
@@ -197,7 +200,7 @@ def test_ctrl_c_saves_checkpoint_and_prints_resume_command(data, tmp_path, capsy
 
     monkeypatch.setattr(trainer_module.Trainer, "train_step", step)
     words = shlex.split(command)
-    assert words[0] == "arc-warp"
+    assert words[0] == "arc-warp" and "--overwrite" not in words  # it would delete ckpt
     assert main(words[1:]) == 0
     assert torch.load(ckpt, weights_only=True)["step"] == 6
 
@@ -221,6 +224,19 @@ def test_demo_checks_output_before_fitting(which, capsys, monkeypatch):
     monkeypatch.setattr(image_fit, "run_image_demo", fail)
     code = main(["demo", which, "-o", "/proc/x", "--device", "cpu"])
     _one_line_error(capsys, code, "-o /proc/x: cannot write there")
+
+
+def test_demo_refuses_an_earlier_runs_folder_before_fitting(tmp_path, capsys, monkeypatch):
+    import arc_warp_train.demo as demo
+
+    def fail(*a, **k):
+        raise AssertionError("the demo ran before the output check")
+
+    monkeypatch.setattr(demo, "run_demo", fail)
+    (tmp_path / "point_cloud.ply").write_bytes(b"an earlier run's")
+    code = main(["demo", "-o", str(tmp_path), "--device", "cpu"])
+    _one_line_error(capsys, code, f"-o {tmp_path} holds an earlier run's results "
+                    "(point_cloud.ply); pass --overwrite to delete them first")
 
 
 def test_cpu_run_warns_with_time_estimate(data, tmp_path, capsys, monkeypatch):

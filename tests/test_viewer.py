@@ -392,6 +392,13 @@ def test_view_port_0_exposed_host_warns_and_stops_cleanly(tmp_path):
         other = _other_address()
         if other is not None:
             assert _http_status(f"http://{other}:{port}/") == 200
+        import viser
+
+        ws = ws_client.connect(f"ws://127.0.0.1:{port}", open_timeout=10,
+                               subprotocols=[f"viser-v{viser.__version__}"])
+        ws.recv(timeout=10)
+        ws.socket.close()  # a client that vanishes without a closing handshake
+        time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:

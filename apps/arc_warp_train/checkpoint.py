@@ -71,7 +71,8 @@ def read_checkpoint(path) -> dict:
 
 def check_checkpoint(state: dict, path, dataset, cfg) -> None:
     """ValueError (one line, naming `path`) unless `state` can resume a run of `cfg` on
-    `dataset`: same SH degree, the trainer's parameter layout, the same training views."""
+    `dataset`: same SH degree, the trainer's parameter layout, a step not past cfg.steps,
+    the same training views at the same sizes (the error names the first that differs)."""
     where = f"--resume {path}"
     saved_sh = state["config"].get("sh_degree")
     if saved_sh != cfg.sh_degree:

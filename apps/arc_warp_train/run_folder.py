@@ -18,8 +18,9 @@ The lock is ``LOCK_NAME`` in the folder, locked with flock(2) while the run last
 holding the owner's PID, host and start time for messages. The kernel drops an flock
 when its owner exits or is killed, so a lock file left by a dead run (whose PID may
 since have been reused by an unrelated process) is simply free: liveness is never
-guessed from the PID. Temporaries left by a killed run are deleted when the next run
-takes the lock (no run of ours can be writing them then).
+guessed from the PID. Where flock is missing (Windows, some network file systems) a run
+warns that nothing keeps a second run out. Temporaries left by a killed run are deleted
+when the next run takes the lock (no run of ours can be writing them then).
 """
 
 import datetime
@@ -175,7 +176,7 @@ class FolderLock:
             return
         try:
             os.remove(self.path)  # still locked: no other process holds this file
-        except FileNotFoundError:
+        except OSError:  # gone already, or (without flock) not removable while open
             pass
         os.close(self._fd)
         self._fd = None

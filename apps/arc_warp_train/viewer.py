@@ -174,13 +174,19 @@ def _serve_with_origin_check(serve):
 
 
 class _QuietHandshakes(logging.Filter):
-    """On websockets' server logger: drops failed client handshakes, strips tracebacks."""
+    """On websockets' server logger: drops handshakes that failed through the client (a
+    malformed request, a socket closed or silent before its request) and writes any other
+    error as one line, without its traceback."""
 
     def filter(self, record) -> bool:
-        if record.getMessage() == "opening handshake failed":
+        from websockets.exceptions import InvalidHandshake
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.getMessage() == "opening handshake failed" and isinstance(
+                exc, (InvalidHandshake, EOFError, ConnectionError, TimeoutError)):
             return False
-        if record.exc_info and record.exc_info[1] is not None:
-            record.msg, record.args = f"{record.getMessage()}: {record.exc_info[1]!r}", ()
+        if exc is not None:
+            record.msg, record.args = f"{record.getMessage()}: {exc!r}", ()
             record.exc_info = record.exc_text = None
         return True
 
