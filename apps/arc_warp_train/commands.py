@@ -59,14 +59,15 @@ def cpu_time_estimate(dataset, steps: int, batch: int, gaussians: int) -> float:
 
 
 def resume_command(argv, checkpoint) -> str:
-    """The `arc-warp train ...` line that resumes from `checkpoint` with the same options."""
+    """The `arc-warp train ...` line that resumes from `checkpoint` with the same options
+    (less --overwrite, which would delete the checkpoint it resumes from)."""
     out, skip = [], False
     for arg in argv:
         if skip:
             skip = False
         elif arg == "--resume":
             skip = True
-        elif not arg.startswith("--resume="):
+        elif not arg.startswith("--resume=") and arg != "--overwrite":
             out.append(arg)
     return shlex.join(["arc-warp"] + out + ["--resume", str(checkpoint)])
 
