@@ -7,8 +7,8 @@ from .arc import (MODES, Calibration, accumulator, calibrate, keyed_plan, planne
                   scatter_add, warp_plan, warp_reducer)
 from .arc import ADJOINT_MODES, AdjointSite, adjoint_sites, arc_adjoint
 from ._src.png import write_png
-from .splat import (Camera, DeviceCameras, GaussianGrads, GaussianRenderer, Gaussians, ImageGrads, RenderImages,
-                    RenderOutput, RenderSettings, RenderState, RenderStatus, Workspace, check_gaussians,
+from .splat import (Camera, DeviceCameras, Distortion, GaussianGrads, GaussianRenderer, Gaussians, ImageGrads,
+                    RenderImages, RenderOutput, RenderSettings, RenderState, RenderStatus, Workspace, check_gaussians,
                     render_gaussians, render_gaussians_backward)
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "Calibration",
     "Camera",
     "DeviceCameras",
+    "Distortion",
     "GaussianGrads",
     "GaussianRenderer",
     "Gaussians",

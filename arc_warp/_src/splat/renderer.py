@@ -35,7 +35,7 @@ from arc_warp._src.camera import Camera, DeviceCameras
 from arc_warp._src.launches import Launches
 from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
 from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D, grad_vector
-from arc_warp._src.splat.project_ops import project, project_backward, write_cameras
+from arc_warp._src.splat.project_ops import is_plain_pinhole, project, project_backward, write_cameras
 from arc_warp._src.splat.raster_ops import raster_backward, rasterize
 from arc_warp._src.splat.records import GaussianGrads, Gaussians, ImageGrads, RenderImages, RenderSettings, Surface
 from arc_warp._src.splat.sh_ops import coefficient_rows, color_backward, compute_colors
@@ -132,6 +132,7 @@ class RenderState:
                                                      strides=((second.ptr - first.ptr) // (c - 1),),
                                                      device=renderer.device))
         self.capacity = 0
+        self.pinhole_only = False  # the forward's cameras were all plain pinholes (its kernel variant)
         self.surfaces: list[Surface] | None = None
         self.gaussians: Gaussians | None = None
         self.images: RenderImages | None = None
@@ -273,6 +274,7 @@ class GaussianRenderer:
                     "GaussianRenderer: host cameras inside a CUDA graph capture would be copied from memory the "
                     "replays no longer hold; pass DeviceCameras (arc_warp_torch: viewmats and Ks on the GPU)")
         state.gaussians, state.images, state.surfaces = gaussians, images, surfaces
+        state.pinhole_only = is_plain_pinhole(cameras)
         self._flags.zero_()
         if self._staged is not None and not isinstance(cameras, DeviceCameras):
             # the previous forward's copy has read the staging records: waits only if the
@@ -370,7 +372,7 @@ class GaussianRenderer:
             flags = self._flags[c]
             *_, means2d, radii = state.images.planes[c]
             project(self._launches, c, gaussians, cs.cam, self.settings, self.tiles_x, self.tiles_y, flags,
-                    means2d, radii, cs.splats, tiles_per_gauss, keys, order)
+                    means2d, radii, cs.splats, tiles_per_gauss, keys, order, state.pinhole_only)
             if n:
                 compute_colors(self._launches, c, gaussians, rows, cs.cam, radii, cs.rgb, flags)
                 count_intersections(self._launches, c, n, keys, order, tiles_per_gauss, cum_tiles, 2**31 - 1, flags)
@@ -400,7 +402,7 @@ class GaussianRenderer:
             rgb = cs.rgb if gaussians.sh_coeffs else gaussians.colors
             color, alpha, depth, expected_depth, means2d, radii = images.planes[c]
             project(launches, c, gaussians, cs.cam, settings, self.tiles_x, self.tiles_y, flags, means2d, radii,
-                    cs.splats, tiles_per_gauss, keys, order)
+                    cs.splats, tiles_per_gauss, keys, order, state.pinhole_only)
             surface = None if state.surfaces is None else state.surfaces[c]
             if surface is not None:
                 flag_surface(launches, c, surface, flags)
@@ -561,5 +563,5 @@ class GaussianRenderer:
             shared = color_backward(launches, c, g, cs.cam, radii, rgb, raster_grads,
                                     settings.absgrad, grads.colors, settings.reduce, self.threshold, add, share)
             project_backward(launches, c, g, cs.cam, settings, radii, cs.splats, rgb, raster_grads,
-                             grads, means2d_grads[c], cs.absgrad, add, share if shared else None)
+                             grads, means2d_grads[c], cs.absgrad, add, share if shared else None, state.pinhole_only)
             first = False

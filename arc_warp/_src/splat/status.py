@@ -9,6 +9,7 @@ from arc_warp._src.splat.validate_kernels import BAD_SLOTS, OVERFLOW_SLOT
 
 _ZERO_QUAT_SLOT = BAD_SLOTS.index("quats (zero norm)") + 1
 _CAMERA_SLOT = BAD_SLOTS.index("cameras") + 1
+_DISTORTION_SLOT = BAD_SLOTS.index("camera distortion") + 1
 _SURFACE_DEPTH_SLOT = BAD_SLOTS.index("surface_depths (NaN)") + 1
 
 
@@ -21,7 +22,7 @@ def raise_on_flags(flags, context: str = "render_gaussians") -> None:
     if not rows[:, 1:OVERFLOW_SLOT].any():
         return
     seen = rows[:, 1:OVERFLOW_SLOT].any(axis=0)
-    special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT, _SURFACE_DEPTH_SLOT)
+    special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT, _DISTORTION_SLOT, _SURFACE_DEPTH_SLOT)
     bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if seen[slot - 1] and slot not in special]
     problems = [f"non-finite (NaN/Inf) values in {', '.join(bad)}"] if bad else []
     if seen[_ZERO_QUAT_SLOT - 1]:
@@ -32,6 +33,11 @@ def raise_on_flags(flags, context: str = "render_gaussians") -> None:
         problems.append(
             "a camera's viewmat/K (DeviceCameras) is non-finite, has a focal length <= 0 or a viewmat "
             "whose last row is not (0, 0, 0, 1); check the camera matrices")
+    if seen[_DISTORTION_SLOT - 1]:
+        problems.append(
+            "a camera's distortion coefficients (DeviceCameras.distortion) are non-finite or make the lens "
+            "mapping non-monotonic inside the image (the distorted radius stops increasing before the image "
+            "corner); check the coefficients and their order (Camera(..., distortion=...) names the values)")
     if seen[_SURFACE_DEPTH_SLOT - 1]:
         problems.append("surface_depths has NaN values; give +inf where a pixel has no surface")
     raise ValueError(f"{context}: " + "; ".join(problems))
