@@ -86,8 +86,9 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
         vm, ks = (t.to(torch.float32).contiguous() for t in (viewmats, Ks))
         cams = DeviceCameras(view(vm, wp.mat44, (c,)), view(ks, wp.mat33, (c,)), width, height, near_plane, far_plane)
         return cams, (vm, ks)  # the tensors the views read, kept alive by the caller
-    vm = viewmats.detach().to("cpu", torch.float64).numpy()
-    kk = Ks.detach().to("cpu", torch.float64).numpy()
+    # Camera reads them as float64 (numpy has no bfloat16)
+    vm, kk = (t.detach().cpu().numpy() if t.dtype in (torch.float32, torch.float64)
+              else t.detach().to("cpu", torch.float64).numpy() for t in (viewmats, Ks))
     cameras = []
     for i, (v, k) in enumerate(zip(vm, kk)):
         try:

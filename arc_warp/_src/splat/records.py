@@ -120,7 +120,9 @@ class Gaussians:
     ``RenderSettings.scale_activation="exp"``); ``opacities`` (N,) float32 (in [0, 1], or
     logits with ``opacity_activation="sigmoid"``); ``colors`` (N, K) wp.vec3 SH
     coefficients or (N,) wp.vec3 RGB. ``sh_coeffs``: the coefficients evaluated,
-    (degree + 1)^2, or 0 for RGB. All on one device, contiguous."""
+    (degree + 1)^2, or 0 for RGB. All on one device, contiguous. ``coeff_rows``: the SH
+    coefficients' memory as (N,) vectors of 3K floats, which the SH kernels load whole
+    (None for RGB)."""
 
     means: wp.array
     quats: wp.array
@@ -128,6 +130,7 @@ class Gaussians:
     opacities: wp.array
     colors: wp.array
     sh_coeffs: int
+    coeff_rows: wp.array | None = None
 
     @property
     def count(self) -> int:
