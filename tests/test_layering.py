@@ -78,3 +78,39 @@ def test_core_and_its_command_line_load_without_torch_or_plugins():
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == ""
+
+
+# Folders outside the core whose files may not import its private modules (arc_warp._src):
+# they use the public API. tests/ is white-box by design and may.
+PUBLIC_ONLY = ("plugins", "apps", "benchmarks", "tools", "scenes")
+
+
+def private_imports(root: pathlib.Path) -> list[str]:
+    """``path: module`` for each import of ``arc_warp._src`` (or a name from it) under the
+    PUBLIC_ONLY folders of ``root``."""
+    found = []
+    for folder in PUBLIC_ONLY:
+        for path in sorted((root / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text(), filename=str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+                else:
+                    continue
+                found += [f"{path.relative_to(root)}: {name}" for name in names
+                          if name == "arc_warp._src" or name.startswith("arc_warp._src.")]
+    return found
+
+
+def test_nothing_outside_the_core_imports_its_private_modules():
+    assert private_imports(ROOT) == []
+
+
+def test_private_import_checker_can_fail(tmp_path):
+    bad = tmp_path / "plugins" / "p.py"
+    bad.parent.mkdir()
+    bad.write_text("def f():\n    from arc_warp._src.splat import render\nimport arc_warp._src.camera\n")
+    assert sorted(private_imports(tmp_path)) == ["plugins/p.py: arc_warp._src.camera", "plugins/p.py: arc_warp._src.splat",
+                                                 "plugins/p.py: arc_warp._src.splat.render"]

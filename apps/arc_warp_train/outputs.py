@@ -11,7 +11,7 @@ import os
 import numpy as np
 
 from arc_warp import write_png
-from arc_warp._src.files import write_atomically
+from arc_warp.files import write_atomically
 
 ERROR_GAIN = 4.0
 """The error panel shows mean |render - truth| over RGB times this gain (clipped to 1)."""

@@ -2,7 +2,7 @@
 run from destroying another's results, and the lock that keeps two runs out of one folder.
 
 A run writes RESULTS and test_views/view_NNN.png, each atomically (a temporary in the
-same folder renamed into place, see `arc_warp._src.files.write_atomically`), so after a
+same folder renamed into place, see `arc_warp.files.write_atomically`), so after a
 kill every one of them is a complete file, the old or the new version.
 
 A folder that holds any of these files holds another run's results. A run refuses it
@@ -30,7 +30,7 @@ import os
 import socket
 import sys
 
-from arc_warp._src.files import temporary_target
+from arc_warp.files import temporary_target
 from arc_warp.cli import prepare_output_dir
 
 RESULTS = ("checkpoint.pt", "point_cloud.ply", "metrics.json", "psnr.png")

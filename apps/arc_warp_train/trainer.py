@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from arc_warp._src.files import write_atomically
+from arc_warp.files import write_atomically
 from arc_warp.ply import write_ply
 
 from . import densify as dens

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import warp as wp
 
-from arc_warp._src.validate import check_array
+from arc_warp.validate import check_array
 
 from .convert_kernels import body_samples_to_gaussians_kernel, particles_to_gaussians_kernel
 

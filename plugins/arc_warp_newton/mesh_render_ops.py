@@ -21,7 +21,7 @@ import warp as wp
 
 import arc_warp.mesh as dr
 from arc_warp import Camera
-from arc_warp._src.validate import check_array
+from arc_warp.validate import check_array
 
 from .mesh_render_kernels import body_vertices_to_clip_kernel
 

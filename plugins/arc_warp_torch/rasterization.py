@@ -20,9 +20,9 @@ OPACITIES_ACTIVATIONS = {None: "none", "sigmoid": "sigmoid"}
 # gsplat 1.5.3 keywords arc_warp accepts only at these values (the value is what gsplat's
 # feature needs; the message names the keyword and the value passed)
 UNSUPPORTED = {"radius_clip": 0.0, "tile_size": 16, "sparse_grad": False, "distributed": False, "segmented": False,
-               "covars": None, "with_ut": False, "with_eval3d": False, "radial_coeffs": None,
-               "tangential_coeffs": None, "thin_prism_coeffs": None, "ftheta_coeffs": None, "viewmats_rs": None}
-CAMERA_MODELS = ("pinhole",)
+               "covars": None, "with_eval3d": False, "thin_prism_coeffs": None, "ftheta_coeffs": None,
+               "viewmats_rs": None}
+CAMERA_MODELS = ("pinhole", "ortho", "fisheye")
 
 
 def _sh_degree_and_colors(colors, n: int, sh_degree: Optional[int], device):
@@ -58,8 +58,29 @@ def _option(name: str, value, allowed: dict) -> str:
     raise ValueError(f"{name}: expected one of {tuple(allowed)}, got {value!r}")
 
 
-def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane: float, device: torch.device):
-    """Validate [C,4,4] viewmats and [C,3,3] Ks; return the cameras to render.
+def _distortion(camera_model: str, radial, tangential, viewmats) -> Optional[torch.Tensor]:
+    """gsplat's distortion keywords as [C, K] coefficients in OpenCV's order for the model
+    (pinhole: k1, k2, p1, p2, k3, k4, k5, k6; fisheye: k1..k4), or None."""
+    if radial is None and tangential is None:
+        return None
+    c = viewmats.shape[0] if isinstance(viewmats, torch.Tensor) and viewmats.dim() == 3 else None
+    if camera_model == "fisheye":
+        if tangential is not None:
+            raise ValueError("tangential_coeffs: a fisheye camera has no tangential distortion (OpenCV's fisheye "
+                             "model reads k1..k4 only); pass radial_coeffs [C, 4]")
+        return check_tensor("radial_coeffs", radial, (c, 4))
+    if camera_model != "pinhole":
+        raise ValueError(f"radial_coeffs / tangential_coeffs: a {camera_model!r} camera has no lens distortion")
+    radial = (torch.zeros(c, 6) if radial is None else check_tensor("radial_coeffs", radial, (c, 6))).cpu()
+    tangential = (torch.zeros(c, 2) if tangential is None
+                  else check_tensor("tangential_coeffs", tangential, (c, 2))).cpu()
+    return torch.cat([radial[:, :2], tangential, radial[:, 2:]], dim=1)
+
+
+def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane: float, device: torch.device,
+             model: str = "pinhole", distortion: Optional[torch.Tensor] = None):
+    """Validate [C,4,4] viewmats and [C,3,3] Ks; return the cameras to render (of ``model``,
+    with [C, K] ``distortion`` coefficients or None).
 
     CUDA tensors on the Gaussians' device stay there: `arc_warp.DeviceCameras` views of
     them, read by the projection kernel (no host copy, no sync; their values are checked
@@ -84,8 +105,10 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
         raise ValueError(f"Ks: expected a float [C, 3, 3] tensor with C={c} (from viewmats), got {list(Ks.shape)}")
     if viewmats.device == device == Ks.device and device.type == "cuda":
         vm, ks = (t.to(torch.float32).contiguous() for t in (viewmats, Ks))
-        cams = DeviceCameras(view(vm, wp.mat44, (c,)), view(ks, wp.mat33, (c,)), width, height, near_plane, far_plane)
-        return cams, (vm, ks)  # the tensors the views read, kept alive by the caller
+        lens = None if distortion is None else distortion.to(device, torch.float32).contiguous()
+        cams = DeviceCameras(view(vm, wp.mat44, (c,)), view(ks, wp.mat33, (c,)), width, height, near_plane, far_plane,
+                             model, None if lens is None else view(lens, wp.float32, tuple(lens.shape)))
+        return cams, (vm, ks, lens)  # the tensors the views read, kept alive by the caller
     # Camera reads them as float64 (numpy has no bfloat16)
     vm, kk = (t.detach().cpu().numpy() if t.dtype in (torch.float32, torch.float64)
               else t.detach().to("cpu", torch.float64).numpy() for t in (viewmats, Ks))
@@ -93,7 +116,8 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
     for i, (v, k) in enumerate(zip(vm, kk)):
         try:
             cameras.append(Camera(float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2]), width, height,
-                                  world_to_camera=v, near=near_plane, far=far_plane))
+                                  world_to_camera=v, near=near_plane, far=far_plane, model=model,
+                                  distortion=None if distortion is None else distortion[i].tolist()))
         except ValueError as e:
             raise ValueError(f"camera {i} (viewmats[{i}], Ks[{i}]): {e}") from None
     return cameras, ()
@@ -148,13 +172,17 @@ def rasterization(
 
     gsplat keywords and what arc_warp does with them:
     - supported: near_plane, far_plane, eps2d, sh_degree, backgrounds, render_mode,
-      absgrad, rasterize_mode ("classic", "antialiased"), camera_model ("pinhole");
+      absgrad, rasterize_mode ("classic", "antialiased"), camera_model ("pinhole", "ortho",
+      "fisheye"), radial_coeffs ([C, 6] pinhole k1..k6, [C, 4] fisheye k1..k4) and
+      tangential_coeffs ([C, 2] p1, p2): lens distortion rendered natively (each Gaussian
+      projected through the distorted camera, its covariance with the camera's Jacobian
+      at its mean: arc_warp's way, whatever with_ut says);
     - accepted, with no effect: packed (meta is always dense, [C, N, ...], as gsplat's
-      packed=False) and channel_chunk (colours are 3 channels);
+      packed=False), channel_chunk (colours are 3 channels) and with_ut;
     - accepted only at gsplat's default, NotImplementedError naming the keyword and value
       otherwise: radius_clip, tile_size (16), sparse_grad, distributed, segmented, covars,
-      with_ut, with_eval3d, radial_coeffs, tangential_coeffs, thin_prism_coeffs,
-      ftheta_coeffs, rolling_shutter (global shutter), viewmats_rs.
+      with_eval3d, thin_prism_coeffs, ftheta_coeffs, rolling_shutter (global shutter),
+      viewmats_rs.
 
     Args:
         means: [N, 3] Gaussian centres, world units.
@@ -182,7 +210,9 @@ def rasterization(
             D / alpha, 0 where alpha is 0), "RGB+D" or "RGB+ED" (depth as a 4th channel).
         absgrad: also accumulate |dL/dmeans2d| per pixel into `meta["means2d"].absgrad`.
         rasterize_mode: "classic", or "antialiased" for the Mip-Splatting 2D filter.
-        camera_model: "pinhole".
+        camera_model: "pinhole", "ortho" (fx, fy: pixels per world unit) or "fisheye"
+            (equidistant, r = f theta), gsplat's conventions.
+        radial_coeffs, tangential_coeffs: OpenCV distortion per camera (see above).
         reduce: (arc_warp) backward reduction of per-pixel gradients: "arc" (default),
             "atomic", "warp", "serial" or "deterministic" (bit-identical gradients from run
             to run; selected whatever this says under
@@ -228,8 +258,7 @@ def rasterization(
     tensors passed, whatever the activations). Double backward raises RuntimeError.
     """
     passed = {"radius_clip": radius_clip, "tile_size": tile_size, "sparse_grad": sparse_grad,
-              "distributed": distributed, "segmented": segmented, "covars": covars, "with_ut": with_ut,
-              "with_eval3d": with_eval3d, "radial_coeffs": radial_coeffs, "tangential_coeffs": tangential_coeffs,
+              "distributed": distributed, "segmented": segmented, "covars": covars, "with_eval3d": with_eval3d,
               "thin_prism_coeffs": thin_prism_coeffs, "ftheta_coeffs": ftheta_coeffs, "viewmats_rs": viewmats_rs}
     for name, default in UNSUPPORTED.items():
         value = passed[name]
@@ -239,7 +268,7 @@ def rasterization(
                                       f"(only {name}={default!r}); see the README's list of gsplat keywords")
     if rolling_shutter is not None and getattr(rolling_shutter, "name", rolling_shutter) not in ("GLOBAL", 0):
         raise NotImplementedError(f"rasterization: rolling_shutter={rolling_shutter!r} is not supported by arc_warp "
-                                  "(only global shutter)")
+                                  "(only global shutter; ARCHITECTURE.md says why)")
     if camera_model not in CAMERA_MODELS:
         raise NotImplementedError(f"rasterization: camera_model={camera_model!r} is not supported by arc_warp "
                                   f"(supported: {CAMERA_MODELS})")
@@ -256,7 +285,9 @@ def rasterization(
     scales = check_tensor("scales", scales, (n, 3), device)
     opacities = check_tensor("opacities", opacities, (n,), device)
     sh_degree, colors = _sh_degree_and_colors(colors, n, sh_degree, device)
-    cameras, camera_tensors = _cameras(viewmats, Ks, width, height, near_plane, far_plane, device)
+    distortion = _distortion(camera_model, radial_coeffs, tangential_coeffs, viewmats)
+    cameras, camera_tensors = _cameras(viewmats, Ks, width, height, near_plane, far_plane, device, camera_model,
+                                       distortion)
     c = len(cameras)
     if backgrounds is not None:
         if not isinstance(backgrounds, torch.Tensor) or backgrounds.shape not in ((3,), (c, 3)):
