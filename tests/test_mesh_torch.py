@@ -170,14 +170,16 @@ def test_upstream_gradient_layouts(op, layout, monkeypatch):
     backward given the same values dense: the copies the bridge makes of such cotangents
     live until their launches have run (issue 37 case 4: they were freed first, and
     `out.sum().backward()` gave inf, NaN or wrong gradients)."""
-    import arc_warp_torch._autograd as bridge
+    import threading
+
+    import arc_warp_torch._mesh_autograd as bridge
 
     for seed in range(3):  # a freed copy is reused by a later allocation some of the time
         pos, _, uv, tex = scene(seed)
         grads = []
         for dense in (False, True):
-            # a new default context: its first backward allocates scratch, where a freed copy goes
-            monkeypatch.setattr(bridge, "_contexts", {})
+            # new op objects: their first backward allocates scratch, where a freed copy goes
+            monkeypatch.setattr(bridge, "_local", threading.local())
             leaves = [x.clone().requires_grad_(True) for x in (pos, uv, tex)]
             out, wanted = _op_output(op, *leaves, seed)
             g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
