@@ -115,7 +115,7 @@ class Rasterize(torch.autograd.Function):
         # the forward's views serve its backward too (the saved tensors hold their memory)
         ctx.views = _view(pos, ws.device), _view(tri, ws.device), _view(rast, ws.device)
         with _stream(pos.device):
-            op.forward(*ctx.views, _view(rast_db, ws.device), ranges)
+            op.forward(ctx.views[0], ctx.views[1], ranges, (ctx.views[2], _view(rast_db, ws.device)))
         ctx.save_for_backward(pos, tri, rast)
         ctx.op, ctx.grad_db = op, grad_db
         if not grad_db:
@@ -144,7 +144,7 @@ class Interpolate(torch.autograd.Function):
         out_da = attr.new_empty((*rast.shape[:3], 2 * op.num_diff))
         ctx.views = [_view(t, ws.device) for t in (attr, rast, tri, rast_db)]
         with _stream(attr.device):
-            op.forward(*ctx.views, _view(out, ws.device), _view(out_da, ws.device))
+            op.forward(*ctx.views, (_view(out, ws.device), _view(out_da, ws.device)))
         ctx.save_for_backward(attr, rast, tri, rast_db)
         ctx.op = op
         return out, out_da
@@ -160,7 +160,7 @@ class Interpolate(torch.autograd.Function):
         a, r, t, db = ctx.views
         with _stream(attr.device):
             ctx.op.backward(a, r, t, _view(g_out, device), db, _view(g_da, device),
-                            *(_view(g, device) for g in grads))
+                            *(_view(g, device) for g in grads), attr_grad=attr_grad)
         return grads[0], grads[1], None, grads[2], None, None
 
 
@@ -179,7 +179,7 @@ class Texture(torch.autograd.Function):
             if op.mip is not None and mip is None:
                 ctx.mip_data = tex.new_empty(op.mip.shape)
                 mip = op.mip.build(t, _view(ctx.mip_data, ws.device))
-            op.forward(t, u, _view(out, ws.device), da, b, mip)
+            op.forward(t, u, da, b, mip, _view(out, ws.device))
         ctx.save_for_backward(tex, uv, uv_da, bias)
         ctx.op, ctx.mip = op, mip
         return out
@@ -193,7 +193,8 @@ class Texture(torch.autograd.Function):
         g_out = _dense(g_out)
         t, u, da, b = ctx.views
         with _stream(tex.device):
-            ctx.op.backward(t, u, _view(g_out, device), da, b, ctx.mip, *(_view(g, device) for g in grads))
+            ctx.op.backward(t, u, _view(g_out, device), da, b, ctx.mip, *(_view(g, device) for g in grads),
+                            tex_grad=tex_grad)
         return (*grads, None, None, None, None, None)
 
 
@@ -220,6 +221,6 @@ class Antialias(torch.autograd.Function):
         grad_color, grad_pos = _zeros(color, pos)
         g_out = _dense(g_out)
         with _stream(color.device):
-            ctx.op.backward(*ctx.views, _view(g_out, device), topology_hash, _view(grad_color, device),
-                            _view(grad_pos, device), boost)
+            ctx.op.backward(*ctx.views, _view(g_out, device), topology_hash, boost, _view(grad_color, device),
+                            _view(grad_pos, device))
         return grad_color, None, grad_pos, None, None, None, None

@@ -13,12 +13,10 @@ from arc_warp._src.mesh.antialias_kernels import aa_fwd, make_aa_bwd
 from arc_warp._src.mesh.common import (
     BLOCK,
     MeshOp,
-    TriangleCheck,
+    array,
     exact,
     flat,
-    float_array,
     grad_of,
-    grad_or_new,
     output,
     positions,
     record,
@@ -44,8 +42,7 @@ def antialias_construct_topology_hash(tri: wp.array) -> TopologyHash:  # [F, 3] 
     Each undirected edge records the opposite vertices of its first two triangles (in
     triangle order; triangles with repeated or negative vertices are ignored), as
     nvdiffrast's hash does; a third triangle on a non-manifold edge sees -1."""
-    triangles(tri, tri.device)
-    f = tri.numpy().astype(np.int64)
+    f = array(tri, "tri", 2, 3, None, wp.int32).numpy().astype(np.int64)
     n = len(f)
     opposite = np.full((n, 3), -1, np.int32)
     ok = (f >= 0).all(1) & (f[:, 0] != f[:, 1]) & (f[:, 1] != f[:, 2]) & (f[:, 2] != f[:, 0])
@@ -74,7 +71,8 @@ def antialias_construct_topology_hash(tri: wp.array) -> TopologyHash:  # [F, 3] 
 
 class Antialiaser(MeshOp):
     """Antialiases B images of H x W with C channels (:func:`antialias` gives the
-    semantics), with its prepared launches made once.
+    semantics and the arguments of :meth:`forward` and :meth:`backward`), with its
+    prepared launches made once.
 
     Args:
         batch, height, width, channels: the [B, H, W, C] colour it blends.
@@ -83,64 +81,60 @@ class Antialiaser(MeshOp):
 
     def __init__(self, batch: int, height: int, width: int, channels: int, reduce: str = "arc",
                  threshold: int | None = None, device=None, record: bool = True):
-        super().__init__(reduce, threshold, device, record)
+        super().__init__(reduce, threshold, device, record, "antialias")
         self.batch, self.height, self.width, self.num_channels = batch, height, width, channels
-        self._check = TriangleCheck("antialias", self.device, self._launches)
 
     def _inputs(self, color, rast, pos, tri, topology_hash) -> tuple:
-        """Checks the inputs; returns (pos view, instanced, tri view)."""
-        exact(color, "color", (self.batch, self.height, self.width, self.num_channels), self.device)
-        exact(rast, "rast", (self.batch, self.height, self.width, 4), self.device)
+        """Checks the inputs; returns (pos view, instanced, tri view, rast view)."""
+        b, h, w = self.batch, self.height, self.width
+        exact(color, "color", (b, h, w, self.num_channels), self.device)
+        exact(rast, "rast", (b, h, w, 4), self.device)
         pos_v, instanced = positions(pos, self.device)
-        if instanced and pos_v.shape[0] != self.batch:
-            raise ValueError(f"pos: expected a minibatch of {self.batch} (that of rast), got {pos_v.shape[0]}")
+        if instanced and pos_v.shape[0] != b:
+            raise ValueError(f"pos: expected a minibatch of {b} (that of rast), got {pos_v.shape[0]}")
         tri = triangles(tri, self.device)
         if not isinstance(topology_hash, TopologyHash):
             raise TypeError(f"topology_hash: expected a TopologyHash, got {type(topology_hash).__name__}")
         if topology_hash.num_triangles != tri.shape[0]:
             raise ValueError(f"topology_hash: built for {topology_hash.num_triangles} triangles, tri has "
                              f"{tri.shape[0]}")
-        return pos_v, instanced, View(tri, wp.vec3i, tri.shape[:1])
+        return pos_v, instanced, tri, View(rast, wp.vec4, (b, h, w))
 
-    def forward(self, color, rast, pos, tri, topology_hash: TopologyHash, out, check: bool | None = None) -> None:
-        """Writes ``out`` ([B, H, W, C] float32): ``color`` blended across the silhouette
-        edges of ``pos`` ([B, V, 4], or [V, 4] for every image) and ``tri`` in ``rast``.
-        ``check``: as :meth:`Rasterizer.forward`."""
-        pos_v, instanced, tri_v = self._inputs(color, rast, pos, tri, topology_hash)
-        exact(out, "out", color.shape, self.device)
-        check = self._begin(check)
-        self._check.queue(tri_v, pos_v.shape[1], "pos")
-        b, h, w = self.batch, self.height, self.width
+    def forward(self, color, rast, pos, tri, topology_hash: TopologyHash, out=None,
+                check: bool | None = None) -> wp.array:
+        """The antialiased colour, written into ``out`` if given. ``check``: as
+        :meth:`Rasterizer.forward`."""
+        pos_v, instanced, tri, rast_v = self._inputs(color, rast, pos, tri, topology_hash)
+        out = output(out, "out", color.shape, self.device)
+        check = self._check_triangles(tri, pos_v.shape[1], "pos", check)
         # aa_fwd adds the blends into the copy
         self._launches.launch(copy_into, color.size, [flat(color, wp.float32), flat(out, wp.float32)])
-        self._launches.launch(aa_fwd, (b, h, w), [color, View(rast, wp.vec4, (b, h, w)), pos_v, tri_v,
-                                                  topology_hash.opposite, instanced, out])
+        self._launches.launch(aa_fwd, (self.batch, self.height, self.width),
+                              [color, rast_v, pos_v, tri, topology_hash.opposite, instanced, out])
         if check:
-            self._check.read()
+            self.check(previous=False)
+        return out
 
-    def backward(self, color, rast, pos, tri, grad_out, topology_hash: TopologyHash, grad_color, grad_pos,
-                 pos_gradient_boost: float = 1.0) -> None:
-        """Adds the gradients from ``grad_out`` ([B, H, W, C]; None: zero) into
-        ``grad_color`` and ``grad_pos`` (shaped like color and pos); the pair analysis is
-        recomputed from the inputs (deterministic, so it matches the forward's)."""
-        pos_v, instanced, tri_v = self._inputs(color, rast, pos, tri, topology_hash)
-        exact(grad_color, "grad_color", color.shape, self.device)
-        exact(grad_pos, "grad_pos", pos.shape, self.device)
-        if grad_out is None:
-            return
-        exact(grad_out, "grad_out", color.shape, self.device)
-        b, h, w = self.batch, self.height, self.width
-        self._launches.launch(make_aa_bwd(self.mode), tiled_dim(b, h, w),
-                              [color, View(rast, wp.vec4, (b, h, w)), pos_v, tri_v, topology_hash.opposite, instanced,
-                               grad_out, float(pos_gradient_boost), self.threshold, grad_color, flat(grad_pos, wp.vec4)],
-                              block_dim=BLOCK)
+    def backward(self, color, rast, pos, tri, grad_out, topology_hash: TopologyHash, pos_gradient_boost: float = 1.0,
+                 grad_color=None, grad_pos=None) -> tuple[wp.array, wp.array]:
+        """``(grad_color, grad_pos)`` added into the arrays given (new zeroed ones for None)."""
+        pos_v, instanced, tri, rast_v = self._inputs(color, rast, pos, tri, topology_hash)
+        grad_color = output(grad_color, "grad_color", color.shape, self.device, zero=True)
+        grad_pos = output(grad_pos, "grad_pos", pos.shape, self.device, zero=True)
+        if grad_out is not None:
+            exact(grad_out, "grad_out", color.shape, self.device)
+            self._launches.launch(make_aa_bwd(self.mode), tiled_dim(self.batch, self.height, self.width),
+                                  [color, rast_v, pos_v, tri, topology_hash.opposite, instanced, grad_out,
+                                   float(pos_gradient_boost), self.threshold, grad_color, flat(grad_pos, wp.vec4)],
+                                  block_dim=BLOCK)
+        return grad_color, grad_pos
 
 
 def _antialiaser(workspace, color, rast, tri, topology_hash, reduce, threshold) -> tuple[Antialiaser, TopologyHash]:
     """The :class:`Antialiaser` of a call (the workspace's, or one for this call), and the
     topology hash (built from ``tri`` when not given)."""
-    rast = float_array(rast, "rast", (4,), 4)
-    color = float_array(color, "color", (4,), device=rast.device)
+    rast = array(rast, "rast", 4, 4)
+    color = array(color, "color", 4, None, rast.device)
     if color.shape[:3] != rast.shape[:3]:
         raise ValueError(f"color: expected shape {(*rast.shape[:3], color.shape[3])}, got {tuple(color.shape)}")
     if topology_hash is None:
@@ -171,10 +165,9 @@ def antialias(
         and, through the silhouette edges, into ``pos`` (times ``pos_gradient_boost``).
     """
     op, topo = _antialiaser(workspace, color, rast, tri, topology_hash, reduce, threshold)
-    out = output(out, "out", color.shape, op.device)
-    op.forward(color, rast, pos, tri, topo, out, check=True)
-    record([color, pos], [out], lambda: _backward(op, color, rast, pos, tri, out.grad, topo, pos_gradient_boost,
-                                                  grad_of(color), grad_of(pos)))
+    out = op.forward(color, rast, pos, tri, topo, out, check=True)
+    record([color, pos], [out], lambda: op.backward(color, rast, pos, tri, out.grad, topo, pos_gradient_boost,
+                                                    grad_of(color), grad_of(pos)))
     return out
 
 
@@ -196,12 +189,4 @@ def antialias_backward(
     from the inputs (deterministic, so it matches the forward). As in nvdiffrast, a
     crossing clamped to a pixel centre (|alpha| = 0.5) passes no position gradient."""
     op, topo = _antialiaser(workspace, color, rast, tri, topology_hash, reduce, threshold)
-    return _backward(op, color, rast, pos, tri, grad_out, topo, pos_gradient_boost, grad_color, grad_pos)
-
-
-def _backward(op: Antialiaser, color, rast, pos, tri, grad_out, topology_hash, boost, grad_color, grad_pos) -> tuple:
-    """:meth:`Antialiaser.backward` into the given gradients, or new zeroed ones."""
-    grad_color = grad_or_new(grad_color, "grad_color", color)
-    grad_pos = grad_or_new(grad_pos, "grad_pos", float_array(pos, "pos", (2, 3), 4, color.device))
-    op.backward(color, rast, pos, tri, grad_out, topology_hash, grad_color, grad_pos, boost)
-    return grad_color, grad_pos
+    return op.backward(color, rast, pos, tri, grad_out, topo, pos_gradient_boost, grad_color, grad_pos)

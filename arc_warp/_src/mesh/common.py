@@ -1,10 +1,9 @@
 """What the mesh op objects share: the base class (device, accumulation mode, prepared
-launches, the workspace lookup), the device check of triangle indices, launch sizes,
+launches, the device check of triangle indices, the workspace lookup), launch sizes,
 argument checks and tape recording."""
 
 from __future__ import annotations
 
-import numpy as np
 import warp as wp
 
 from arc_warp._src.arc.calibrate import kernel_mode, resolve_threshold
@@ -37,27 +36,26 @@ def chunking(n: int) -> tuple[int, int]:
     """(K, chunks): ``n`` float32 components are accumulated as ``chunks`` vectors of K.
 
     K is the largest divisor of ``n`` up to :data:`MAX_CHUNK`, so a [..., n] gradient array
-    is exactly a flat array of K-vectors (no scratch buffer); (0, 0) for ``n`` = 0."""
-    k = max((d for d in range(1, min(n, MAX_CHUNK) + 1) if n % d == 0), default=0)
-    return k, n // k if k else 0
+    is exactly a flat array of K-vectors (no scratch buffer); (1, 0) for ``n`` = 0."""
+    k = max((d for d in range(1, min(n, MAX_CHUNK) + 1) if n % d == 0), default=1)
+    return k, n // k
 
 
 def flat(a: wp.array | None, dtype, absent: wp.array | None = None):
     """Contiguous ``a``'s memory as a flat array of ``dtype`` (a launch argument), or
     ``absent`` (an empty array: an optional argument not given) for None."""
-    if a is None:
-        return absent
-    return View(a, dtype, (a.size // getattr(dtype, "_length_", 1),))
+    return absent if a is None else View(a, dtype, (a.size // getattr(dtype, "_length_", 1),))
 
 
-def empty(dtype, device) -> wp.array:
-    """An empty array: a kernel's argument for an optional array that was not given."""
-    return wp.empty(0, dtype=dtype, device=device)
+def empties(device, *dtypes) -> dict:
+    """Empty arrays by dtype: the arguments a kernel gets for optional arrays not given."""
+    return {t: wp.empty(0, dtype=t, device=device) for t in dtypes}
 
 
 class MeshOp:
     """What every mesh op object holds: its device, the accumulation mode and ARC
-    threshold of its backward, and its prepared launches.
+    threshold of its backward, its prepared launches and, for an op that reads triangles,
+    the device check of their indices (``arc_warp.mesh``'s notes: when it is read).
 
     Args:
         reduce: accumulation mode of the backward (``atomic`` / ``warp`` / ``serial`` /
@@ -69,7 +67,7 @@ class MeshOp:
         record: prepare launches for reuse (False for an object used for one call).
     """
 
-    def __init__(self, reduce: str | None, threshold: int | None, device, record: bool):
+    def __init__(self, reduce: str | None, threshold: int | None, device, record: bool, name: str | None = None):
         self.device = wp.get_device(device)
         self.mode, self.threshold = reduce, 0
         if reduce is not None:
@@ -78,19 +76,14 @@ class MeshOp:
             self.threshold = resolve_threshold(self.device, threshold, keyed=True)
             self.mode = kernel_mode(reduce, self.threshold)
         self._launches = Launches(self.device, record)
-        self._check: TriangleCheck | None = None  # the forward's check of triangle indices, if any
-
-    def check(self) -> None:
-        """Reads the triangle check that the last forward left on the device (one run with
-        ``check`` off): ValueError if it found an index out of range (waits for the
-        device where the check has not finished)."""
-        self._check.read(previous=True)
-
-    def _begin(self, check: bool | None) -> bool:
-        """Whether a forward reads its check before returning (None: on the CPU, where it
-        costs no wait), after reading the one an earlier forward left."""
-        self._check.read(previous=True)
-        return self.device.is_cpu if check is None else check
+        self.name, self._pending = name, None
+        if name is not None:  # the first bad triangle, on the device and copied to the host
+            self._first = wp.full(1, NO_BAD_TRIANGLE, dtype=wp.int32, device=self.device)
+            if self.device.is_cpu:  # launches are done when they return: the flag is read in place
+                self._host, self._event = self._first, None
+            else:
+                self._host, self._event = wp.empty(1, dtype=wp.int32, device="cpu", pinned=True), wp.Event(self.device)
+            self._values = self._host.numpy()
 
     @classmethod
     def of(cls, workspace: Workspace | None, device, *sizes, **options):
@@ -106,29 +99,30 @@ class MeshOp:
                              "use one workspace per device")
         if "reduce" in options and options.get("threshold") is None:
             options["threshold"] = workspace.keyed_threshold
-        key = (cls, *sizes, *options.values())
-        return workspace.mesh_op(key, lambda: cls(*sizes, **options, device=workspace.device))
+        return workspace.mesh_op((cls, *sizes, *options.values()),
+                                 lambda: cls(*sizes, **options, device=workspace.device))
 
+    def check(self, previous: bool = True) -> None:
+        """Reads the triangle check that the last forward left on the device (one with
+        ``check`` off): ValueError if a vertex index was out of range (waits for the
+        device where the check has not finished)."""
+        if self._pending is None:
+            return
+        (count, of), self._pending = self._pending, None
+        if self._event is not None:
+            wp.synchronize_event(self._event)
+        first = int(self._values[0])
+        if first != NO_BAD_TRIANGLE:
+            raise ValueError(
+                f"{self.name}: triangle {first} of tri has a vertex index outside [0, {count}) ({of} has {count} "
+                "vertices); such triangles are left out (not drawn, interpolated as 0). Fix tri, or pass the "
+                "vertices it indexes" + (" (found in the previous call on this object, read now)" if previous else ""))
 
-class TriangleCheck:
-    """The device check of a forward's triangle indices (``arc_warp.mesh``'s notes: when
-    the check is read). :meth:`queue` launches a kernel that writes the first triangle
-    with an index outside [0, count) to a device flag, copied to the host; :meth:`read`
-    raises ValueError for it. The kernels themselves skip such triangles."""
-
-    def __init__(self, op: str, device, launches: Launches):
-        self.op, self.device, self._launches = op, device, launches
-        self._first = wp.full(1, NO_BAD_TRIANGLE, dtype=wp.int32, device=device)
-        if device.is_cpu:  # launches run before they return: the flag is read in place
-            self._host, self._event = self._first, None
-        else:
-            self._host = wp.empty(1, dtype=wp.int32, device="cpu", pinned=True)
-            self._event = wp.Event(device)
-        self._values = self._host.numpy()
-        self._pending = None
-
-    def queue(self, tri: View, count: int, of: str) -> None:
-        """Checks ``tri`` ((F,) vec3i) against ``count`` vertices (those ``of`` an input)."""
+    def _check_triangles(self, tri: View, count: int, of: str, check: bool | None) -> bool:
+        """Queues the check of ``tri`` ((F,) vec3i) against ``count`` vertices (those of the
+        input ``of``), after reading the one an earlier forward left; returns whether the
+        forward reads it before returning (``check``; None: on the CPU, where it is free)."""
+        self.check()
         if self.device.is_cpu:
             self._values[0] = NO_BAD_TRIANGLE
         else:
@@ -138,33 +132,13 @@ class TriangleCheck:
             wp.copy(self._host, self._first)
             self.device.stream.record_event(self._event)
         self._pending = count, of
-
-    def read(self, previous: bool = False) -> None:
-        """Raises ValueError if the last check queued found a bad triangle (waiting for the
-        device where it has not copied the flag yet); ``previous``: it was queued by an
-        earlier call than the one reading it."""
-        if self._pending is None:
-            return
-        (count, of), self._pending = self._pending, None
-        if self._event is not None:
-            wp.synchronize_event(self._event)
-        first = int(self._values[0])
-        if first != NO_BAD_TRIANGLE:
-            raise ValueError(
-                f"{self.op}: triangle {first} of tri has a vertex index outside [0, {count}) ({of} has {count} "
-                "vertices); such triangles are left out (not drawn, interpolated as 0). Fix tri, or pass the "
-                "vertices it indexes" + (" (found in the previous call on this object, read now)" if previous else ""))
+        return self.device.is_cpu if check is None else check
 
 
-def float_array(value, name: str, ndims: tuple[int, ...], last: int | None = None, device=None) -> wp.array:
-    """Checks a contiguous float32 wp.array with one of ``ndims`` dimensions (and last axis
-    ``last`` if given) on ``device``; raises TypeError/ValueError naming what came."""
-    return check_array(value, name, wp.float32, ndims, None, device, last)
-
-
-def int_array(value, name: str, ndims: tuple[int, ...], last: int | None = None, device=None) -> wp.array:
-    """As :func:`float_array` for int32 arrays."""
-    return check_array(value, name, wp.int32, ndims, None, device, last)
+def array(value, name: str, ndims, last: int | None = None, device=None, dtype=wp.float32) -> wp.array:
+    """Checks a contiguous wp.array of ``dtype`` with one of ``ndims`` dimensions (and last
+    axis ``last`` if given) on ``device``; raises TypeError/ValueError naming what came."""
+    return check_array(value, name, dtype, ndims, None, device, last)
 
 
 def exact(value, name: str, shape: tuple, device) -> wp.array:
@@ -173,34 +147,28 @@ def exact(value, name: str, shape: tuple, device) -> wp.array:
 
 
 def given(value, name: str, shape: tuple, device) -> wp.array | None:
-    """:func:`exact` for an optional array (an output, a cotangent): None stays None."""
+    """:func:`exact` for an optional array (a cotangent): None stays None."""
     return None if value is None else exact(value, name, shape, device)
 
 
-def output(value, name: str, shape: tuple, device) -> wp.array:
-    """The caller's float32 array ``value`` checked to be ``shape`` on ``device``, or a new
-    one (uninitialised: every entry is written)."""
+def output(value, name: str, shape: tuple, device, zero: bool = False) -> wp.array:
+    """The caller's float32 array ``value`` checked to be ``shape`` on ``device`` (written,
+    or added into), or a new one: uninitialised, or with ``zero`` zeroed."""
     if value is None:
-        return wp.empty(shape, dtype=wp.float32, device=device)
-    return given(value, name, shape, device)
+        return (wp.zeros if zero else wp.empty)(shape, dtype=wp.float32, device=device)
+    return exact(value, name, shape, device)
 
 
-def grad_or_new(grad, name: str, like: wp.array) -> wp.array:
-    """``grad`` (checked to match ``like``) to add into, or a new zero array."""
-    if grad is None:
-        return wp.zeros(like.shape, dtype=wp.float32, device=like.device)
-    return given(grad, name, like.shape, like.device)
-
-
-def triangles(tri, device) -> wp.array:
-    """Checks an int32 [F, 3] triangle array on ``device``."""
-    return int_array(tri, "tri", (2,), 3, device)
+def triangles(tri, device) -> View:
+    """Checks an int32 [F, 3] triangle array on ``device``; returns it as (F,) vec3i."""
+    tri = array(tri, "tri", 2, 3, device, wp.int32)
+    return View(tri, wp.vec3i, tri.shape[:1])
 
 
 def positions(pos, device=None) -> tuple[View, int]:
     """(view, instanced) of float32 clip-space positions: [B, V, 4] as (B, V) vec4 (one
     set per image, instanced 1) or [V, 4] as (1, V) (shared by every image, instanced 0)."""
-    pos = float_array(pos, "pos", (2, 3), 4, device)
+    pos = array(pos, "pos", (2, 3), 4, device)
     return View(pos, wp.vec4, pos.shape[:2] if pos.ndim == 3 else (1, pos.shape[0])), int(pos.ndim == 3)
 
 
@@ -220,11 +188,3 @@ def record(inputs: list, outputs: list, backward) -> None:
 def grad_of(a: wp.array | None) -> wp.array | None:
     """``a.grad`` for an input that requires it, else None (its gradient is not wanted)."""
     return a.grad if a is not None and a.requires_grad else None
-
-
-def host_int32(value, name: str, shape_last: int) -> np.ndarray:
-    """A small host-side int32 table ([N, shape_last]) from a wp.array or array-like."""
-    arr = value.numpy() if isinstance(value, wp.array) else np.asarray(value)
-    if arr.ndim != 2 or arr.shape[1] != shape_last or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name}: expected an integer array [N, {shape_last}], got {arr.dtype} {arr.shape}")
-    return arr.astype(np.int32)

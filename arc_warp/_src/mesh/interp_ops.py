@@ -6,19 +6,16 @@ from __future__ import annotations
 import numpy as np
 import warp as wp
 
-from arc_warp._src.launches import View
 from arc_warp._src.mesh.common import (
     BLOCK,
     MeshOp,
-    TriangleCheck,
+    array,
     chunking,
-    empty,
+    empties,
     exact,
     flat,
-    float_array,
     given,
     grad_of,
-    grad_or_new,
     output,
     record,
     tiled_dim,
@@ -58,8 +55,9 @@ def _diff_links(idx: np.ndarray, num_attr: int) -> np.ndarray:
 
 class Interpolator(MeshOp):
     """Interpolates A vertex attributes over B rasterised images of H x W, with the
-    pixel derivatives of ``diff_attrs`` (:func:`interpolate` gives the semantics), its
-    constants (the derivatives' link table) and prepared launches made once.
+    pixel derivatives of ``diff_attrs`` (:func:`interpolate` gives the semantics and the
+    arguments of :meth:`forward` and :meth:`backward`), its constants (the derivatives'
+    link table) and prepared launches made once.
 
     Args:
         batch, height, width: the [B, H, W, 4] ``rast`` it reads.
@@ -70,22 +68,20 @@ class Interpolator(MeshOp):
 
     def __init__(self, batch: int, height: int, width: int, attributes: int, diff_attrs=None, reduce: str = "arc",
                  threshold: int | None = None, device=None, record: bool = True):
-        super().__init__(reduce, threshold, device, record)
+        super().__init__(reduce, threshold, device, record, "interpolate")
         idx = _diff_indices(diff_attrs, attributes)
         self.batch, self.height, self.width, self.num_attributes = batch, height, width, attributes
         self.diff_attrs, self.num_diff = tuple(idx.tolist()), idx.size
-        d = self.device
-        self._links = wp.array(_diff_links(idx, attributes), dtype=wp.int32, device=d)
+        self._links = wp.array(_diff_links(idx, attributes), dtype=wp.int32, device=self.device)
         self.k, self.chunks = chunking(attributes)
-        self._vec = wp.types.vector(max(self.k, 1), wp.float32)  # k attributes at a time
-        self._absent = {t: empty(t, d) for t in (wp.float32, wp.int32, wp.vec4, self._vec)}
+        self._vec = wp.types.vector(self.k, wp.float32)  # k attributes at a time
+        self._absent = empties(self.device, wp.float32, wp.int32, wp.vec4, self._vec)
         self._zero = None  # a zero dL/dout, for a backward given only dL/dout_da (made then)
-        self._check = TriangleCheck("interpolate", d, self._launches)
 
     def _inputs(self, attr, rast, tri, rast_db) -> tuple:
-        """Checks the inputs: (Ba, V) of attr, and rast_db (None unless derivatives use it)."""
+        """Checks the inputs: (Ba, V) of attr, tri, and rast_db (None unless derivatives use it)."""
         shape = (self.batch, self.height, self.width, 4)
-        attr = float_array(attr, "attr", (2, 3), device=self.device)
+        attr = array(attr, "attr", (2, 3), None, self.device)
         images, vertices = (1, attr.shape[0]) if attr.ndim == 2 else attr.shape[:2]
         if images not in (1, self.batch):
             raise ValueError(f"attr: expected a minibatch of 1 or {self.batch} (that of rast), got {images}")
@@ -97,41 +93,41 @@ class Interpolator(MeshOp):
         given(rast_db, "rast_db", shape, self.device)
         return images, vertices, triangles(tri, self.device), rast_db if self.num_diff else None
 
-    def forward(self, attr, rast, tri, rast_db, out, out_da, check: bool | None = None) -> None:
-        """Writes ``out`` (float32 [B, H, W, A]) and ``out_da`` ([B, H, W, 2 D]) from
-        ``attr`` ([V, A] or [Ba, V, A], Ba 1 or B), ``rast`` and ``rast_db`` ([B, H, W, 4];
-        None without derivatives) and ``tri``. ``check``: as :meth:`Rasterizer.forward`."""
+    def forward(self, attr, rast, tri, rast_db=None, out=None, check: bool | None = None) -> tuple:
+        """``(out, out_da)``, written into ``out`` if given. ``check``: as
+        :meth:`Rasterizer.forward`."""
         images, vertices, tri, rast_db = self._inputs(attr, rast, tri, rast_db)
         b, h, w, a = self.batch, self.height, self.width, self.num_attributes
-        exact(out, "out", (b, h, w, a), self.device)
-        exact(out_da, "out_da", (b, h, w, 2 * self.num_diff), self.device)
-        check = self._begin(check)
-        tri_v = View(tri, wp.vec3i, tri.shape[:1])
-        self._check.queue(tri_v, vertices, "attr")
+        out = (None, None) if out is None else out
+        out, out_da = (output(out[0], "out[0] (out)", (b, h, w, a), self.device),
+                       output(out[1], "out[1] (out_da)", (b, h, w, 2 * self.num_diff), self.device))
+        check = self._check_triangles(tri, vertices, "attr", check)
         if a and b * h * w:
             absent = self._absent
             self._launches.launch(
                 make_interp_fwd(self.k, self.chunks, self.num_diff > 0), b * h * w,
                 [flat(attr, self._vec), vertices, images, h * w, flat(rast, wp.vec4),
-                 flat(rast_db, wp.vec4, absent[wp.vec4]), tri_v, self._links, flat(out, self._vec),
+                 flat(rast_db, wp.vec4, absent[wp.vec4]), tri, self._links, flat(out, self._vec),
                  flat(out_da if self.num_diff else None, wp.float32, absent[wp.float32])])
         if check:
-            self._check.read()
+            self.check(previous=False)
+        return out, out_da
 
-    def backward(self, attr, rast, tri, grad_out, rast_db, grad_out_da, grad_attr, grad_rast,
-                 grad_rast_db=None) -> None:
-        """Adds the gradients of the forward's inputs from ``grad_out`` and ``grad_out_da``
-        (None: zero) into ``grad_attr`` (shaped like attr; None: not computed),
-        ``grad_rast`` and ``grad_rast_db`` ([B, H, W, 4]; None: not computed)."""
-        images, vertices, tri, rast_db = self._inputs(attr, rast, tri, rast_db)
+    def backward(self, attr, rast, tri, grad_out, rast_db=None, grad_out_da=None, grad_attr=None, grad_rast=None,
+                 grad_rast_db=None, attr_grad: bool = True) -> tuple:
+        """``(grad_attr, grad_rast, grad_rast_db)`` added into the arrays given (new zeroed
+        ones for None; ``grad_rast_db`` None without ``rast_db``, ``grad_attr`` None with
+        ``attr_grad=False``)."""
+        images, vertices, tri, rast_db_d = self._inputs(attr, rast, tri, rast_db)
         b, h, w, a = self.batch, self.height, self.width, self.num_attributes
         go = given(grad_out, "grad_out", (b, h, w, a), self.device)
         gda = given(grad_out_da, "grad_out_da", (b, h, w, 2 * self.num_diff), self.device)
-        grad_attr = given(grad_attr, "grad_attr", attr.shape, self.device)
-        exact(grad_rast, "grad_rast", (b, h, w, 4), self.device)
-        grad_rast_db = given(grad_rast_db, "grad_rast_db", (b, h, w, 4), self.device)
+        grad_attr = output(grad_attr, "grad_attr", attr.shape, self.device, zero=True) if attr_grad else None
+        grad_rast = output(grad_rast, "grad_rast", (b, h, w, 4), self.device, zero=True)
+        if rast_db is not None:
+            grad_rast_db = output(grad_rast_db, "grad_rast_db", (b, h, w, 4), self.device, zero=True)
         if (go is None and gda is None) or a == 0 or b * h * w == 0:
-            return
+            return grad_attr, grad_rast, grad_rast_db
         if go is None:
             if self._zero is None:
                 self._zero = wp.zeros((b, h, w, a), dtype=wp.float32, device=self.device)
@@ -141,17 +137,17 @@ class Interpolator(MeshOp):
         self._launches.launch(
             make_interp_bwd(self.mode, self.k, self.chunks, da), tiled_dim(b, h, w),
             [flat(attr, self._vec), vertices, images, flat(rast, wp.vec4),
-             flat(rast_db if da else None, wp.vec4, absent[wp.vec4]), View(tri, wp.vec3i, tri.shape[:1]),
-             self._links if da else absent[wp.int32], flat(go, self._vec),
-             flat(gda if da else None, wp.float32, absent[wp.float32]), w, h, self.threshold,
+             flat(rast_db_d if da else None, wp.vec4, absent[wp.vec4]), tri, self._links if da else absent[wp.int32],
+             flat(go, self._vec), flat(gda if da else None, wp.float32, absent[wp.float32]), w, h, self.threshold,
              flat(grad_attr, self._vec, absent[self._vec]), flat(grad_rast, wp.vec4),
              flat(grad_rast_db if da else None, wp.vec4, absent[wp.vec4])], block_dim=BLOCK)
+        return grad_attr, grad_rast, grad_rast_db
 
 
 def _interpolator(workspace, attr, rast, diff_attrs, reduce, threshold) -> Interpolator:
     """The :class:`Interpolator` of a call (the workspace's, or one for this call)."""
-    rast = float_array(rast, "rast", (4,), 4)
-    num_a = float_array(attr, "attr", (2, 3), device=rast.device).shape[-1]
+    rast = array(rast, "rast", 4, 4)
+    num_a = array(attr, "attr", (2, 3), None, rast.device).shape[-1]
     if diff_attrs is not None and not isinstance(diff_attrs, str):
         diff_attrs = tuple(_diff_indices(diff_attrs, num_a).tolist())
     return Interpolator.of(workspace, rast.device, *rast.shape[:3], num_a, diff_attrs, reduce=reduce,
@@ -183,13 +179,10 @@ def interpolate(
         ``rast`` and ``rast_db``); ``reduce``/``threshold`` select the backward's accumulator.
     """
     op = _interpolator(workspace, attr, rast, diff_attrs, reduce, threshold)
-    shape, out = (op.batch, op.height, op.width), (None, None) if out is None else out
-    out, out_da = (output(out[0], "out[0] (out)", (*shape, op.num_attributes), op.device),
-                   output(out[1], "out[1] (out_da)", (*shape, 2 * op.num_diff), op.device))
-    op.forward(attr, rast, tri, rast_db, out, out_da, check=True)
+    out, out_da = op.forward(attr, rast, tri, rast_db, out, check=True)
     record([attr, rast, rast_db], [out, out_da],
-           lambda: _backward(op, attr, rast, tri, out.grad, rast_db, out_da.grad if op.num_diff else None,
-                             grad_of(attr), grad_of(rast), grad_of(rast_db), attr.requires_grad))
+           lambda: op.backward(attr, rast, tri, out.grad, rast_db, out_da.grad if op.num_diff else None, grad_of(attr),
+                               grad_of(rast), grad_of(rast_db), attr.requires_grad))
     return out, out_da
 
 
@@ -213,16 +206,5 @@ def interpolate_backward(
     vertices), ``rast`` (u, v) and ``rast_db``. Returns ``(grad_attr, grad_rast,
     grad_rast_db)`` shaped like the inputs (``grad_rast_db`` None without ``rast_db``;
     ``grad_attr`` None with ``attr_grad=False``)."""
-    op = _interpolator(workspace, attr, rast, diff_attrs, reduce, threshold)
-    return _backward(op, attr, rast, tri, grad_out, rast_db, grad_out_da, grad_attr, grad_rast, grad_rast_db,
-                     attr_grad)
-
-
-def _backward(op: Interpolator, attr, rast, tri, grad_out, rast_db, grad_out_da, grad_attr, grad_rast, grad_rast_db,
-              attr_grad: bool) -> tuple:
-    """:meth:`Interpolator.backward` into the given gradients, or new zeroed ones."""
-    grad_attr = grad_or_new(grad_attr, "grad_attr", attr) if attr_grad else None
-    grad_rast = grad_or_new(grad_rast, "grad_rast", rast)
-    grad_rast_db = grad_or_new(grad_rast_db, "grad_rast_db", rast_db) if rast_db is not None else None
-    op.backward(attr, rast, tri, grad_out, rast_db, grad_out_da, grad_attr, grad_rast, grad_rast_db)
-    return grad_attr, grad_rast, grad_rast_db
+    return _interpolator(workspace, attr, rast, diff_attrs, reduce, threshold).backward(
+        attr, rast, tri, grad_out, rast_db, grad_out_da, grad_attr, grad_rast, grad_rast_db, attr_grad)

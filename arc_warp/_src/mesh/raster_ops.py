@@ -10,14 +10,10 @@ from arc_warp._src.launches import View
 from arc_warp._src.mesh.common import (
     BLOCK,
     MeshOp,
-    TriangleCheck,
-    empty,
+    array,
     exact,
     flat,
-    float_array,
     given,
-    grad_or_new,
-    host_int32,
     output,
     positions,
     record,
@@ -45,9 +41,10 @@ def _batch(pos: wp.array, ranges, num_tri: int) -> tuple[np.ndarray | None, int,
         return None, pos.shape[0], num_tri
     if ranges is None:
         raise ValueError("ranges: pos is [V, 4] (range mode), so ranges [B, 2] (start, count) is required")
-    table = host_int32(ranges, "ranges", 2)
-    if len(table) < 1:
-        raise ValueError("ranges: expected at least one (start, count) row, got none")
+    table = ranges.numpy() if isinstance(ranges, wp.array) else np.asarray(ranges)
+    if table.ndim != 2 or table.shape[1] != 2 or not np.issubdtype(table.dtype, np.integer) or len(table) < 1:
+        raise ValueError(f"ranges: expected an integer array [B >= 1, 2], got {table.dtype} {table.shape}")
+    table = table.astype(np.int32)
     bad = (table[:, 0] < 0) | (table[:, 1] < 0) | (table[:, 0].astype(np.int64) + table[:, 1] > num_tri)
     if bad.any():
         row = int(np.argmax(bad))
@@ -55,17 +52,10 @@ def _batch(pos: wp.array, ranges, num_tri: int) -> tuple[np.ndarray | None, int,
     return table, len(table), int(table[:, 1].max())
 
 
-def _pixel_grid(height: int, width: int) -> tuple[float, float, float, float]:
-    """(xs, xo, ys, yo): NDC of pixel centre x is xs * x + xo, rounded to float32 as nvdiffrast."""
-    f = np.float32
-    return (float(f(2.0) / f(width)), float(f(1.0) / f(width) - f(1.0)),
-            float(f(2.0) / f(height)), float(f(1.0) / f(height) - f(1.0)))
-
-
 class Rasterizer(MeshOp):
     """Rasterises F triangles into B images of H x W (:func:`rasterize` gives the
-    semantics), with its scratch (depth keys, big-triangle queue), constants and
-    prepared launches made once; another size needs another object.
+    semantics and the arguments of :meth:`forward` and :meth:`backward`), with its
+    scratch (depth keys, big-triangle queue), constants and prepared launches made once.
 
     Args:
         resolution: (height, width) of the images.
@@ -76,7 +66,7 @@ class Rasterizer(MeshOp):
 
     def __init__(self, resolution, batch: int, triangles: int, reduce: str = "arc", threshold: int | None = None,
                  device=None, record: bool = True):
-        super().__init__(reduce, threshold, device, record)
+        super().__init__(reduce, threshold, device, record, "rasterize")
         self.height, self.width = h, w = check_resolution(resolution)
         self.batch, self.num_triangles = batch, triangles
         d = self.device
@@ -88,26 +78,26 @@ class Rasterizer(MeshOp):
         self._whole = wp.array(np.tile(np.int32([0, triangles]), (batch, 1)), dtype=wp.vec2i, device=d)
         self._ranges, self._host_ranges = wp.empty(batch, dtype=wp.vec2i, device=d), None
         self._tile = wp.vec2i(viewport_tile(w), viewport_tile(h))
-        self._grid = _pixel_grid(h, w)
+        f = np.float32  # NDC of pixel centre x is xs * x + xo, rounded to float32 as nvdiffrast
+        self._grid = (float(f(2.0) / f(w)), float(f(1.0) / f(w) - f(1.0)), float(f(2.0) / f(h)),
+                      float(f(1.0) / f(h) - f(1.0)))
         self._zero = None  # a zero dL/drast, for a backward given only dL/drast_db (made then)
-        self._absent = empty(wp.vec4, d)
-        self._check = TriangleCheck("rasterize", d, self._launches)
+        self._absent = wp.empty(0, dtype=wp.vec4, device=d)
 
-    def forward(self, pos, tri, rast, rast_db, ranges=None, check: bool | None = None) -> None:
-        """Writes ``rast`` and ``rast_db`` (float32 [B, H, W, 4]) of ``pos`` ([B, V, 4], or
-        [V, 4] with ``ranges`` [B, 2] (start, count) host data) and ``tri`` ([F, 3] int32).
+    def forward(self, pos, tri, ranges=None, out=None, check: bool | None = None) -> tuple[wp.array, wp.array]:
+        """``(rast, rast_db)`` of ``pos`` and ``tri``, written into ``out`` if given.
         ``check``: read the triangle check before returning (None: on the CPU, where it
-        costs no wait; else at the next forward or :meth:`check`)."""
+        costs no wait; else at the next forward, or :meth:`check`)."""
         pos_v, instanced = positions(pos, self.device)
         tri = triangles(tri, self.device)
         table, batch, count = _batch(pos, ranges, tri.shape[0])
         if (batch, tri.shape[0]) != (self.batch, self.num_triangles):
             raise ValueError(f"Rasterizer: made for {self.batch} images of {self.num_triangles} triangles, got "
                              f"{batch} of {tri.shape[0]}; use another Rasterizer")
-        shape = (batch, self.height, self.width, 4)
-        exact(rast, "rast", shape, self.device)
-        exact(rast_db, "rast_db", shape, self.device)
-        check = self._begin(check)
+        shape, out = (batch, self.height, self.width, 4), (None, None) if out is None else out
+        rast, rast_db = output(out[0], "out[0] (rast)", shape, self.device), output(out[1], "out[1] (rast_db)",
+                                                                                    shape, self.device)
+        check = self._check_triangles(tri, pos_v.shape[1], "pos", check)
         if table is None:
             ranges = self._whole
         else:
@@ -118,27 +108,24 @@ class Rasterizer(MeshOp):
         if not self._cleared:  # an earlier forward stopped before its resolve
             self._keys.fill_(EMPTY_KEY)
             self._big_count.zero_()
-        tri_v = View(tri, wp.vec3i, tri.shape[:1])
-        self._check.queue(tri_v, pos_v.shape[1], "pos")
         h, w, launches = self.height, self.width, self._launches
         self._cleared = False
         if count > 0:
             # triangles with big pixel boxes are queued and tested per pixel (no host readback)
-            launches.launch(raster_depth, (batch, count), [pos_v, tri_v, ranges, instanced, w, h, self._tile,
-                                                           self._keys, self._big, self._big_box, self._big_count])
-            launches.launch(raster_big, (batch, h, w), [pos_v, tri_v, instanced, w, h, self._tile, self._big,
+            launches.launch(raster_depth, (batch, count), [pos_v, tri, ranges, instanced, w, h, self._tile, self._keys,
+                                                           self._big, self._big_box, self._big_count])
+            launches.launch(raster_big, (batch, h, w), [pos_v, tri, instanced, w, h, self._tile, self._big,
                                                         self._big_box, self._big_count, self._keys])
-        launches.launch(raster_resolve, (batch, h, w), [self._keys, pos_v, tri_v, instanced, *self._grid,
+        launches.launch(raster_resolve, (batch, h, w), [self._keys, pos_v, tri, instanced, *self._grid,
                                                         View(rast, wp.vec4, shape[:3]),
                                                         View(rast_db, wp.vec4, shape[:3]), self._big_count])
         self._cleared = True
         if check:
-            self._check.read()
+            self.check(previous=False)
+        return rast, rast_db
 
-    def backward(self, pos, tri, rast, grad_rast, grad_rast_db, grad_pos) -> None:
-        """Adds dL/dpos into ``grad_pos`` (shaped like ``pos``) from ``grad_rast`` and
-        ``grad_rast_db`` (float32 [B, H, W, 4], None: zero) of the forward that wrote
-        ``rast`` (:func:`rasterize_backward` gives the semantics)."""
+    def backward(self, pos, tri, rast, grad_rast, grad_rast_db=None, grad_pos=None) -> wp.array:
+        """dL/dpos added into ``grad_pos`` (a new zeroed array if None), which it returns."""
         pos_v, instanced = positions(pos, self.device)
         tri = triangles(tri, self.device)
         b, h, w = self.batch, self.height, self.width
@@ -146,18 +133,18 @@ class Rasterizer(MeshOp):
         exact(rast, "rast", shape, self.device)
         g = given(grad_rast, "grad_rast", shape, self.device)
         gdb = given(grad_rast_db, "grad_rast_db", shape, self.device)
-        grad_pos = given(grad_pos, "grad_pos", pos.shape, self.device)
+        grad_pos = output(grad_pos, "grad_pos", pos.shape, self.device, zero=True)
         if g is None and gdb is None:
-            return
+            return grad_pos
         if g is None:
             if self._zero is None:
                 self._zero = wp.zeros(shape, dtype=wp.float32, device=self.device)
             g = self._zero
         self._launches.launch(
             make_raster_bwd(self.mode), tiled_dim(b, h, w),
-            [flat(rast, wp.vec4), flat(g, wp.vec4), flat(gdb, wp.vec4, self._absent), pos_v,
-             View(tri, wp.vec3i, tri.shape[:1]), instanced, w, h, *self._grid, self.threshold,
-             flat(grad_pos, wp.vec4)], block_dim=BLOCK)
+            [flat(rast, wp.vec4), flat(g, wp.vec4), flat(gdb, wp.vec4, self._absent), pos_v, tri, instanced, w, h,
+             *self._grid, self.threshold, flat(grad_pos, wp.vec4)], block_dim=BLOCK)
+        return grad_pos
 
 
 def rasterize(
@@ -206,15 +193,11 @@ def rasterize(
         triangle ids index the whole ``tri``. Recorded on an active ``wp.Tape`` when
         ``pos.requires_grad``.
     """
-    pos = float_array(pos, "pos", (2, 3), 4)
-    tri = triangles(tri, pos.device)
-    table, batch, _ = _batch(pos, ranges, tri.shape[0])
-    op = Rasterizer.of(workspace, pos.device, check_resolution(resolution), batch, tri.shape[0], reduce=reduce,
-                       threshold=threshold)
-    shape, out = (batch, op.height, op.width, 4), (None, None) if out is None else out
-    rast = output(out[0], "out[0] (rast)", shape, pos.device)
-    rast_db = output(out[1], "out[1] (rast_db)", shape, pos.device)
-    op.forward(pos, tri, rast, rast_db, table, check=True)
+    pos = array(pos, "pos", (2, 3), 4)
+    num_tri = array(tri, "tri", 2, 3, pos.device, wp.int32).shape[0]
+    op = Rasterizer.of(workspace, pos.device, check_resolution(resolution), _batch(pos, ranges, num_tri)[1], num_tri,
+                       reduce=reduce, threshold=threshold)
+    rast, rast_db = op.forward(pos, tri, ranges, out, check=True)
     record([pos], [rast, rast_db],
            lambda: op.backward(pos, tri, rast, rast.grad, rast_db.grad if grad_db else None, pos.grad))
     return rast, rast_db
@@ -243,12 +226,9 @@ def rasterize_backward(
     with the ``reduce`` accumulator. Returns ``grad_pos`` (new if None), shaped like pos:
     x, y, w components; z gets none.
     """
-    pos = float_array(pos, "pos", (2, 3), 4)
-    tri = triangles(tri, pos.device)
-    _, batch, _ = _batch(pos, ranges, tri.shape[0])
-    rast = float_array(rast, "rast", (4,), 4, pos.device)
-    op = Rasterizer.of(workspace, pos.device, tuple(rast.shape[1:3]), batch, tri.shape[0], reduce=reduce,
-                       threshold=threshold)
-    grad_pos = grad_or_new(grad_pos, "grad_pos", pos)
-    op.backward(pos, tri, rast, grad_rast, grad_rast_db, grad_pos)
-    return grad_pos
+    pos = array(pos, "pos", (2, 3), 4)
+    num_tri = array(tri, "tri", 2, 3, pos.device, wp.int32).shape[0]
+    rast = array(rast, "rast", 4, 4, pos.device)
+    op = Rasterizer.of(workspace, pos.device, tuple(rast.shape[1:3]), _batch(pos, ranges, num_tri)[1], num_tri,
+                       reduce=reduce, threshold=threshold)
+    return op.backward(pos, tri, rast, grad_rast, grad_rast_db, grad_pos)

@@ -13,14 +13,13 @@ from arc_warp._src.launches import View
 from arc_warp._src.mesh.common import (
     BLOCK,
     MeshOp,
+    array,
     chunking,
-    empty,
+    empties,
     exact,
     flat,
-    float_array,
     given,
     grad_of,
-    grad_or_new,
     output,
     record,
     tiled_dim,
@@ -79,7 +78,7 @@ def resolve_filter_mode(filter_mode: str, has_uv_da: bool, has_bias: bool) -> st
 
 
 def _check_tex(tex, device=None) -> wp.array:
-    tex = float_array(tex, "tex", (4,), device=device)
+    tex = array(tex, "tex", 4, None, device)
     if min(tex.shape) < 1:
         raise ValueError(f"tex: expected [B, H, W, C] with every size >= 1, got {tuple(tex.shape)}")
     return tex
@@ -88,6 +87,8 @@ def _check_tex(tex, device=None) -> wp.array:
 def _mip_layout(tex_shape: tuple, max_mip_level) -> tuple[list, np.ndarray, int]:
     """(sizes, offsets, texels) of the stack of a [B, H, W, C] texture: level sizes (w, h),
     the int32 first row of each level, and the rows of all levels together."""
+    if len(tex_shape) != 4 or min(tex_shape) < 1:
+        raise ValueError(f"tex: expected [B, H, W, C] with every size >= 1, got {tuple(tex_shape)}")
     if max_mip_level is not None and int(max_mip_level) < 0:
         raise ValueError(f"max_mip_level: expected None or >= 0, got {max_mip_level}")
     b, h, w, _ = tex_shape
@@ -100,8 +101,6 @@ def _mip_layout(tex_shape: tuple, max_mip_level) -> tuple[list, np.ndarray, int]
 def mip_shape(tex_shape, max_mip_level: int | None = None) -> tuple[int, int]:
     """(texels, C): the shape of the float32 array :func:`build_mip` fills for a texture of
     ``tex_shape`` [B, H, W, C] (for callers that allocate it, ``build_mip(out=...)``)."""
-    if len(tex_shape) != 4 or min(tex_shape) < 1:
-        raise ValueError(f"tex: expected [B, H, W, C] with every size >= 1, got {tuple(tex_shape)}")
     return _mip_layout(tuple(int(s) for s in tex_shape), max_mip_level)[2], int(tex_shape[3])
 
 
@@ -118,16 +117,16 @@ class MipBuilder(MeshOp):
     def __init__(self, tex_shape: tuple, max_mip_level: int | None = None, device=None, record: bool = True):
         super().__init__(None, None, device, record)
         self.tex_shape = tuple(int(s) for s in tex_shape)
-        self.shape = mip_shape(self.tex_shape, max_mip_level)  # (texels, C) of a stack
-        sizes, self._offsets, _ = _mip_layout(self.tex_shape, max_mip_level)
+        sizes, self._offsets, texels = _mip_layout(self.tex_shape, max_mip_level)
+        self.shape = (texels, self.tex_shape[3])  # of a stack
         self.host_sizes = tuple(sizes)
         self.sizes = wp.array(sizes, dtype=wp.vec2i, device=self.device)
         self.offsets = wp.array(self._offsets, dtype=wp.int32, device=self.device)
 
-    def build(self, tex, out) -> MipStack:
-        """The stack of ``tex``, written into ``out`` (float32 of :attr:`shape`)."""
+    def build(self, tex, out=None) -> MipStack:
+        """The stack of ``tex``, written into ``out`` (float32 of :attr:`shape`) if given."""
         exact(tex, "tex", self.tex_shape, self.device)
-        exact(out, "out", self.shape, self.device)
+        out = output(out, "out", self.shape, self.device)
         b, n, sizes, offsets = self.tex_shape[0], tex.size, self.host_sizes, self._offsets
         # every row is written (level 0 copied, the others built), so no zero fill
         self._launches.launch(copy_into, n, [flat(tex, wp.float32), View(out, wp.float32, (n,))])
@@ -146,10 +145,11 @@ class MipBuilder(MeshOp):
 
 
 class TextureSampler(MeshOp):
-    """Samples [Bt, Ht, Wt, C] textures at B x H x W texture coordinates (:func:`texture`
-    gives the semantics) with one filter and boundary mode; its level tables, mip-gradient
-    scratch and prepared launches are made once. ``mip`` is its :class:`MipBuilder` in
-    the mipmapped modes (None in the others).
+    """Samples [Bt, Ht, Wt, C] textures at B x H x W texture coordinates with one filter
+    and boundary mode (:func:`texture` gives the semantics and the arguments of
+    :meth:`forward` and :meth:`backward`); its level tables, mip-gradient scratch and
+    prepared launches are made once. ``mip`` is its :class:`MipBuilder` in the mipmapped
+    modes (None in the others), whose stacks :meth:`forward` samples.
 
     Args:
         batch, height, width: the [B, H, W, 2] ``uv`` it samples at.
@@ -165,20 +165,17 @@ class TextureSampler(MeshOp):
                  boundary_mode: str = "wrap", max_mip_level: int | None = None, reduce: str = "arc",
                  threshold: int | None = None, device=None, record: bool = True):
         super().__init__(reduce, threshold, device, record)
-        resolve_filter_mode(filter_mode, False, False)
-        if filter_mode == "auto":
+        if filter_mode == "auto" or resolve_filter_mode(filter_mode, False, False) != filter_mode:
             raise ValueError("TextureSampler: filter_mode 'auto' depends on the call; name a mode")
         if boundary_mode not in BOUNDARY_MODES:
             raise ValueError(f"boundary_mode: expected one of {tuple(BOUNDARY_MODES)}, got {boundary_mode!r}"
                              + (" (cube maps are not supported yet)" if boundary_mode == "cube" else ""))
         self.batch, self.height, self.width = batch, height, width
         self.tex_shape, self.filter_mode = tuple(int(s) for s in tex_shape), filter_mode
-        if len(self.tex_shape) != 4 or min(self.tex_shape) < 1:
-            raise ValueError(f"tex: expected [B, H, W, C] with every size >= 1, got {self.tex_shape}")
-        if self.tex_shape[0] not in (1, batch):
-            raise ValueError(f"tex: expected a minibatch of 1 or {batch} (that of uv), got {self.tex_shape[0]}")
-        self._needs_lod = "mipmap" in filter_mode
-        if self._needs_lod and max_mip_level == 0:
+        if len(self.tex_shape) != 4 or min(self.tex_shape) < 1 or self.tex_shape[0] not in (1, batch):
+            raise ValueError(f"tex: expected [B, H, W, C] with every size >= 1 and a minibatch of 1 or {batch} "
+                             f"(that of uv), got {self.tex_shape}")
+        if "mipmap" in filter_mode and max_mip_level == 0:
             filter_mode = "linear"
         self._filter, self._boundary = FILTER_MODES[filter_mode], BOUNDARY_MODES[boundary_mode]
         d, (bt, ht, wt, c) = self.device, self.tex_shape
@@ -187,7 +184,7 @@ class TextureSampler(MeshOp):
         self._level0 = wp.array([(wt, ht)], dtype=wp.vec2i, device=d), wp.zeros(1, dtype=wp.int32, device=d)
         self.k, self.chunks = chunking(c)
         self._vec = wp.types.vector(self.k, wp.float32)  # k channels at a time
-        self._absent = {t: empty(t, d) for t in (wp.float32, wp.vec2, wp.vec4, self._vec)}
+        self._absent = empties(d, wp.float32, wp.vec2, wp.vec4, self._vec)
         self._gstack = None  # every level's texel gradients (made by the first backward)
 
     def _inputs(self, tex, uv, uv_da, mip_level_bias, mip) -> tuple:
@@ -196,7 +193,7 @@ class TextureSampler(MeshOp):
         exact(uv, "uv", (self.batch, self.height, self.width, 2), self.device)
         given(uv_da, "uv_da", (self.batch, self.height, self.width, 4), self.device)
         given(mip_level_bias, "mip_level_bias", (self.batch, self.height, self.width), self.device)
-        if self._needs_lod and uv_da is None and mip_level_bias is None:
+        if "mipmap" in self.filter_mode and uv_da is None and mip_level_bias is None:
             raise ValueError(f"filter_mode {self.filter_mode!r} needs uv_da or mip_level_bias")
         if self.mip is None:
             return tex, *self._level0
@@ -206,13 +203,12 @@ class TextureSampler(MeshOp):
             raise ValueError(f"mip: built for {mip.images} images of {mip.host_sizes[0]}, tex is {tuple(tex.shape)}")
         return mip.data, mip.sizes, mip.offsets
 
-    def forward(self, tex, uv, out, uv_da=None, mip_level_bias=None, mip: MipStack | None = None) -> None:
-        """Writes ``out`` ([B, H, W, C] float32): ``tex`` sampled at ``uv`` ([B, H, W, 2]),
-        with ``uv_da`` ([B, H, W, 4]) or ``mip_level_bias`` ([B, H, W]) for the level of
-        detail, from ``mip`` (the stack of ``tex``, mipmapped modes only)."""
+    def forward(self, tex, uv, uv_da=None, mip_level_bias=None, mip: MipStack | None = None, out=None) -> wp.array:
+        """The samples, written into ``out`` if given; ``mip`` (the stack of ``tex``, as
+        ``self.mip.build`` makes it) is required in the mipmapped modes."""
         data, sizes, offsets = self._inputs(tex, uv, uv_da, mip_level_bias, mip)
         b, h, w = self.batch, self.height, self.width
-        exact(out, "out", (b, h, w, self.tex_shape[3]), self.device)
+        out = output(out, "out", (b, h, w, self.tex_shape[3]), self.device)
         if b * h * w:
             absent = self._absent
             self._launches.launch(
@@ -220,24 +216,25 @@ class TextureSampler(MeshOp):
                 [flat(data, self._vec), sizes, offsets, flat(uv, wp.vec2), flat(uv_da, wp.vec4, absent[wp.vec4]),
                  flat(mip_level_bias, wp.float32, absent[wp.float32]), h * w, self.tex_shape[0], self._boundary,
                  flat(out, self._vec)])
+        return out
 
     def backward(self, tex, uv, grad_out, uv_da=None, mip_level_bias=None, mip: MipStack | None = None,
-                 grad_tex=None, grad_uv=None, grad_uv_da=None, grad_mip_level_bias=None) -> None:
-        """Adds the gradients from ``grad_out`` ([B, H, W, C]; None: zero) into the
-        ``grad_*`` given (shaped like their inputs; None: not computed). Texel gradients
-        of every level are summed with the ``reduce`` accumulator, then folded into
-        level 0."""
+                 grad_tex=None, grad_uv=None, grad_uv_da=None, grad_mip_level_bias=None, tex_grad: bool = True) -> tuple:
+        """``(grad_tex, grad_uv, grad_uv_da, grad_mip_level_bias)`` added into the arrays
+        given (new zeroed ones for None; None for absent inputs, and ``grad_tex`` with
+        ``tex_grad=False``)."""
         data, sizes, offsets = self._inputs(tex, uv, uv_da, mip_level_bias, mip)
         b, h, w, c = self.batch, self.height, self.width, self.tex_shape[3]
-        for name, g, like in (("grad_tex", grad_tex, tex), ("grad_uv", grad_uv, uv), ("grad_uv_da", grad_uv_da, uv_da),
-                              ("grad_mip_level_bias", grad_mip_level_bias, mip_level_bias)):
-            if g is not None:
-                exact(g, name, like.shape if like is not None else (), self.device)
+        grads = [output(g, name, like.shape, self.device, zero=True) if like is not None and want else None
+                 for g, name, like, want in ((grad_tex, "grad_tex", tex, tex_grad), (grad_uv, "grad_uv", uv, True),
+                                             (grad_uv_da, "grad_uv_da", uv_da, True),
+                                             (grad_mip_level_bias, "grad_mip_level_bias", mip_level_bias, True))]
+        grad_tex, grad_uv, grad_uv_da, grad_bias = grads
         go = given(grad_out, "grad_out", (b, h, w, c), self.device)
         if go is None or b * h * w == 0:
-            return
+            return tuple(grads)
         absent, vec, gstack = self._absent, self._vec, None
-        if grad_tex is not None:
+        if tex_grad:
             if self._gstack is None or self._gstack.size != data.size:
                 self._gstack = wp.empty(data.size, dtype=wp.float32, device=self.device)
             gstack = self._gstack
@@ -248,11 +245,12 @@ class TextureSampler(MeshOp):
              flat(mip_level_bias, wp.float32, absent[wp.float32]), flat(go, vec), w, h, self.tex_shape[0],
              self._boundary, self.threshold, flat(gstack, vec, absent[vec]),
              flat(grad_uv if self._filter != NEAREST else None, wp.vec2, absent[wp.vec2]),
-             flat(grad_uv_da, wp.vec4, absent[wp.vec4]), flat(grad_mip_level_bias, wp.float32, absent[wp.float32])],
+             flat(grad_uv_da, wp.vec4, absent[wp.vec4]), flat(grad_bias, wp.float32, absent[wp.float32])],
             block_dim=BLOCK)
-        if grad_tex is not None:
+        if tex_grad:
             self._launches.launch(make_mip_fold(self.k, self.chunks), self.tex_shape[:3],
                                   [flat(gstack, vec), sizes, offsets, flat(grad_tex, vec)])
+        return tuple(grads)
 
 
 def build_mip(tex: wp.array, max_mip_level: int | None = None, out: wp.array | None = None,
@@ -263,25 +261,20 @@ def build_mip(tex: wp.array, max_mip_level: int | None = None, out: wp.array | N
     ``out`` (float32 of :func:`mip_shape`) receives the stack instead of a new array;
     ``workspace`` (an ``arc_warp.Workspace``) keeps its :class:`MipBuilder` of this size."""
     tex = _check_tex(tex)
-    builder = MipBuilder.of(workspace, tex.device, tuple(tex.shape), max_mip_level)
-    return builder.build(tex, output(out, "out", builder.shape, tex.device))
+    return MipBuilder.of(workspace, tex.device, tuple(tex.shape), max_mip_level).build(tex, out)
 
 
-def _sampler(workspace, tex, uv, uv_da, mip_level_bias, filter_mode, boundary_mode, max_mip_level, reduce,
-             threshold) -> TextureSampler:
-    """The :class:`TextureSampler` of a call (the workspace's, or one for this call)."""
+def _sampler(workspace, tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level, reduce,
+             threshold) -> tuple[TextureSampler, MipStack | None]:
+    """The :class:`TextureSampler` of a call (the workspace's, or one for this call), and
+    the stack it samples: ``mip``, or in a mipmapped mode without one a new stack of
+    ``tex`` (the backward reads it)."""
     tex = _check_tex(tex)
-    uv = float_array(uv, "uv", (4,), 2, tex.device)
+    uv = array(uv, "uv", 4, 2, tex.device)
     mode = resolve_filter_mode(filter_mode, uv_da is not None, mip_level_bias is not None)
-    return TextureSampler.of(workspace, tex.device, *uv.shape[:3], tuple(tex.shape), mode, boundary_mode,
-                             max_mip_level, reduce=reduce, threshold=threshold)
-
-
-def _stack(op: TextureSampler, tex, mip: MipStack | None) -> MipStack | None:
-    """``mip``, or in a mipmapped mode without one a new stack of ``tex`` (the backward reads it)."""
-    if op.mip is None or mip is not None:
-        return mip
-    return op.mip.build(tex, wp.empty(op.mip.shape, dtype=wp.float32, device=op.device))
+    op = TextureSampler.of(workspace, tex.device, *uv.shape[:3], tuple(tex.shape), mode, boundary_mode,
+                           max_mip_level, reduce=reduce, threshold=threshold)
+    return op, op.mip.build(tex) if op.mip is not None and mip is None else mip
 
 
 def texture(
@@ -308,14 +301,12 @@ def texture(
         [B, H, W, C] float32. Recorded on an active ``wp.Tape``: gradients into ``tex``
         (every mip level folded back into level 0), ``uv``, ``uv_da`` and ``mip_level_bias``.
     """
-    op = _sampler(workspace, tex, uv, uv_da, mip_level_bias, filter_mode, boundary_mode, max_mip_level, reduce,
-                  threshold)
-    stack = _stack(op, tex, mip)
-    out = output(out, "out", (op.batch, op.height, op.width, op.tex_shape[3]), op.device)
-    op.forward(tex, uv, out, uv_da, mip_level_bias, stack)
+    op, stack = _sampler(workspace, tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level,
+                         reduce, threshold)
+    out = op.forward(tex, uv, uv_da, mip_level_bias, stack, out)
     record([tex, uv, uv_da, mip_level_bias], [out],
-           lambda: _backward(op, tex, uv, out.grad, uv_da, mip_level_bias, stack, grad_of(tex), grad_of(uv),
-                             grad_of(uv_da), grad_of(mip_level_bias), tex.requires_grad))
+           lambda: op.backward(tex, uv, out.grad, uv_da, mip_level_bias, stack, grad_of(tex), grad_of(uv),
+                               grad_of(uv_da), grad_of(mip_level_bias), tex.requires_grad))
     return out
 
 
@@ -344,18 +335,7 @@ def texture_backward(
     nearest filtering gives no uv gradient, and the level of detail's gradient reaches
     ``uv_da``/``mip_level_bias`` only in 'linear-mipmap-linear'. ``grad_tex`` is None with
     ``tex_grad=False``."""
-    op = _sampler(workspace, tex, uv, uv_da, mip_level_bias, filter_mode, boundary_mode, max_mip_level, reduce,
-                  threshold)
-    return _backward(op, tex, uv, grad_out, uv_da, mip_level_bias, _stack(op, tex, mip), grad_tex, grad_uv,
-                     grad_uv_da, grad_mip_level_bias, tex_grad)
-
-
-def _backward(op: TextureSampler, tex, uv, grad_out, uv_da, bias, mip, grad_tex, grad_uv, grad_uv_da, grad_bias,
-              tex_grad: bool) -> tuple:
-    """:meth:`TextureSampler.backward` into the given gradients, or new zeroed ones."""
-    grad_tex = grad_or_new(grad_tex, "grad_tex", tex) if tex_grad else None
-    grad_uv = grad_or_new(grad_uv, "grad_uv", uv)
-    grad_uv_da = grad_or_new(grad_uv_da, "grad_uv_da", uv_da) if uv_da is not None else None
-    grad_bias = grad_or_new(grad_bias, "grad_mip_level_bias", bias) if bias is not None else None
-    op.backward(tex, uv, grad_out, uv_da, bias, mip, grad_tex, grad_uv, grad_uv_da, grad_bias)
-    return grad_tex, grad_uv, grad_uv_da, grad_bias
+    op, stack = _sampler(workspace, tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level,
+                         reduce, threshold)
+    return op.backward(tex, uv, grad_out, uv_da, mip_level_bias, stack, grad_tex, grad_uv, grad_uv_da,
+                       grad_mip_level_bias, tex_grad)
