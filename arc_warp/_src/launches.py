@@ -41,10 +41,10 @@ def made(arg):
 
 def signature(arg):
     """What must be unchanged for a packed launch argument to be reused."""
-    if isinstance(arg, wp.array):
-        return (arg.ptr, arg.shape, arg.strides)
     if type(arg) is View:
         return (arg.array.ptr, arg.dtype, arg.shape)
+    if isinstance(arg, wp.array):
+        return (arg.ptr, arg.shape, arg.strides)
     if arg is None or isinstance(arg, (bool, int, float)):
         return arg
     return _REPACK

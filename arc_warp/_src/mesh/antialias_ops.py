@@ -10,19 +10,8 @@ import warp as wp
 
 from arc_warp._src.launches import View
 from arc_warp._src.mesh.antialias_kernels import aa_fwd, make_aa_bwd
-from arc_warp._src.mesh.common import (
-    BLOCK,
-    MeshOp,
-    array,
-    exact,
-    flat,
-    grad_of,
-    output,
-    positions,
-    record,
-    tiled_dim,
-    triangles,
-)
+from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, exact, grad_of, output, positions, record, tiled_dim,
+                                       triangles)
 from arc_warp._src.mesh.util_kernels import copy_into
 
 
@@ -74,9 +63,8 @@ class Antialiaser(MeshOp):
     semantics and the arguments of :meth:`forward` and :meth:`backward`), with its
     prepared launches made once.
 
-    Args:
-        batch, height, width, channels: the [B, H, W, C] colour it blends.
-        reduce, threshold, device, record: see :class:`arc_warp.mesh.MeshOp`.
+    Args: ``batch``, ``height``, ``width``, ``channels`` of the [B, H, W, C] colour it
+    blends; the rest as :class:`arc_warp.mesh.MeshOp`'s.
     """
 
     def __init__(self, batch: int, height: int, width: int, channels: int, reduce: str = "arc",
@@ -108,7 +96,7 @@ class Antialiaser(MeshOp):
         out = output(out, "out", color.shape, self.device)
         check = self._check_triangles(tri, pos_v.shape[1], "pos", check)
         # aa_fwd adds the blends into the copy
-        self._launches.launch(copy_into, color.size, [flat(color, wp.float32), flat(out, wp.float32)])
+        self._launches.launch(copy_into, color.size, [self._flat(color, wp.float32), self._flat(out, wp.float32)])
         self._launches.launch(aa_fwd, (self.batch, self.height, self.width),
                               [color, rast_v, pos_v, tri, topology_hash.opposite, instanced, out])
         if check:
@@ -125,7 +113,7 @@ class Antialiaser(MeshOp):
             exact(grad_out, "grad_out", color.shape, self.device)
             self._launches.launch(make_aa_bwd(self.mode), tiled_dim(self.batch, self.height, self.width),
                                   [color, rast_v, pos_v, tri, topology_hash.opposite, instanced, grad_out,
-                                   float(pos_gradient_boost), self.threshold, grad_color, flat(grad_pos, wp.vec4)],
+                                   float(pos_gradient_boost), self.threshold, grad_color, self._flat(grad_pos, wp.vec4)],
                                   block_dim=BLOCK)
         return grad_color, grad_pos
 

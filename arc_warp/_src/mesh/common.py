@@ -41,30 +41,17 @@ def chunking(n: int) -> tuple[int, int]:
     return k, n // k
 
 
-def flat(a: wp.array | None, dtype, absent: wp.array | None = None):
-    """Contiguous ``a``'s memory as a flat array of ``dtype`` (a launch argument), or
-    ``absent`` (an empty array: an optional argument not given) for None."""
-    return absent if a is None else View(a, dtype, (a.size // getattr(dtype, "_length_", 1),))
-
-
-def empties(device, *dtypes) -> dict:
-    """Empty arrays by dtype: the arguments a kernel gets for optional arrays not given."""
-    return {t: wp.empty(0, dtype=t, device=device) for t in dtypes}
-
-
 class MeshOp:
     """What every mesh op object holds: its device, the accumulation mode and ARC
     threshold of its backward, its prepared launches and, for an op that reads triangles,
     the device check of their indices (``arc_warp.mesh``'s notes: when it is read).
 
-    Args:
-        reduce: accumulation mode of the backward (``atomic`` / ``warp`` / ``serial`` /
-            ``arc``; ``floor`` for benchmarks); None for an op without one.
-        threshold: the ARC threshold (only ``arc`` reads it); None: the device's keyed one
-            (the mesh backwards plan per pixel with ``keyed_plan``), which may calibrate a
-            GPU once. ``arc`` at a T that never reduces (33) is compiled as ``atomic``.
-        device: Warp device (None: the current one).
-        record: prepare launches for reuse (False for an object used for one call).
+    Args: ``reduce``, the backward's accumulation mode (``atomic`` / ``warp`` / ``serial`` /
+    ``arc``; ``floor`` for benchmarks); ``threshold``, the ARC threshold (only ``arc``
+    reads it; None: the device's keyed one, as the mesh backwards plan per pixel with
+    ``keyed_plan``, which may calibrate a GPU once; at 33, which never reduces, ``arc`` is
+    compiled as ``atomic``); ``device`` (None: the current one); ``record``: prepare the
+    launches for reuse (False for an object used for one call).
     """
 
     def __init__(self, reduce: str | None, threshold: int | None, device, record: bool, name: str | None = None):
@@ -76,6 +63,7 @@ class MeshOp:
             self.threshold = resolve_threshold(self.device, threshold, keyed=True)
             self.mode = kernel_mode(reduce, self.threshold)
         self._launches = Launches(self.device, record)
+        self._empty: dict = {}  # dtype -> the empty array an optional argument not given is
         self.name, self._pending = name, None
         if name is not None:  # the first bad triangle, on the device and copied to the host
             self._first = wp.full(1, NO_BAD_TRIANGLE, dtype=wp.int32, device=self.device)
@@ -102,6 +90,15 @@ class MeshOp:
         return workspace.mesh_op((cls, *sizes, *options.values()),
                                  lambda: cls(*sizes, **options, device=workspace.device))
 
+    def _flat(self, a: wp.array | None, dtype):
+        """Contiguous ``a``'s memory as a flat array of ``dtype`` (a launch argument), or for
+        None an empty array (an optional argument not given)."""
+        if a is not None:
+            return View(a, dtype, (a.size // getattr(dtype, "_length_", 1),))
+        if dtype not in self._empty:
+            self._empty[dtype] = wp.empty(0, dtype=dtype, device=self.device)
+        return self._empty[dtype]
+
     def check(self, previous: bool = True) -> None:
         """Reads the triangle check that the last forward left on the device (one with
         ``check`` off): ValueError if a vertex index was out of range (waits for the
@@ -109,7 +106,7 @@ class MeshOp:
         if self._pending is None:
             return
         (count, of), self._pending = self._pending, None
-        if self._event is not None:
+        if self._event is not None and not self.device.is_capturing:  # (a wait would break a graph capture)
             wp.synchronize_event(self._event)
         first = int(self._values[0])
         if first != NO_BAD_TRIANGLE:
@@ -130,7 +127,8 @@ class MeshOp:
         self._launches.launch(first_bad_triangle, tri.shape[0], [tri, count, self._first])
         if self._event is not None:
             wp.copy(self._host, self._first)
-            self.device.stream.record_event(self._event)
+            if not self.device.is_capturing:
+                self.device.stream.record_event(self._event)
         self._pending = count, of
         return self.device.is_cpu if check is None else check
 

@@ -6,21 +6,8 @@ from __future__ import annotations
 import numpy as np
 import warp as wp
 
-from arc_warp._src.mesh.common import (
-    BLOCK,
-    MeshOp,
-    array,
-    chunking,
-    empties,
-    exact,
-    flat,
-    given,
-    grad_of,
-    output,
-    record,
-    tiled_dim,
-    triangles,
-)
+from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, chunking, exact, given, grad_of, output, record, tiled_dim,
+                                       triangles)
 from arc_warp._src.mesh.interp_kernels import make_interp_bwd, make_interp_fwd
 
 
@@ -59,11 +46,9 @@ class Interpolator(MeshOp):
     arguments of :meth:`forward` and :meth:`backward`), its constants (the derivatives'
     link table) and prepared launches made once.
 
-    Args:
-        batch, height, width: the [B, H, W, 4] ``rast`` it reads.
-        attributes: A, the last axis of ``attr``.
-        diff_attrs: None, 'all' or a list of attribute indices (negatives count from the end).
-        reduce, threshold, device, record: see :class:`arc_warp.mesh.MeshOp`.
+    Args: ``batch``, ``height``, ``width`` of the [B, H, W, 4] ``rast`` it reads;
+    ``attributes``, A, the last axis of ``attr``; ``diff_attrs``: None, 'all' or a list of
+    attribute indices (negatives count from the end); the rest as :class:`arc_warp.mesh.MeshOp`'s.
     """
 
     def __init__(self, batch: int, height: int, width: int, attributes: int, diff_attrs=None, reduce: str = "arc",
@@ -75,7 +60,6 @@ class Interpolator(MeshOp):
         self._links = wp.array(_diff_links(idx, attributes), dtype=wp.int32, device=self.device)
         self.k, self.chunks = chunking(attributes)
         self._vec = wp.types.vector(self.k, wp.float32)  # k attributes at a time
-        self._absent = empties(self.device, wp.float32, wp.int32, wp.vec4, self._vec)
         self._zero = None  # a zero dL/dout, for a backward given only dL/dout_da (made then)
 
     def _inputs(self, attr, rast, tri, rast_db) -> tuple:
@@ -103,12 +87,11 @@ class Interpolator(MeshOp):
                        output(out[1], "out[1] (out_da)", (b, h, w, 2 * self.num_diff), self.device))
         check = self._check_triangles(tri, vertices, "attr", check)
         if a and b * h * w:
-            absent = self._absent
             self._launches.launch(
                 make_interp_fwd(self.k, self.chunks, self.num_diff > 0), b * h * w,
-                [flat(attr, self._vec), vertices, images, h * w, flat(rast, wp.vec4),
-                 flat(rast_db, wp.vec4, absent[wp.vec4]), tri, self._links, flat(out, self._vec),
-                 flat(out_da if self.num_diff else None, wp.float32, absent[wp.float32])])
+                [self._flat(attr, self._vec), vertices, images, h * w, self._flat(rast, wp.vec4),
+                 self._flat(rast_db, wp.vec4), tri, self._links, self._flat(out, self._vec),
+                 self._flat(out_da if self.num_diff else None, wp.float32)])
         if check:
             self.check(previous=False)
         return out, out_da
@@ -133,14 +116,13 @@ class Interpolator(MeshOp):
                 self._zero = wp.zeros((b, h, w, a), dtype=wp.float32, device=self.device)
             go = self._zero
         da = gda is not None and self.num_diff > 0  # else no term of the derivatives: a kernel without them
-        absent = self._absent
         self._launches.launch(
             make_interp_bwd(self.mode, self.k, self.chunks, da), tiled_dim(b, h, w),
-            [flat(attr, self._vec), vertices, images, flat(rast, wp.vec4),
-             flat(rast_db_d if da else None, wp.vec4, absent[wp.vec4]), tri, self._links if da else absent[wp.int32],
-             flat(go, self._vec), flat(gda if da else None, wp.float32, absent[wp.float32]), w, h, self.threshold,
-             flat(grad_attr, self._vec, absent[self._vec]), flat(grad_rast, wp.vec4),
-             flat(grad_rast_db if da else None, wp.vec4, absent[wp.vec4])], block_dim=BLOCK)
+            [self._flat(attr, self._vec), vertices, images, self._flat(rast, wp.vec4),
+             self._flat(rast_db_d if da else None, wp.vec4), tri, self._links if da else self._flat(None, wp.int32),
+             self._flat(go, self._vec), self._flat(gda if da else None, wp.float32), w, h, self.threshold,
+             self._flat(grad_attr, self._vec), self._flat(grad_rast, wp.vec4),
+             self._flat(grad_rast_db if da else None, wp.vec4)], block_dim=BLOCK)
         return grad_attr, grad_rast, grad_rast_db
 
 

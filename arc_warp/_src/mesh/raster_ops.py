@@ -7,27 +7,10 @@ import numpy as np
 import warp as wp
 
 from arc_warp._src.launches import View
-from arc_warp._src.mesh.common import (
-    BLOCK,
-    MeshOp,
-    array,
-    exact,
-    flat,
-    given,
-    output,
-    positions,
-    record,
-    tiled_dim,
-    triangles,
-)
-from arc_warp._src.mesh.raster_kernels import (
-    EMPTY_KEY,
-    make_raster_bwd,
-    raster_big,
-    raster_depth,
-    raster_resolve,
-    viewport_tile,
-)
+from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, exact, given, output, positions, record, tiled_dim,
+                                       triangles)
+from arc_warp._src.mesh.raster_kernels import (EMPTY_KEY, make_raster_bwd, raster_big, raster_depth, raster_resolve,
+                                               viewport_tile)
 from arc_warp._src.validate import check_resolution
 
 
@@ -57,11 +40,9 @@ class Rasterizer(MeshOp):
     semantics and the arguments of :meth:`forward` and :meth:`backward`), with its
     scratch (depth keys, big-triangle queue), constants and prepared launches made once.
 
-    Args:
-        resolution: (height, width) of the images.
-        batch: B, the images of one call ([B, V, 4] positions, or the rows of ``ranges``).
-        triangles: F, the rows of ``tri``.
-        reduce, threshold, device, record: see :class:`arc_warp.mesh.MeshOp`.
+    Args: ``resolution`` (height, width); ``batch``, B, the images of a call (of [B, V, 4]
+    positions, or the rows of ``ranges``); ``triangles``, F, the rows of ``tri``; the rest
+    as :class:`arc_warp.mesh.MeshOp`'s.
     """
 
     def __init__(self, resolution, batch: int, triangles: int, reduce: str = "arc", threshold: int | None = None,
@@ -82,7 +63,6 @@ class Rasterizer(MeshOp):
         self._grid = (float(f(2.0) / f(w)), float(f(1.0) / f(w) - f(1.0)), float(f(2.0) / f(h)),
                       float(f(1.0) / f(h) - f(1.0)))
         self._zero = None  # a zero dL/drast, for a backward given only dL/drast_db (made then)
-        self._absent = wp.empty(0, dtype=wp.vec4, device=d)
 
     def forward(self, pos, tri, ranges=None, out=None, check: bool | None = None) -> tuple[wp.array, wp.array]:
         """``(rast, rast_db)`` of ``pos`` and ``tri``, written into ``out`` if given.
@@ -95,16 +75,13 @@ class Rasterizer(MeshOp):
             raise ValueError(f"Rasterizer: made for {self.batch} images of {self.num_triangles} triangles, got "
                              f"{batch} of {tri.shape[0]}; use another Rasterizer")
         shape, out = (batch, self.height, self.width, 4), (None, None) if out is None else out
-        rast, rast_db = output(out[0], "out[0] (rast)", shape, self.device), output(out[1], "out[1] (rast_db)",
-                                                                                    shape, self.device)
+        rast = output(out[0], "out[0] (rast)", shape, self.device)
+        rast_db = output(out[1], "out[1] (rast_db)", shape, self.device)
         check = self._check_triangles(tri, pos_v.shape[1], "pos", check)
-        if table is None:
-            ranges = self._whole
-        else:
-            if self._host_ranges is None or not np.array_equal(table, self._host_ranges):
-                wp.copy(self._ranges, wp.array(table, dtype=wp.vec2i, device="cpu"))
-                self._host_ranges = table
-            ranges = self._ranges
+        if table is not None and (self._host_ranges is None or not np.array_equal(table, self._host_ranges)):
+            wp.copy(self._ranges, wp.array(table, dtype=wp.vec2i, device="cpu"))
+            self._host_ranges = table
+        ranges = self._whole if table is None else self._ranges
         if not self._cleared:  # an earlier forward stopped before its resolve
             self._keys.fill_(EMPTY_KEY)
             self._big_count.zero_()
@@ -129,8 +106,7 @@ class Rasterizer(MeshOp):
         pos_v, instanced = positions(pos, self.device)
         tri = triangles(tri, self.device)
         b, h, w = self.batch, self.height, self.width
-        shape = (b, h, w, 4)
-        exact(rast, "rast", shape, self.device)
+        shape = exact(rast, "rast", (b, h, w, 4), self.device).shape
         g = given(grad_rast, "grad_rast", shape, self.device)
         gdb = given(grad_rast_db, "grad_rast_db", shape, self.device)
         grad_pos = output(grad_pos, "grad_pos", pos.shape, self.device, zero=True)
@@ -142,8 +118,8 @@ class Rasterizer(MeshOp):
             g = self._zero
         self._launches.launch(
             make_raster_bwd(self.mode), tiled_dim(b, h, w),
-            [flat(rast, wp.vec4), flat(g, wp.vec4), flat(gdb, wp.vec4, self._absent), pos_v, tri, instanced, w, h,
-             *self._grid, self.threshold, flat(grad_pos, wp.vec4)], block_dim=BLOCK)
+            [self._flat(rast, wp.vec4), self._flat(g, wp.vec4), self._flat(gdb, wp.vec4), pos_v, tri, instanced, w, h,
+             *self._grid, self.threshold, self._flat(grad_pos, wp.vec4)], block_dim=BLOCK)
         return grad_pos
 
 

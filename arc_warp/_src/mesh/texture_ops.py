@@ -10,30 +10,9 @@ import numpy as np
 import warp as wp
 
 from arc_warp._src.launches import View
-from arc_warp._src.mesh.common import (
-    BLOCK,
-    MeshOp,
-    array,
-    chunking,
-    empties,
-    exact,
-    flat,
-    given,
-    grad_of,
-    output,
-    record,
-    tiled_dim,
-)
-from arc_warp._src.mesh.texture_kernels import (
-    BOUNDARY_MODES,
-    FILTER_MODES,
-    NEAREST,
-    make_mip_fold,
-    make_tex_bwd,
-    make_tex_fwd,
-    mip_build,
-    mip_build2,
-)
+from arc_warp._src.mesh.common import BLOCK, MeshOp, array, chunking, exact, given, grad_of, output, record, tiled_dim
+from arc_warp._src.mesh.texture_kernels import (BOUNDARY_MODES, FILTER_MODES, NEAREST, make_mip_fold, make_tex_bwd,
+                                                make_tex_fwd, mip_build, mip_build2)
 from arc_warp._src.mesh.util_kernels import copy_into
 
 
@@ -52,21 +31,6 @@ class MipStack:
     channels: int
 
 
-def mip_sizes(width: int, height: int, max_mip_level: int | None) -> list[tuple[int, int]]:
-    """Sizes (w, h) of levels 0..L: halve until 1x1 (or ``max_mip_level``); a side longer
-    than 1 must be even to be halved, as in nvdiffrast."""
-    sizes = [(width, height)]
-    w, h = width, height
-    while (w > 1 or h > 1) and (max_mip_level is None or len(sizes) <= max_mip_level):
-        if (w > 1 and w % 2) or (h > 1 and h % 2):
-            raise ValueError(
-                f"texture: mip level {len(sizes)} cannot halve a {w}x{h} level (odd side); use a texture whose "
-                f"sides are a power of two times the last level's, or limit max_mip_level (got {max_mip_level})")
-        w, h = max(w // 2, 1), max(h // 2, 1)
-        sizes.append((w, h))
-    return sizes
-
-
 def resolve_filter_mode(filter_mode: str, has_uv_da: bool, has_bias: bool) -> str:
     """The filter mode 'auto' stands for ('linear-mipmap-linear' with uv_da or a bias, else
     'linear'); other names are checked."""
@@ -77,25 +41,25 @@ def resolve_filter_mode(filter_mode: str, has_uv_da: bool, has_bias: bool) -> st
     return filter_mode
 
 
-def _check_tex(tex, device=None) -> wp.array:
-    tex = array(tex, "tex", 4, None, device)
-    if min(tex.shape) < 1:
-        raise ValueError(f"tex: expected [B, H, W, C] with every size >= 1, got {tuple(tex.shape)}")
-    return tex
-
-
 def _mip_layout(tex_shape: tuple, max_mip_level) -> tuple[list, np.ndarray, int]:
     """(sizes, offsets, texels) of the stack of a [B, H, W, C] texture: level sizes (w, h),
-    the int32 first row of each level, and the rows of all levels together."""
+    halved until 1x1 (or ``max_mip_level``; a side longer than 1 must be even to be
+    halved, as in nvdiffrast), the int32 first row of each level, and the rows of all."""
     if len(tex_shape) != 4 or min(tex_shape) < 1:
         raise ValueError(f"tex: expected [B, H, W, C] with every size >= 1, got {tuple(tex_shape)}")
     if max_mip_level is not None and int(max_mip_level) < 0:
         raise ValueError(f"max_mip_level: expected None or >= 0, got {max_mip_level}")
     b, h, w, _ = tex_shape
-    sizes = mip_sizes(w, h, None if max_mip_level is None else int(max_mip_level))
+    sizes = [(w, h)]
+    while (w > 1 or h > 1) and (max_mip_level is None or len(sizes) <= int(max_mip_level)):
+        if (w > 1 and w % 2) or (h > 1 and h % 2):
+            raise ValueError(
+                f"texture: mip level {len(sizes)} cannot halve a {w}x{h} level (odd side); use a texture whose "
+                f"sides are a power of two times the last level's, or limit max_mip_level (got {max_mip_level})")
+        w, h = max(w // 2, 1), max(h // 2, 1)
+        sizes.append((w, h))
     counts = [b * sw * sh for sw, sh in sizes]
-    offsets = np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32)
-    return sizes, offsets, int(sum(counts))
+    return sizes, np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int32), int(sum(counts))
 
 
 def mip_shape(tex_shape, max_mip_level: int | None = None) -> tuple[int, int]:
@@ -108,10 +72,8 @@ class MipBuilder(MeshOp):
     """Builds the mip stacks of [B, H, W, C] textures (:func:`build_mip`), with the level
     tables (``sizes``, ``offsets``) on the device and the launches prepared once.
 
-    Args:
-        tex_shape: (B, H, W, C) of the textures.
-        max_mip_level: the levels after level 0 (None: down to 1x1).
-        device, record: see :class:`arc_warp.mesh.MeshOp`.
+    Args: ``tex_shape`` (B, H, W, C) of the textures; ``max_mip_level``, the levels after
+    level 0 (None: down to 1x1); the rest as :class:`arc_warp.mesh.MeshOp`'s.
     """
 
     def __init__(self, tex_shape: tuple, max_mip_level: int | None = None, device=None, record: bool = True):
@@ -129,7 +91,7 @@ class MipBuilder(MeshOp):
         out = output(out, "out", self.shape, self.device)
         b, n, sizes, offsets = self.tex_shape[0], tex.size, self.host_sizes, self._offsets
         # every row is written (level 0 copied, the others built), so no zero fill
-        self._launches.launch(copy_into, n, [flat(tex, wp.float32), View(out, wp.float32, (n,))])
+        self._launches.launch(copy_into, n, [self._flat(tex, wp.float32), View(out, wp.float32, (n,))])
         # two levels per launch, the last one alone if their count is odd
         for level in range(1, len(sizes), 2):
             src = [out, int(offsets[level - 1]), *sizes[level - 1]]
@@ -151,14 +113,11 @@ class TextureSampler(MeshOp):
     prepared launches are made once. ``mip`` is its :class:`MipBuilder` in the mipmapped
     modes (None in the others), whose stacks :meth:`forward` samples.
 
-    Args:
-        batch, height, width: the [B, H, W, 2] ``uv`` it samples at.
-        tex_shape: (Bt, Ht, Wt, C), Bt 1 or B.
-        filter_mode: 'nearest', 'linear', 'linear-mipmap-nearest' or 'linear-mipmap-linear'
-            (the mipmapped ones read ``uv_da`` or ``mip_level_bias``).
-        boundary_mode: 'wrap', 'clamp' or 'zero'.
-        max_mip_level: the levels after level 0 (None: down to 1x1; 0: 'linear').
-        reduce, threshold, device, record: see :class:`arc_warp.mesh.MeshOp`.
+    Args: ``batch``, ``height``, ``width`` of the [B, H, W, 2] ``uv`` it samples at;
+    ``tex_shape`` (Bt, Ht, Wt, C), Bt 1 or B; ``filter_mode`` 'nearest', 'linear',
+    'linear-mipmap-nearest' or 'linear-mipmap-linear'; ``boundary_mode`` 'wrap', 'clamp'
+    or 'zero'; ``max_mip_level`` as :class:`MipBuilder`'s (0: 'linear'); the rest as
+    :class:`arc_warp.mesh.MeshOp`'s.
     """
 
     def __init__(self, batch: int, height: int, width: int, tex_shape: tuple, filter_mode: str = "linear",
@@ -184,7 +143,6 @@ class TextureSampler(MeshOp):
         self._level0 = wp.array([(wt, ht)], dtype=wp.vec2i, device=d), wp.zeros(1, dtype=wp.int32, device=d)
         self.k, self.chunks = chunking(c)
         self._vec = wp.types.vector(self.k, wp.float32)  # k channels at a time
-        self._absent = empties(d, wp.float32, wp.vec2, wp.vec4, self._vec)
         self._gstack = None  # every level's texel gradients (made by the first backward)
 
     def _inputs(self, tex, uv, uv_da, mip_level_bias, mip) -> tuple:
@@ -210,12 +168,11 @@ class TextureSampler(MeshOp):
         b, h, w = self.batch, self.height, self.width
         out = output(out, "out", (b, h, w, self.tex_shape[3]), self.device)
         if b * h * w:
-            absent = self._absent
             self._launches.launch(
                 make_tex_fwd(self._filter, self.k, self.chunks), b * h * w,
-                [flat(data, self._vec), sizes, offsets, flat(uv, wp.vec2), flat(uv_da, wp.vec4, absent[wp.vec4]),
-                 flat(mip_level_bias, wp.float32, absent[wp.float32]), h * w, self.tex_shape[0], self._boundary,
-                 flat(out, self._vec)])
+                [self._flat(data, self._vec), sizes, offsets, self._flat(uv, wp.vec2), self._flat(uv_da, wp.vec4),
+                 self._flat(mip_level_bias, wp.float32), h * w, self.tex_shape[0], self._boundary,
+                 self._flat(out, self._vec)])
         return out
 
     def backward(self, tex, uv, grad_out, uv_da=None, mip_level_bias=None, mip: MipStack | None = None,
@@ -233,7 +190,7 @@ class TextureSampler(MeshOp):
         go = given(grad_out, "grad_out", (b, h, w, c), self.device)
         if go is None or b * h * w == 0:
             return tuple(grads)
-        absent, vec, gstack = self._absent, self._vec, None
+        vec, gstack = self._vec, None
         if tex_grad:
             if self._gstack is None or self._gstack.size != data.size:
                 self._gstack = wp.empty(data.size, dtype=wp.float32, device=self.device)
@@ -241,15 +198,15 @@ class TextureSampler(MeshOp):
             gstack.zero_()  # texel gradients of every level are summed into it
         self._launches.launch(
             make_tex_bwd(self.mode, self._filter, self.k, self.chunks), tiled_dim(b, h, w),
-            [flat(data, vec), sizes, offsets, flat(uv, wp.vec2), flat(uv_da, wp.vec4, absent[wp.vec4]),
-             flat(mip_level_bias, wp.float32, absent[wp.float32]), flat(go, vec), w, h, self.tex_shape[0],
-             self._boundary, self.threshold, flat(gstack, vec, absent[vec]),
-             flat(grad_uv if self._filter != NEAREST else None, wp.vec2, absent[wp.vec2]),
-             flat(grad_uv_da, wp.vec4, absent[wp.vec4]), flat(grad_bias, wp.float32, absent[wp.float32])],
+            [self._flat(data, vec), sizes, offsets, self._flat(uv, wp.vec2), self._flat(uv_da, wp.vec4),
+             self._flat(mip_level_bias, wp.float32), self._flat(go, vec), w, h, self.tex_shape[0],
+             self._boundary, self.threshold, self._flat(gstack, vec),
+             self._flat(grad_uv if self._filter != NEAREST else None, wp.vec2),
+             self._flat(grad_uv_da, wp.vec4), self._flat(grad_bias, wp.float32)],
             block_dim=BLOCK)
         if tex_grad:
             self._launches.launch(make_mip_fold(self.k, self.chunks), self.tex_shape[:3],
-                                  [flat(gstack, vec), sizes, offsets, flat(grad_tex, vec)])
+                                  [self._flat(gstack, vec), sizes, offsets, self._flat(grad_tex, vec)])
         return tuple(grads)
 
 
@@ -260,7 +217,7 @@ def build_mip(tex: wp.array, max_mip_level: int | None = None, out: wp.array | N
     ``max_mip_level`` limits the number of levels after level 0 (None: down to 1x1).
     ``out`` (float32 of :func:`mip_shape`) receives the stack instead of a new array;
     ``workspace`` (an ``arc_warp.Workspace``) keeps its :class:`MipBuilder` of this size."""
-    tex = _check_tex(tex)
+    tex = array(tex, "tex", 4)
     return MipBuilder.of(workspace, tex.device, tuple(tex.shape), max_mip_level).build(tex, out)
 
 
@@ -269,7 +226,7 @@ def _sampler(workspace, tex, uv, uv_da, mip_level_bias, mip, filter_mode, bounda
     """The :class:`TextureSampler` of a call (the workspace's, or one for this call), and
     the stack it samples: ``mip``, or in a mipmapped mode without one a new stack of
     ``tex`` (the backward reads it)."""
-    tex = _check_tex(tex)
+    tex = array(tex, "tex", 4)
     uv = array(uv, "uv", 4, 2, tex.device)
     mode = resolve_filter_mode(filter_mode, uv_da is not None, mip_level_bias is not None)
     op = TextureSampler.of(workspace, tex.device, *uv.shape[:3], tuple(tex.shape), mode, boundary_mode,
