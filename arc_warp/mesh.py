@@ -35,9 +35,10 @@ Op objects. Each op is an object that owns what one size needs: :class:`Rasteriz
 (depth keys, big-triangle queue), :class:`Interpolator` (the derivatives' link table),
 :class:`TextureSampler` and :class:`MipBuilder` (level tables, mip gradients),
 :class:`Antialiaser`; each made for its sizes and options, with ``forward`` and
-``backward`` methods that write into arrays the caller gives, and its launches prepared
-on the first call and reused (only arguments whose pointers moved are repacked). Another
-size needs another object. The functions above sit on them: with
+``backward`` methods that take the function's arguments less those (and write into
+``out=`` / ``grad_*=`` arrays where given), and its launches prepared on the first call
+and reused (only arguments whose pointers moved are repacked). Another size needs
+another object. The functions above sit on them: with
 ``workspace=arc_warp.Workspace(device)`` they reuse the workspace's object of the call's
 sizes and options (``Rasterizer.of(workspace, ...)``; made on first use), and with
 ``out=`` arrays (``build_mip(out=)``, sized by ``mip_shape``; they must not overlap the
@@ -57,7 +58,8 @@ kernels leave such triangles out, as if absent) and copy a flag to the host, rea
   default) reads it at once on the CPU and otherwise leaves it on the device, to be
   read at the start of the object's next forward (whose ValueError then names the
   previous call) or by ``op.check()``. The torch drop-in uses the default: no wait on
-  CUDA, the error one call late.
+  CUDA, the error one call late. Inside a CUDA graph capture nothing waits: the flag
+  is read as the host has it.
 
 The backwards do not check (they take the forward's inputs).
 """

@@ -65,13 +65,12 @@ class MeshOp:
         self._launches = Launches(self.device, record)
         self._empty: dict = {}  # dtype -> the empty array an optional argument not given is
         self.name, self._pending = name, None
-        if name is not None:  # the first bad triangle, on the device and copied to the host
+        if name is not None:  # the first bad triangle, found on the device
             self._first = wp.full(1, NO_BAD_TRIANGLE, dtype=wp.int32, device=self.device)
-            if self.device.is_cpu:  # launches are done when they return: the flag is read in place
-                self._host, self._event = self._first, None
-            else:
-                self._host, self._event = wp.empty(1, dtype=wp.int32, device="cpu", pinned=True), wp.Event(self.device)
-            self._values = self._host.numpy()
+            # on the CPU, where launches are done when they return, read in place; on CUDA
+            # a check left on the device is copied to a pinned buffer (made then), with an event
+            self._values = self._first.numpy() if self.device.is_cpu else None
+            self._host = self._event = None
 
     @classmethod
     def of(cls, workspace: Workspace | None, device, *sizes, **options):
@@ -105,10 +104,16 @@ class MeshOp:
         device where the check has not finished)."""
         if self._pending is None:
             return
-        (count, of), self._pending = self._pending, None
-        if self._event is not None and not self.device.is_capturing:  # (a wait would break a graph capture)
-            wp.synchronize_event(self._event)
-        first = int(self._values[0])
+        (count, of, left), self._pending = self._pending, None
+        if self.device.is_cpu:
+            first = int(self._values[0])
+        elif left:
+            if not self.device.is_capturing:  # (a wait would break a graph capture)
+                wp.synchronize_event(self._event)
+            first = int(self._host.numpy()[0])
+        else:  # a checked forward's one wait (numpy() copies on the null stream)
+            wp.synchronize_stream(self.device.stream)
+            first = int(self._first.numpy()[0])
         if first != NO_BAD_TRIANGLE:
             raise ValueError(
                 f"{self.name}: triangle {first} of tri has a vertex index outside [0, {count}) ({of} has {count} "
@@ -120,17 +125,21 @@ class MeshOp:
         input ``of``), after reading the one an earlier forward left; returns whether the
         forward reads it before returning (``check``; None: on the CPU, where it is free)."""
         self.check()
+        check = self.device.is_cpu if check is None else check
         if self.device.is_cpu:
             self._values[0] = NO_BAD_TRIANGLE
         else:
             self._first.fill_(NO_BAD_TRIANGLE)
         self._launches.launch(first_bad_triangle, tri.shape[0], [tri, count, self._first])
-        if self._event is not None:
+        left = not (check or self.device.is_cpu)
+        if left:
+            if self._event is None:
+                self._host, self._event = wp.empty(1, dtype=wp.int32, device="cpu", pinned=True), wp.Event(self.device)
             wp.copy(self._host, self._first)
             if not self.device.is_capturing:
                 self.device.stream.record_event(self._event)
-        self._pending = count, of
-        return self.device.is_cpu if check is None else check
+        self._pending = count, of, left
+        return check
 
 
 def array(value, name: str, ndims, last: int | None = None, device=None, dtype=wp.float32) -> wp.array:
