@@ -111,10 +111,10 @@ class Antialiaser(MeshOp):
         grad_pos = output(grad_pos, "grad_pos", pos.shape, self.device, zero=True)
         if grad_out is not None:
             exact(grad_out, "grad_out", color.shape, self.device)
-            self._launches.launch(make_aa_bwd(self.mode), tiled_dim(self.batch, self.height, self.width),
-                                  [color, rast_v, pos_v, tri, topology_hash.opposite, instanced, grad_out,
-                                   float(pos_gradient_boost), self.threshold, grad_color, self._flat(grad_pos, wp.vec4)],
-                                  block_dim=BLOCK)
+            self._launches.launch(
+                make_aa_bwd(self.mode), tiled_dim(self.batch, self.height, self.width),
+                [color, rast_v, pos_v, tri, topology_hash.opposite, instanced, grad_out, float(pos_gradient_boost),
+                 self.threshold, grad_color, self._flat(grad_pos, wp.vec4)], block_dim=BLOCK)
         return grad_color, grad_pos
 
 

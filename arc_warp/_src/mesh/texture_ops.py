@@ -176,7 +176,8 @@ class TextureSampler(MeshOp):
         return out
 
     def backward(self, tex, uv, grad_out, uv_da=None, mip_level_bias=None, mip: MipStack | None = None,
-                 grad_tex=None, grad_uv=None, grad_uv_da=None, grad_mip_level_bias=None, tex_grad: bool = True) -> tuple:
+                 grad_tex=None, grad_uv=None, grad_uv_da=None, grad_mip_level_bias=None,
+                 tex_grad: bool = True) -> tuple:
         """``(grad_tex, grad_uv, grad_uv_da, grad_mip_level_bias)`` added into the arrays
         given (new zeroed ones for None; None for absent inputs, and ``grad_tex`` with
         ``tex_grad=False``)."""
