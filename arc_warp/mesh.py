@@ -26,34 +26,73 @@ Every op records itself on an active ``wp.Tape`` and takes ``reduce=`` (``atomic
 ``warp`` / ``serial`` / ``arc``; ``floor`` for benchmarks) and ``threshold=`` (None: the
 workspace's keyed threshold, or ``arc_warp.resolve_threshold(device, keyed=True)``; at
 33 ``arc`` runs as ``atomic``); each has an explicit ``*_backward`` for callers with
-their own autodiff (``arc_warp_torch.mesh``, the nvdiffrast.torch drop-in). Defined
-results instead of errors: triangles with out-of-range vertex indices or non-finite
-positions are not drawn; pixels whose ``rast`` id is out of range interpolate to 0.
-Shapes, dtypes, devices and options are checked before any launch (``TypeError`` /
-``ValueError``).
+their own autodiff. Shapes, dtypes, devices and options are checked before any launch
+(``TypeError`` / ``ValueError``). Defined results instead of errors: triangles with
+non-finite positions are not drawn; pixels whose ``rast`` id is out of range
+interpolate to 0.
 
-Repeated calls: pass ``workspace=arc_warp.Workspace(device)`` to keep scratch buffers
-(depth keys, mip gradients) and prepared launches across calls, and ``out=`` arrays
-(``build_mip(out=)``, sized by ``mip_shape``) to write results into memory the caller
-manages (they must not overlap the inputs); calls of one size then allocate no Warp arrays
-(the torch drop-in does both). With both, and ``grad_*=`` arrays for the backwards, a
-call repeated with arrays of the same shapes and dtypes and the same options reuses its
-checked, packed launches (only moved pointers are rewritten). A workspace's scratch is
-shared by its calls, so use it from one stream at a time.
+Op objects. Each op is an object that owns what one size needs: :class:`Rasterizer`
+(depth keys, big-triangle queue), :class:`Interpolator` (the derivatives' link table),
+:class:`TextureSampler` and :class:`MipBuilder` (level tables, mip gradients),
+:class:`Antialiaser`; each made for its sizes and options, with ``forward`` and
+``backward`` methods that take the function's arguments less those (and write into
+``out=`` / ``grad_*=`` arrays where given), and its launches prepared on the first call
+and reused (only arguments whose pointers moved are repacked). Another size needs
+another object. The functions above sit on them: with
+``workspace=arc_warp.Workspace(device)`` they reuse the workspace's object of the call's
+sizes and options (``Rasterizer.of(workspace, ...)``; made on first use), and with
+``out=`` arrays (``build_mip(out=)``, sized by ``mip_shape``; they must not overlap the
+inputs) and ``grad_*=`` arrays for the backwards, calls of one size allocate no Warp
+arrays (the torch drop-in ``arc_warp_torch.mesh`` works so); without a workspace each
+call makes its object. An object's scratch is shared by its calls, so use it (and a
+workspace) from one stream at a time.
+
+Triangle indices. A vertex index outside [0, V) (V: the vertices of ``pos``, or of
+``attr`` for interpolate) raises ValueError naming the op and the first such triangle.
+The forwards of rasterize, interpolate and antialias find it on the device (the
+kernels leave such triangles out, as if absent) and copy a flag to the host, read:
+
+- by the functions before they return (on the CPU it costs nothing; on CUDA the call
+  waits for its kernels once);
+- by an object's ``forward(check=...)``: ``check=True`` as the functions; None (the
+  default) reads it at once on the CPU and otherwise leaves it on the device, to be
+  read at the start of the object's next forward (whose ValueError then names the
+  previous call) or by ``op.check()``. The torch drop-in uses the default: no wait on
+  CUDA, the error one call late. Inside a CUDA graph capture nothing waits: the flag
+  is read as the host has it.
+
+The backwards do not check (they take the forward's inputs).
 """
 
 from ._src.mesh.antialias_ops import (
+    Antialiaser,
     TopologyHash,
     antialias,
     antialias_backward,
     antialias_construct_topology_hash,
 )
-from ._src.mesh.interp_ops import interpolate, interpolate_backward
-from ._src.mesh.raster_ops import rasterize, rasterize_backward
+from ._src.mesh.common import MeshOp
+from ._src.mesh.interp_ops import Interpolator, interpolate, interpolate_backward
+from ._src.mesh.raster_ops import Rasterizer, rasterize, rasterize_backward
 from ._src.mesh.primitives import cube, uv_sphere
-from ._src.mesh.texture_ops import MipStack, build_mip, mip_shape, resolve_filter_mode, texture, texture_backward
+from ._src.mesh.texture_ops import (
+    MipBuilder,
+    MipStack,
+    TextureSampler,
+    build_mip,
+    mip_shape,
+    resolve_filter_mode,
+    texture,
+    texture_backward,
+)
 
 __all__ = [
+    "Antialiaser",
+    "Interpolator",
+    "MeshOp",
+    "MipBuilder",
+    "Rasterizer",
+    "TextureSampler",
     "TopologyHash",
     "antialias",
     "antialias_backward",

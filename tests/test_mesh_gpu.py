@@ -90,6 +90,49 @@ def test_torch_dropin_on_cuda():
     assert torch.isfinite(pos.grad).all() and pos.grad.abs().sum() > 0 and tex.grad.abs().sum() > 0
 
 
+def test_dropin_runs_on_the_current_torch_stream():
+    """The drop-in's launches run on torch's current stream: a chain on a side stream
+    gives the default stream's results."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    import arc_warp_torch.mesh as dr
+
+    v, uv, f = mesh.uv_sphere(8, 16)
+    pos0 = torch.from_numpy(np.concatenate([v[:, :2], v[:, 2:] * 0.3, v[:, 2:] + 2.5], 1)[None]).cuda()
+    tri, uv = torch.from_numpy(f).cuda(), torch.from_numpy(uv).cuda()[None]
+
+    def run():
+        pos = pos0.clone().requires_grad_(True)
+        rast, db = dr.rasterize(None, pos, tri, (64, 64))
+        out, _ = dr.interpolate(uv, rast, tri, rast_db=db, diff_attrs="all")
+        dr.antialias(out, rast, pos, tri).square().sum().backward()
+        return rast.detach(), pos.grad
+
+    want = run()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        got = run()
+    torch.cuda.current_stream().wait_stream(side)
+    assert torch.equal(got[0], want[0])
+    torch.testing.assert_close(got[1], want[1], rtol=1e-5, atol=1e-6)  # atomics add in another order
+
+
+def test_triangle_check_waits_only_in_the_functions():
+    """On CUDA a function waits for its triangle check and raises; an object's forward
+    leaves the check on the device (no wait) and its next forward raises for it."""
+    rng = np.random.default_rng(2)
+    pos, tri = random_mesh(rng, batch=1, n_tri=20, n_vert=30)
+    p, t = on("cuda:0", pos, np.concatenate([tri, [[0, 1, 30]]]), ints=(1,))
+    with pytest.raises(ValueError, match="rasterize: triangle 20 of tri"):
+        mesh.rasterize(p, t, (H, W))
+    op = mesh.Rasterizer((H, W), 1, 21, device="cuda:0")
+    op.forward(p, t)
+    with pytest.raises(ValueError, match="triangle 20 of tri .* previous call"):
+        op.forward(p, t)
+
+
 @pytest.mark.parametrize("channels", [4, 2])
 def test_texture_unaligned_views_match_aligned(channels):
     # vector_io moves RGBA (RG) texels, cotangents and outputs in 128 (64)-bit accesses

@@ -59,28 +59,23 @@ def test_big_triangles_match_reference(rng):
     np.testing.assert_allclose(rast.numpy()[hit][:, :3], ref[hit][:, :3], atol=2e-5)
 
 
-def test_workspace_scratch_is_left_cleared(rng, monkeypatch):
-    """The resolve leaves a workspace's depth keys and big-triangle count cleared, so only
-    the first call fills them, and a mesh rasterised after another (big triangles queued)
+def test_scratch_is_left_cleared(rng, monkeypatch):
+    """The resolve leaves a Rasterizer's depth keys and big-triangle count cleared, so no
+    forward fills them, and a mesh rasterised after another (big triangles queued)
     matches a fresh call: nothing of the earlier mesh leaks into it."""
     h, w = 40, 48
-    big, big_tri = random_mesh(rng, batch=2, n_tri=10, spread=1.3)
-    small, small_tri = random_mesh(rng, batch=2, n_tri=6, spread=0.4)
-    scenes = [(big, big_tri), (small, small_tri)] * 2
-    ws = Workspace("cpu")
+    scenes = [random_mesh(rng, batch=2, n_tri=10, spread=1.3), random_mesh(rng, batch=2, n_tri=10, spread=0.4)] * 2
+    op = mesh.Rasterizer((h, w), 2, 10, device="cpu")
     fills = []
     fill, zero = wp.array.fill_, wp.array.zero_
     monkeypatch.setattr(wp.array, "fill_", lambda self, value: fills.append(value) or fill(self, value))
     monkeypatch.setattr(wp.array, "zero_", lambda self: fills.append(0) or zero(self))
     got = []
     for pos, tri in scenes:
-        got.append([a.numpy() for a in mesh.rasterize(wa(pos), wa(tri, wp.int32), (h, w), workspace=ws)])
-        if len(got) == 1:
-            first = len(fills)
-        # the shared buffers as the resolve left them (same name, shape and dtype: not reallocated)
-        assert ws.shared.array("mesh_raster_big_count", 1, wp.int32).numpy()[0] == 0
-        assert (ws.shared.array("mesh_raster_keys", (2, h, w), wp.int64).numpy() == np.iinfo(np.int64).max).all()
-    assert first > 0 and len(fills) == first
+        got.append([a.numpy() for a in op.forward(wa(pos), wa(tri, wp.int32))])
+        assert op._big_count.numpy()[0] == 0
+        assert (op._keys.numpy() == np.iinfo(np.int64).max).all()
+    assert fills == []
     for (pos, tri), g in zip(scenes, got):
         want = [a.numpy() for a in mesh.rasterize(wa(pos), wa(tri, wp.int32), (h, w))]
         assert (want[0][..., 3] > 0).any()
@@ -220,11 +215,16 @@ def test_corrupt_and_degenerate_triangles_are_skipped(rng):
     pos_bad = np.concatenate([pos, nan_vertex], 1)
     v_nan = pos.shape[1]
     extra = [[v_nan, tri[0, 1], tri[0, 2]],  # NaN vertex
-             [0, 1, v_nan + 5], [-1, 2, 3],  # out of range
              [tri[0, 0], tri[0, 0], tri[0, 1]]]  # zero area
     rast, _ = run(pos_bad, np.concatenate([tri, extra]).astype(np.int32))
     ref, _ = run(pos, tri)
     np.testing.assert_array_equal(rast, ref)
+    # out-of-range indices (tests/test_mesh_ops.py): an error, the kernels leave them out
+    bad = np.concatenate([tri, [[0, 1, v_nan + 5], [-1, 2, 3]]]).astype(np.int32)
+    with pytest.raises(ValueError, match=rf"rasterize: triangle 4 of tri has a vertex index outside \[0, {v_nan + 1}"):
+        run(pos_bad, bad)
+    op = mesh.Rasterizer((H, W), 1, len(bad), device="cpu")
+    np.testing.assert_array_equal(op.forward(wa(pos_bad), wa(bad, wp.int32), check=False)[0].numpy(), ref)
 
 
 @pytest.mark.parametrize("shape", [(1, 1), (1, 7), (5, 1)])
@@ -415,27 +415,34 @@ def test_tape_and_finite_differences(rng):
 
 
 def test_workspace_and_out_match_fresh_arrays(rng):
-    """With a Workspace (scratch and prepared launches kept) and out= arrays, repeated
-    forward + tape backward give the fresh-array results and allocate nothing after the
-    first call."""
+    """With a Workspace (its Rasterizer keeps scratch and prepared launches) and out=
+    arrays, repeated forward + tape backward give the fresh-array results and allocate
+    nothing after the first call."""
     pos, tri = random_mesh(rng)
     g = wa(rng.standard_normal((2, H, W, 4)).astype(np.float32))
+    p, t = wa(pos, requires_grad=True), wa(tri, wp.int32)
 
     def step(**kw):
-        p = wa(pos, requires_grad=True)
+        p.grad.zero_()
         tape = wp.Tape()
         with tape:
-            rast, db = mesh.rasterize(p, wa(tri, wp.int32), (H, W), **kw)
+            rast, db = mesh.rasterize(p, t, (H, W), **kw)
         tape.backward(grads={rast: g, db: g})
         return rast.numpy(), db.numpy(), p.grad.numpy()
 
     want = step()
     ws = Workspace("cpu")
-    out = (wp.empty((2, H, W, 4), dtype=wp.float32), wp.empty((2, H, W, 4), dtype=wp.float32))
+    out = (wp.empty((2, H, W, 4), dtype=wp.float32, requires_grad=True),
+           wp.empty((2, H, W, 4), dtype=wp.float32, requires_grad=True))
     step(workspace=ws, out=out)
-    before = ws.allocations
-    got = step(workspace=ws, out=out)
-    assert ws.allocations == before
+    allocator = wp.get_device("cpu").default_allocator
+    allocate, sizes = allocator.allocate, []
+    allocator.allocate = lambda size: sizes.append(size) or allocate(size)
+    try:
+        got = step(workspace=ws, out=out)
+    finally:
+        allocator.allocate = allocate
+    assert sizes == []
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
     with pytest.raises(TypeError, match="workspace"):

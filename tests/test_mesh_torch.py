@@ -170,14 +170,16 @@ def test_upstream_gradient_layouts(op, layout, monkeypatch):
     backward given the same values dense: the copies the bridge makes of such cotangents
     live until their launches have run (issue 37 case 4: they were freed first, and
     `out.sum().backward()` gave inf, NaN or wrong gradients)."""
-    import arc_warp_torch._autograd as bridge
+    import threading
+
+    import arc_warp_torch._mesh_autograd as bridge
 
     for seed in range(3):  # a freed copy is reused by a later allocation some of the time
         pos, _, uv, tex = scene(seed)
         grads = []
         for dense in (False, True):
-            # a new default context: its first backward allocates scratch, where a freed copy goes
-            monkeypatch.setattr(bridge, "_contexts", {})
+            # new op objects: their first backward allocates scratch, where a freed copy goes
+            monkeypatch.setattr(bridge, "_local", threading.local())
             leaves = [x.clone().requires_grad_(True) for x in (pos, uv, tex)]
             out, wanted = _op_output(op, *leaves, seed)
             g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
@@ -193,3 +195,45 @@ def test_upstream_gradient_layouts(op, layout, monkeypatch):
         for got, want in zip(*grads):
             assert torch.isfinite(got).all(), (op, layout, seed)
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_out_of_range_triangles_raise():
+    """A vertex index outside [0, V) raises (issue 37 case 7; on the CPU the op's own
+    call, which reads the device check at once), naming the op and the triangle."""
+    pos, tri, uv, tex = scene()
+    bad = torch.cat([tri, torch.tensor([[0, 1, pos.shape[1]]], dtype=torch.int32)])
+    with pytest.raises(ValueError, match=f"rasterize: triangle {len(tri)} of tri"):
+        dr.rasterize(None, pos, bad, (H, W))
+    rast, db = dr.rasterize(None, pos, tri, (H, W))
+    with pytest.raises(ValueError, match="interpolate: triangle .* outside \\[0, 5\\)"):
+        dr.interpolate(uv[:5], rast, tri)
+    with pytest.raises(ValueError, match=f"antialias: triangle {len(tri)} of tri"):
+        dr.antialias(torch.zeros(1, H, W, 3), rast, pos, bad)
+
+
+def test_threads_use_their_own_workspaces():
+    """Ops issued from another thread use that thread's workspace (and op objects), with
+    the same results."""
+    import threading
+
+    import arc_warp_torch._mesh_autograd as bridge
+
+    pos, tri, uv, tex = scene()
+    results, spaces = [], []
+
+    def run():
+        p = pos.clone().requires_grad_(True)
+        out, _ = chain(p, tri, uv, tex)
+        (out * out).sum().backward()
+        results.append((out.detach(), p.grad))
+        spaces.append(bridge.workspace(pos.device))
+
+    run()
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(results) == 3 and len({id(ws) for ws in spaces}) == 3
+    for out, grad in results[1:]:
+        assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])

@@ -5,23 +5,48 @@ A renderer or a mesh op launches the same kernels with mostly the same arguments
 call. ``wp.launch`` checks and packs every argument each time (about 25 us of host time
 for a dozen arguments); a recorded ``wp.Launch`` (``record_cmd=True``) runs again in a
 few, and :meth:`Launches.launch` repacks only the arguments whose pointer, shape,
-strides or value changed. A call repeated on the same memory (a training loop's steady
-state) need not even run its Python: :meth:`Launches.recording` records its device work
-into a :class:`Plan` that replays it.
+strides or value changed, and keeps, per argument, the packing before the last one, so
+an argument that alternates between two buffers (a loop's outputs, while the previous
+step's are still held) is not repacked either. An argument given as a :class:`View` (an
+array's memory as another dtype and shape, as the mesh ops read nvdiffrast's float32
+layouts) is made into a Warp array only when it is packed, so a call on the memory of
+one of the two calls before makes none. A call repeated on the same memory (a training
+loop's steady state) need not even run its Python: :meth:`Launches.recording` records
+its device work into a :class:`Plan` that replays it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+from typing import NamedTuple
 
 import warp as wp
 
 _REPACK = object()  # the signature of an argument that is always repacked (structs, vectors)
 
 
+class View(NamedTuple):
+    """A launch argument: contiguous ``array``'s memory as a ``shape`` array of ``dtype``."""
+
+    array: wp.array
+    dtype: type
+    shape: tuple
+
+    def make(self) -> wp.array:
+        """The Warp view (non-owning: the caller keeps ``array`` alive through the launch)."""
+        return wp.array(ptr=self.array.ptr, dtype=self.dtype, shape=self.shape, device=self.array.device)
+
+
+def made(arg):
+    """A launch argument as ``wp.launch`` takes it (a :class:`View` made)."""
+    return arg.make() if type(arg) is View else arg
+
+
 def signature(arg):
     """What must be unchanged for a packed launch argument to be reused."""
+    if type(arg) is View:
+        return (arg.array.ptr, arg.dtype, arg.shape)
     if isinstance(arg, wp.array):
         return (arg.ptr, arg.shape, arg.strides)
     if arg is None or isinstance(arg, (bool, int, float)):
@@ -41,7 +66,8 @@ class Launches:
     def __init__(self, device, record: bool = True):
         self.device = wp.get_device(device)
         self.record = record
-        self._sites: dict = {}  # (kernel, key) -> [wp.Launch, dim, argument signatures]
+        # (kernel, key) -> [wp.Launch, dim, argument signatures, previous (signature, ctype)s]
+        self._sites: dict = {}
         self._steps: list | None = None  # the steps of the plan being recorded
 
     def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
@@ -52,10 +78,11 @@ class Launches:
         if dim == 0:
             return  # Warp records no command for an empty launch
         if not self.record:
-            wp.launch(kernel, dim=dim, inputs=args, device=self.device, block_dim=block_dim, record_tape=False)
+            wp.launch(kernel, dim=dim, inputs=[made(a) for a in args], device=self.device, block_dim=block_dim,
+                      record_tape=False)
             return
         if self._steps is not None:  # a plan's launch of its own: its arguments never change
-            cmd = wp.launch(kernel, dim=dim, inputs=args, device=self.device, block_dim=block_dim,
+            cmd = wp.launch(kernel, dim=dim, inputs=[made(a) for a in args], device=self.device, block_dim=block_dim,
                             record_cmd=True, record_tape=False)
             cmd.fwd_args = None  # kept by Warp only for APIC capture; it would pin the arrays
             cmd.launch()
@@ -64,19 +91,27 @@ class Launches:
         key = (kernel, key)
         site = self._sites.get(key)
         if site is None:
-            cmd = wp.launch(kernel, dim=dim, inputs=args, device=self.device, block_dim=block_dim,
+            cmd = wp.launch(kernel, dim=dim, inputs=[made(a) for a in args], device=self.device, block_dim=block_dim,
                             record_cmd=True, record_tape=False)
             cmd.fwd_args = None
-            self._sites[key] = [cmd, dim, [signature(a) for a in args]]
+            self._sites[key] = [cmd, dim, [signature(a) for a in args], [None] * len(args)]
         else:
-            cmd, old_dim, signatures = site
+            cmd, old_dim, signatures, previous = site
             if dim != old_dim:
                 cmd.set_dim(dim)
                 site[1] = dim
             for i, arg in enumerate(args):
                 sig = signature(arg)
                 if sig is _REPACK or sig != signatures[i]:
-                    cmd.set_param_at_index(i, arg)
+                    if type(sig) is not tuple:  # a value, or always repacked
+                        cmd.set_param_at_index(i, made(arg))
+                    else:  # an array: the packing before the last one, or a new one
+                        last, before = (signatures[i], cmd.params[i + 1]), previous[i]
+                        if before is not None and before[0] == sig:
+                            cmd.set_param_at_index_from_ctype(i, before[1])
+                        else:
+                            cmd.set_param_at_index(i, made(arg))
+                        previous[i] = last
                     signatures[i] = sig
         cmd.launch()
 

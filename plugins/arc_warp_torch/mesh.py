@@ -26,8 +26,12 @@ What differs from nvdiffrast:
   triangle covers a pixel centre outside the exact one);
 - ``ranges`` may be a CPU or CUDA int32 tensor (it is read on the host);
 - the topology hash is built on the host (one copy of ``tri``);
-- scratch buffers are kept per device (the ``RenderContext``'s workspace), so issue the
-  ops from one CUDA stream at a time, as for the splat rasteriser.
+- a vertex index of ``tri`` out of range raises ValueError (nvdiffrast leaves it
+  undefined); the check runs on the device: on the CPU the op raises, on CUDA (no
+  wait) the next call of the same op and sizes does, naming the previous call;
+- scratch buffers and prepared launches are kept per thread and device (an
+  ``arc_warp.Workspace`` and its mesh op objects), so ops from several threads each use
+  their own; within a thread, issue the ops from one CUDA stream at a time.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ import numpy as np
 import torch
 
 import arc_warp.mesh as core
-from arc_warp._src.validate import check_resolution
 from arc_warp_torch._mesh_autograd import Antialias, Interpolate, Rasterize, Texture, to_warp
 
 
@@ -74,14 +77,17 @@ def _int(name: str, t) -> torch.Tensor:
 def rasterize(glctx, pos, tri, resolution, ranges=None, grad_db=True, reduce="arc"):
     """nvdiffrast.torch.rasterize: returns ``(rast, rast_db)`` [B, H, W, 4] float32."""
     ranges = None if ranges is None else np.asarray(_int("ranges", ranges).cpu())
-    return Rasterize.apply(_float("pos", pos, (2, 3), 4), _int("tri", tri), check_resolution(resolution), ranges,
-                           bool(grad_db), reduce)
+    try:  # the values are checked by the core's Rasterizer
+        resolution = tuple(int(r) for r in resolution)
+    except (TypeError, ValueError):
+        raise TypeError(f"resolution: expected (height, width) integers, got {resolution!r}") from None
+    return Rasterize.apply(_float("pos", pos, (2, 3), 4), _int("tri", tri), resolution, ranges, bool(grad_db), reduce)
 
 
 def interpolate(attr, rast, tri, rast_db=None, diff_attrs=None, reduce="arc"):
     """nvdiffrast.torch.interpolate: returns ``(out, out_da)``."""
     if isinstance(diff_attrs, (list, tuple, np.ndarray, torch.Tensor)):
-        diff_attrs = [int(i) for i in np.asarray(diff_attrs).reshape(-1)]
+        diff_attrs = tuple(int(i) for i in np.asarray(diff_attrs).reshape(-1))
     rast_db = None if rast_db is None else _float("rast_db", rast_db, (4,), 4)
     if not diff_attrs:
         diff_attrs, rast_db = None, None

@@ -1,4 +1,5 @@
-"""Launches of analytic antialiasing, and the topology hash (edge -> opposite vertices)."""
+"""Analytic antialiasing: :class:`Antialiaser` and the functional antialias /
+antialias_backward on it, and the topology hash (edge -> opposite vertices)."""
 
 from __future__ import annotations
 
@@ -7,24 +8,10 @@ from dataclasses import dataclass
 import numpy as np
 import warp as wp
 
+from arc_warp._src.launches import View
 from arc_warp._src.mesh.antialias_kernels import aa_fwd, make_aa_bwd
-from arc_warp._src.mesh.common import (
-    BLOCK,
-    check_shape,
-    check_workspace,
-    cotangent,
-    float_array,
-    grad_of,
-    grad_or_new,
-    output,
-    record,
-    reduce_settings,
-    tiled_dim,
-    vec4_view,
-    view,
-)
-from arc_warp._src.mesh.geometry import check_tri, geometry
-from arc_warp._src.mesh.plan import Plan, prepared
+from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, exact, grad_of, output, positions, record, tiled_dim,
+                                       triangles)
 from arc_warp._src.mesh.util_kernels import copy_into
 
 
@@ -44,8 +31,7 @@ def antialias_construct_topology_hash(tri: wp.array) -> TopologyHash:  # [F, 3] 
     Each undirected edge records the opposite vertices of its first two triangles (in
     triangle order; triangles with repeated or negative vertices are ignored), as
     nvdiffrast's hash does; a third triangle on a non-manifold edge sees -1."""
-    check_tri(tri, tri.device)
-    f = tri.numpy().astype(np.int64)
+    f = array(tri, "tri", 2, 3, None, wp.int32).numpy().astype(np.int64)
     n = len(f)
     opposite = np.full((n, 3), -1, np.int32)
     ok = (f >= 0).all(1) & (f[:, 0] != f[:, 1]) & (f[:, 1] != f[:, 2]) & (f[:, 2] != f[:, 0])
@@ -72,27 +58,76 @@ def antialias_construct_topology_hash(tri: wp.array) -> TopologyHash:  # [F, 3] 
     return TopologyHash(wp.array(opposite, dtype=wp.vec3i, device=tri.device), n)
 
 
-def _setup(plan: Plan, color, rast, pos, tri, topology_hash):
-    rast = float_array(rast, "rast", (4,), 4)
-    device = rast.device
-    ws = check_workspace(plan.workspace, device)
-    color = float_array(color, "color", (4,), device=device)
-    check_shape(color, "color", (*rast.shape[:3], color.shape[3]))
-    num_tri = check_tri(tri, device, ws).shape[0]
-    # [V, 4] positions serve every image, as in nvdiffrast's range mode
-    ranges = np.tile([[0, num_tri]], (rast.shape[0], 1)) if getattr(pos, "ndim", 0) == 2 else None
-    geom = geometry(pos, tri, ranges, ws)
-    if geom.batch != rast.shape[0]:
-        raise ValueError(f"pos: expected a minibatch of {rast.shape[0]} (that of rast), got {geom.batch}")
+class Antialiaser(MeshOp):
+    """Antialiases B images of H x W with C channels (:func:`antialias` gives the
+    semantics and the arguments of :meth:`forward` and :meth:`backward`), with its
+    prepared launches made once.
+
+    Args: ``batch``, ``height``, ``width``, ``channels`` of the [B, H, W, C] colour it
+    blends; the rest as :class:`arc_warp.mesh.MeshOp`'s.
+    """
+
+    def __init__(self, batch: int, height: int, width: int, channels: int, reduce: str = "arc",
+                 threshold: int | None = None, device=None, record: bool = True):
+        super().__init__(reduce, threshold, device, record, "antialias")
+        self.batch, self.height, self.width, self.num_channels = batch, height, width, channels
+
+    def _inputs(self, color, rast, pos, tri, topology_hash) -> tuple:
+        """Checks the inputs; returns (pos view, instanced, tri view, rast view)."""
+        b, h, w = self.batch, self.height, self.width
+        exact(color, "color", (b, h, w, self.num_channels), self.device)
+        exact(rast, "rast", (b, h, w, 4), self.device)
+        pos_v, instanced = positions(pos, self.device)
+        if instanced and pos_v.shape[0] != b:
+            raise ValueError(f"pos: expected a minibatch of {b} (that of rast), got {pos_v.shape[0]}")
+        tri = triangles(tri, self.device)
+        if not isinstance(topology_hash, TopologyHash):
+            raise TypeError(f"topology_hash: expected a TopologyHash, got {type(topology_hash).__name__}")
+        if topology_hash.num_triangles != tri.shape[0]:
+            raise ValueError(f"topology_hash: built for {topology_hash.num_triangles} triangles, tri has "
+                             f"{tri.shape[0]}")
+        return pos_v, instanced, tri, View(rast, wp.vec4, (b, h, w))
+
+    def forward(self, color, rast, pos, tri, topology_hash: TopologyHash, out=None,
+                check: bool | None = None) -> wp.array:
+        """The antialiased colour, written into ``out`` if given. ``check``: as
+        :meth:`Rasterizer.forward`."""
+        pos_v, instanced, tri, rast_v = self._inputs(color, rast, pos, tri, topology_hash)
+        out = output(out, "out", color.shape, self.device)
+        check = self._check_triangles(tri, pos_v.shape[1], "pos", check)
+        # aa_fwd adds the blends into the copy
+        self._launches.launch(copy_into, color.size, [self._flat(color, wp.float32), self._flat(out, wp.float32)])
+        self._launches.launch(aa_fwd, (self.batch, self.height, self.width),
+                              [color, rast_v, pos_v, tri, topology_hash.opposite, instanced, out])
+        if check:
+            self.check(previous=False)
+        return out
+
+    def backward(self, color, rast, pos, tri, grad_out, topology_hash: TopologyHash, pos_gradient_boost: float = 1.0,
+                 grad_color=None, grad_pos=None) -> tuple[wp.array, wp.array]:
+        """``(grad_color, grad_pos)`` added into the arrays given (new zeroed ones for None)."""
+        pos_v, instanced, tri, rast_v = self._inputs(color, rast, pos, tri, topology_hash)
+        grad_color = output(grad_color, "grad_color", color.shape, self.device, zero=True)
+        grad_pos = output(grad_pos, "grad_pos", pos.shape, self.device, zero=True)
+        if grad_out is not None:
+            exact(grad_out, "grad_out", color.shape, self.device)
+            self._launches.launch(
+                make_aa_bwd(self.mode), tiled_dim(self.batch, self.height, self.width),
+                [color, rast_v, pos_v, tri, topology_hash.opposite, instanced, grad_out, float(pos_gradient_boost),
+                 self.threshold, grad_color, self._flat(grad_pos, wp.vec4)], block_dim=BLOCK)
+        return grad_color, grad_pos
+
+
+def _antialiaser(workspace, color, rast, tri, topology_hash, reduce, threshold) -> tuple[Antialiaser, TopologyHash]:
+    """The :class:`Antialiaser` of a call (the workspace's, or one for this call), and the
+    topology hash (built from ``tri`` when not given)."""
+    rast = array(rast, "rast", 4, 4)
+    color = array(color, "color", 4, None, rast.device)
+    if color.shape[:3] != rast.shape[:3]:
+        raise ValueError(f"color: expected shape {(*rast.shape[:3], color.shape[3])}, got {tuple(color.shape)}")
     if topology_hash is None:
-        plan.reusable = False  # built from tri's values, which the signature does not hold
         topology_hash = antialias_construct_topology_hash(tri)
-    elif not isinstance(topology_hash, TopologyHash):
-        raise TypeError(f"topology_hash: expected a TopologyHash, got {type(topology_hash).__name__}")
-    elif topology_hash.num_triangles != geom.tri.shape[0]:
-        raise ValueError(f"topology_hash: built for {topology_hash.num_triangles} triangles, tri has "
-                         f"{geom.tri.shape[0]}")
-    return color, rast, geom, topology_hash, ws
+    return Antialiaser.of(workspace, rast.device, *color.shape, reduce=reduce, threshold=threshold), topology_hash
 
 
 def antialias(
@@ -104,56 +139,24 @@ def antialias(
     pos_gradient_boost: float = 1.0,
     reduce: str = "arc",
     threshold: int | None = None,
-    workspace=None,  # arc_warp.Workspace: launches kept across calls
+    workspace=None,  # arc_warp.Workspace: its Antialiaser of this size is reused
     out: wp.array | None = None,  # [B, H, W, C] float32 to write instead of a new array
 ) -> wp.array:
     """Blends colours across silhouette edges by their coverage of each pixel pair
     (nvdiffrast 0.4 semantics; see antialias_kernels). ``topology_hash`` (from
-    :func:`antialias_construct_topology_hash`) saves rebuilding it each call.
+    :func:`antialias_construct_topology_hash`) saves rebuilding it each call. A vertex
+    index of ``tri`` outside pos's [0, V) raises ValueError (found on the device: on CUDA
+    the call waits for it).
 
     Returns:
         [B, H, W, C] float32. Recorded on an active ``wp.Tape``: gradients into ``color``
         and, through the silhouette edges, into ``pos`` (times ``pos_gradient_boost``).
     """
-    plan, reused = prepared(workspace, "antialias", (color, rast, pos, tri, *_topology_arrays(topology_hash)), (out,),
-                            (_topology_option(topology_hash), reduce, threshold),
-                            lambda plan: _plan_forward(plan, color, rast, pos, tri, topology_hash, reduce, threshold,
-                                                       out))
-    plan.run()
-    out, topo = (out, topology_hash) if reused else plan.result
-    mode, ws = plan.mode, workspace  # as checked by the build
-
-    def backward():
-        antialias_backward(color, rast, pos, tri, out.grad, topo, pos_gradient_boost, grad_color=grad_of(color),
-                           grad_pos=grad_of(pos), reduce=mode, threshold=threshold, workspace=ws)
-
-    record([color, pos], [out], backward)
+    op, topo = _antialiaser(workspace, color, rast, tri, topology_hash, reduce, threshold)
+    out = op.forward(color, rast, pos, tri, topo, out, check=True)
+    record([color, pos], [out], lambda: op.backward(color, rast, pos, tri, out.grad, topo, pos_gradient_boost,
+                                                    grad_of(color), grad_of(pos)))
     return out
-
-
-def _topology_arrays(topology_hash) -> tuple:
-    """The arrays of a ``topology_hash=`` argument in a plan's signature."""
-    return (topology_hash.opposite,) if isinstance(topology_hash, TopologyHash) else ()
-
-
-def _topology_option(topology_hash):
-    """The rest of a ``topology_hash=`` argument in a plan's signature."""
-    return topology_hash.num_triangles if isinstance(topology_hash, TopologyHash) else topology_hash
-
-
-def _plan_forward(plan: Plan, color, rast, pos, tri, topology_hash, reduce, threshold, out) -> None:
-    """Checks an antialias call and queues its work; ``plan.result`` = (out, topology hash)."""
-    color_c, rast_c, geom, topo, ws = _setup(plan, color, rast, pos, tri, topology_hash)
-    device = rast_c.device
-    plan.mode, _ = reduce_settings(reduce, threshold, device, ws)
-    out = output(out, "out", tuple(color_c.shape), device)
-    b, h, w, _ = rast_c.shape
-    flat = (out.size,)
-    # aa_fwd adds the blends into the copy
-    plan.launch(copy_into, flat[0], [view(ws, color_c, wp.float32, flat), view(ws, out, wp.float32, flat)], device)
-    plan.launch(aa_fwd, (b, h, w),
-                [color_c, vec4_view(ws, rast_c), geom.pos, geom.tri, topo.opposite, geom.instanced, out], device)
-    plan.result = out, topo
 
 
 def antialias_backward(
@@ -173,28 +176,5 @@ def antialias_backward(
     """Gradients of :func:`antialias` into ``(color, pos)``. The pair analysis is recomputed
     from the inputs (deterministic, so it matches the forward). As in nvdiffrast, a
     crossing clamped to a pixel centre (|alpha| = 0.5) passes no position gradient."""
-    plan, reused = prepared(workspace, "antialias_backward",
-                            (color, rast, pos, tri, grad_out, *_topology_arrays(topology_hash)), (grad_color, grad_pos),
-                            (_topology_option(topology_hash), pos_gradient_boost, reduce, threshold),
-                            lambda plan: _plan_backward(plan, color, rast, pos, tri, grad_out, topology_hash,
-                                                        pos_gradient_boost, grad_color, grad_pos, reduce, threshold))
-    plan.run()
-    return (grad_color, grad_pos) if reused else plan.result
-
-
-def _plan_backward(plan: Plan, color, rast, pos, tri, grad_out, topology_hash, pos_gradient_boost, grad_color,
-                   grad_pos, reduce, threshold) -> None:
-    """Checks an antialias_backward call and queues its work; ``plan.result`` = (grad_color, grad_pos)."""
-    color_c, rast_c, geom, topo, ws = _setup(plan, color, rast, pos, tri, topology_hash)
-    device = rast_c.device
-    grad_color = grad_or_new(grad_color, "grad_color", color)
-    grad_pos = grad_or_new(grad_pos, "grad_pos", pos)
-    plan.result = grad_color, grad_pos
-    go = cotangent(grad_out, "grad_out", color_c.shape, device)
-    if go is None:
-        return
-    mode, t = reduce_settings(reduce, threshold, device, ws)
-    b, h, w, _ = rast_c.shape
-    plan.launch(make_aa_bwd(mode), tiled_dim(b, h, w),
-                [color_c, vec4_view(ws, rast_c), geom.pos, geom.tri, topo.opposite, geom.instanced, go,
-                 float(pos_gradient_boost), t, grad_color, vec4_view(ws, grad_pos, True)], device, block_dim=BLOCK)
+    op, topo = _antialiaser(workspace, color, rast, tri, topology_hash, reduce, threshold)
+    return op.backward(color, rast, pos, tri, grad_out, topo, pos_gradient_boost, grad_color, grad_pos)

@@ -1,17 +1,15 @@
-"""Shared host-side helpers of the mesh ops: validation, reduce settings, launch sizes, tape
-recording, and the workspace side of a call (scratch buffers, cached views; each helper
-does the plain Warp thing when the call has no workspace). Launches go through a
-:class:`arc_warp._src.mesh.plan.Plan`."""
+"""What the mesh op objects share: the base class (device, accumulation mode, prepared
+launches, the device check of triangle indices, the workspace lookup), launch sizes,
+argument checks and tape recording."""
 
 from __future__ import annotations
 
-import functools
-
-import numpy as np
 import warp as wp
 
 from arc_warp._src.arc.calibrate import kernel_mode, resolve_threshold
 from arc_warp._src.arc.reduce_funcs import check_mode
+from arc_warp._src.launches import Launches, View
+from arc_warp._src.mesh.util_kernels import first_bad_triangle
 from arc_warp._src.splat.workspace import Workspace
 from arc_warp._src.tape import active_tape
 from arc_warp._src.validate import check_array
@@ -24,6 +22,8 @@ MAX_CHUNK = 16
 """Largest vector an accumulator adds at once: wider attributes/texels go in chunks of at
 most this many float32 components (fewer registers per lane in the warp reduction)."""
 
+NO_BAD_TRIANGLE = 2**31 - 1
+
 
 def tiled_dim(batch: int, height: int, width: int) -> int:
     """Threads of a tiled per-pixel launch: one ``BLOCK`` per 16x16 tile of every image
@@ -32,137 +32,151 @@ def tiled_dim(batch: int, height: int, width: int) -> int:
     return max(batch, 1) * -(-height // 16) * -(-width // 16) * BLOCK
 
 
-def reduce_settings(reduce: str, threshold: int | None, device, workspace=None) -> tuple[str, int]:
-    """(kernel mode, threshold) of a ``reduce=`` keyword; only ``arc`` reads T, the keyed
-    one (the mesh backwards plan per pixel with ``keyed_plan``): ``threshold`` if given,
-    else the workspace's (resolved when it was made), else the device's (which may
-    calibrate). ``arc`` at a T that never reduces (33, as calibrated on GPUs where
-    float4 atomics beat the warp reduction) is compiled as ``atomic``."""
-    check_mode(reduce)
-    if reduce != "arc":
-        return reduce, 0
-    if threshold is None and workspace is not None:
-        t = workspace.keyed_threshold
-    else:
-        t = resolve_threshold(device, threshold, keyed=True)
-    return kernel_mode(reduce, t), t
-
-
 def chunking(n: int) -> tuple[int, int]:
     """(K, chunks): ``n`` float32 components are accumulated as ``chunks`` vectors of K.
 
     K is the largest divisor of ``n`` up to :data:`MAX_CHUNK`, so a [..., n] gradient array
-    is exactly a flat array of K-vectors (no scratch buffer)."""
-    k = max(d for d in range(1, min(n, MAX_CHUNK) + 1) if n % d == 0)
+    is exactly a flat array of K-vectors (no scratch buffer); (1, 0) for ``n`` = 0."""
+    k = max((d for d in range(1, min(n, MAX_CHUNK) + 1) if n % d == 0), default=1)
     return k, n // k
 
 
-def view(workspace, a: wp.array, dtype, shape) -> wp.array:
-    """Contiguous ``a``'s memory as a ``shape`` array of ``dtype`` (a kernel's argument
-    type), non-owning (``a`` stays alive through the call): the workspace's cached view
-    (``Workspace.view``), or a new one without it."""
-    if workspace is not None:
-        return workspace.view(a.ptr, dtype, tuple(shape))
-    return wp.array(ptr=a.ptr, dtype=dtype, shape=tuple(shape), device=a.device)
+class MeshOp:
+    """What every mesh op object holds: its device, the accumulation mode and ARC
+    threshold of its backward, its prepared launches and, for an op that reads triangles,
+    the device check of their indices (``arc_warp.mesh``'s notes: when it is read).
+
+    Args: ``reduce``, the backward's accumulation mode (``atomic`` / ``warp`` / ``serial`` /
+    ``arc``; ``floor`` for benchmarks); ``threshold``, the ARC threshold (only ``arc``
+    reads it; None: the device's keyed one, as the mesh backwards plan per pixel with
+    ``keyed_plan``, which may calibrate a GPU once; at 33, which never reduces, ``arc`` is
+    compiled as ``atomic``); ``device`` (None: the current one); ``record``: prepare the
+    launches for reuse (False for an object used for one call).
+    """
+
+    def __init__(self, reduce: str | None, threshold: int | None, device, record: bool, name: str | None = None):
+        self.device = wp.get_device(device)
+        self.mode, self.threshold = reduce, 0
+        if reduce is not None:
+            check_mode(reduce)
+        if reduce == "arc":
+            self.threshold = resolve_threshold(self.device, threshold, keyed=True)
+            self.mode = kernel_mode(reduce, self.threshold)
+        self._launches = Launches(self.device, record)
+        self._empty: dict = {}  # dtype -> the empty array an optional argument not given is
+        self.name, self._pending = name, None
+        if name is not None:  # the first bad triangle, found on the device
+            self._first = wp.full(1, NO_BAD_TRIANGLE, dtype=wp.int32, device=self.device)
+            # on the CPU, where launches are done when they return, read in place; on CUDA
+            # a check left on the device is copied to a pinned buffer (made then), with an event
+            self._values = self._first.numpy() if self.device.is_cpu else None
+            self._host = self._event = None
+
+    @classmethod
+    def of(cls, workspace: Workspace | None, device, *sizes, **options):
+        """The object of one call: ``workspace``'s for these sizes and options (made on
+        first use; ``threshold`` None is the workspace's keyed one), or without a
+        workspace a new one that prepares no launches."""
+        if workspace is None:
+            return cls(*sizes, **options, device=device, record=False)
+        if not isinstance(workspace, Workspace):
+            raise TypeError(f"workspace: expected an arc_warp.Workspace or None, got {type(workspace).__name__}")
+        if workspace.device != wp.get_device(device):
+            raise ValueError(f"workspace: it is on {workspace.device}, the inputs on {device}; "
+                             "use one workspace per device")
+        if "reduce" in options and options.get("threshold") is None:
+            options["threshold"] = workspace.keyed_threshold
+        return workspace.mesh_op((cls, *sizes, *options.values()),
+                                 lambda: cls(*sizes, **options, device=workspace.device))
+
+    def _flat(self, a: wp.array | None, dtype):
+        """Contiguous ``a``'s memory as a flat array of ``dtype`` (a launch argument), or for
+        None an empty array (an optional argument not given)."""
+        if a is not None:
+            return View(a, dtype, (a.size // getattr(dtype, "_length_", 1),))
+        if dtype not in self._empty:
+            self._empty[dtype] = wp.empty(0, dtype=dtype, device=self.device)
+        return self._empty[dtype]
+
+    def check(self, previous: bool = True) -> None:
+        """Reads the triangle check that the last forward left on the device (one with
+        ``check`` off): ValueError if a vertex index was out of range (waits for the
+        device where the check has not finished)."""
+        if self._pending is None:
+            return
+        (count, of, left), self._pending = self._pending, None
+        if self.device.is_cpu:
+            first = int(self._values[0])
+        elif left:
+            if not self.device.is_capturing:  # (a wait would break a graph capture)
+                wp.synchronize_event(self._event)
+            first = int(self._host.numpy()[0])
+        else:  # a checked forward's one wait (numpy() copies on the null stream)
+            wp.synchronize_stream(self.device.stream)
+            first = int(self._first.numpy()[0])
+        if first != NO_BAD_TRIANGLE:
+            raise ValueError(
+                f"{self.name}: triangle {first} of tri has a vertex index outside [0, {count}) ({of} has {count} "
+                "vertices); such triangles are left out (not drawn, interpolated as 0). Fix tri, or pass the "
+                "vertices it indexes" + (" (found in the previous call on this object, read now)" if previous else ""))
+
+    def _check_triangles(self, tri: View, count: int, of: str, check: bool | None) -> bool:
+        """Queues the check of ``tri`` ((F,) vec3i) against ``count`` vertices (those of the
+        input ``of``), after reading the one an earlier forward left; returns whether the
+        forward reads it before returning (``check``; None: on the CPU, where it is free)."""
+        self.check()
+        check = self.device.is_cpu if check is None else check
+        if self.device.is_cpu:
+            self._values[0] = NO_BAD_TRIANGLE
+        else:
+            self._first.fill_(NO_BAD_TRIANGLE)
+        self._launches.launch(first_bad_triangle, tri.shape[0], [tri, count, self._first])
+        left = not (check or self.device.is_cpu)
+        if left:
+            if self._event is None:
+                self._host, self._event = wp.empty(1, dtype=wp.int32, device="cpu", pinned=True), wp.Event(self.device)
+            wp.copy(self._host, self._first)
+            if not self.device.is_capturing:
+                self.device.stream.record_event(self._event)
+        self._pending = count, of, left
+        return check
 
 
-def vec4_view(workspace, a: wp.array, flat: bool = False) -> wp.array:
-    """A float32 [..., 4] array as vec4s: [...] or, with ``flat``, (size / 4,)."""
-    return view(workspace, a, wp.vec4, (a.size // 4,) if flat else a.shape[:-1])
+def array(value, name: str, ndims, last: int | None = None, device=None, dtype=wp.float32) -> wp.array:
+    """Checks a contiguous wp.array of ``dtype`` with one of ``ndims`` dimensions (and last
+    axis ``last`` if given) on ``device``; raises TypeError/ValueError naming what came."""
+    return check_array(value, name, dtype, ndims, None, device, last)
 
 
-def vector_view(workspace, arr: wp.array, k: int) -> wp.array:
-    """Flat view of a contiguous float32 array as ``size / k`` K-vectors (an accumulator target)."""
-    return view(workspace, arr, wp.types.vector(k, wp.float32), (arr.size // k,))
+def exact(value, name: str, shape: tuple, device) -> wp.array:
+    """Checks a contiguous float32 wp.array of ``shape`` on ``device``."""
+    return check_array(value, name, wp.float32, len(shape), shape, device)
 
 
-def flat_view(workspace, a: wp.array | None, dtype, device) -> wp.array:
-    """Contiguous float32 ``a`` as a flat array of ``dtype`` (float, vec2, vec4), or an
-    empty one for None (an optional kernel argument that was not given)."""
-    if a is None:
-        return absent(workspace, wp.float32 if dtype is float else dtype, device)
-    if dtype is float:
-        return view(workspace, a, wp.float32, (a.size,))
-    return view(workspace, a, dtype, (a.size // dtype._length_,))
+def given(value, name: str, shape: tuple, device) -> wp.array | None:
+    """:func:`exact` for an optional array (a cotangent): None stays None."""
+    return None if value is None else exact(value, name, shape, device)
 
 
-def float_array(value, name: str, ndims: tuple[int, ...], last: int | None = None, device=None) -> wp.array:
-    """Checks a contiguous float32 wp.array with one of ``ndims`` dimensions (and last axis
-    ``last`` if given) on ``device``; raises TypeError/ValueError naming what came."""
-    return check_array(value, name, wp.float32, ndims, None, device, last)
-
-
-def int_array(value, name: str, ndims: tuple[int, ...], last: int | None = None, device=None) -> wp.array:
-    """As :func:`float_array` for int32 arrays."""
-    return check_array(value, name, wp.int32, ndims, None, device, last)
-
-
-def check_shape(value: wp.array, name: str, shape: tuple) -> wp.array:
-    """Raises ValueError unless ``value.shape == shape``."""
-    if tuple(value.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {tuple(shape)}, got {tuple(value.shape)}")
-    return value
-
-
-def cotangent(value, name: str, shape: tuple, device) -> wp.array | None:
-    """A float32 cotangent of ``shape`` on ``device``, or None (zero)."""
+def output(value, name: str, shape: tuple, device, zero: bool = False) -> wp.array:
+    """The caller's float32 array ``value`` checked to be ``shape`` on ``device`` (written,
+    or added into), or a new one: uninitialised, or with ``zero`` zeroed."""
     if value is None:
-        return None
-    return check_shape(float_array(value, name, (len(shape),), device=device), name, shape)
+        return (wp.zeros if zero else wp.empty)(shape, dtype=wp.float32, device=device)
+    return exact(value, name, shape, device)
 
 
-def grad_or_new(grad, name: str, like: wp.array) -> wp.array:
-    """``grad`` (checked to match ``like``) to add into, or a new zero array."""
-    if grad is None:
-        return wp.zeros(like.shape, dtype=wp.float32, device=like.device)
-    return check_shape(float_array(grad, name, (like.ndim,), device=like.device), name, like.shape)
+def triangles(tri, device) -> View:
+    """Checks an int32 [F, 3] triangle array on ``device``; returns it as (F,) vec3i."""
+    tri = array(tri, "tri", 2, 3, device, wp.int32)
+    return View(tri, wp.vec3i, tri.shape[:1])
 
 
-def check_workspace(workspace, device) -> Workspace | None:
-    """``workspace`` (None or a :class:`Workspace` on ``device``); raises naming the fix."""
-    if workspace is None:
-        return None
-    if not isinstance(workspace, Workspace):
-        raise TypeError(f"workspace: expected an arc_warp.Workspace or None, got {type(workspace).__name__}")
-    if workspace.device is not device and workspace.device != wp.get_device(device):
-        raise ValueError(f"workspace: it is on {workspace.device}, the inputs on {device}; "
-                         "use one workspace per device")
-    return workspace
-
-
-def scratch(workspace: Workspace | None, name: str, shape, dtype, device) -> wp.array:
-    """A buffer used only within one call: the workspace's shared buffer ``name`` (kept
-    across calls, so calls of one size allocate nothing), or a new array without one."""
-    if workspace is None:
-        return wp.empty(shape, dtype=dtype, device=device)
-    return workspace.shared.array(name, shape, dtype)
-
-
-def zeros_once(workspace: Workspace | None, name: str, shape, dtype, device) -> wp.array:
-    """A read-only zero buffer (a cotangent that was not given): zeroed once per workspace."""
-    if workspace is None:
-        return wp.zeros(shape, dtype=dtype, device=device)
-    return workspace.shared.zeros_once(name, shape, dtype)
-
-
-@functools.lru_cache(maxsize=64)
-def _absent_name(dtype, ndim: int) -> str:
-    return f"mesh_absent_{wp.types.type_repr(dtype)}_{ndim}d"
-
-
-def absent(workspace: Workspace | None, dtype, device, ndim: int = 1) -> wp.array:
-    """An empty ``ndim``-D array of ``dtype``: the argument a kernel gets for an optional
-    array that was not given (made once per workspace)."""
-    if workspace is None:
-        return wp.empty((0,) * ndim, dtype=dtype, device=device)
-    return workspace.shared.zeros_once(_absent_name(dtype, ndim), (0,) * ndim, dtype)
-
-
-def output(value, name: str, shape: tuple, device) -> wp.array:
-    """The caller's float32 output array ``value`` checked to be ``shape`` on ``device``, or a new one."""
-    if value is None:
-        return wp.empty(shape, dtype=wp.float32, device=device)
-    return check_shape(float_array(value, name, (len(shape),), device=device), name, shape)
+def positions(pos, device=None) -> tuple[View, int]:
+    """(view, instanced) of float32 clip-space positions: [B, V, 4] as (B, V) vec4 (one
+    set per image, instanced 1) or [V, 4] as (1, V) (shared by every image, instanced 0)."""
+    pos = array(pos, "pos", (2, 3), 4, device)
+    return View(pos, wp.vec4, pos.shape[:2] if pos.ndim == 3 else (1, pos.shape[0])), int(pos.ndim == 3)
 
 
 def record(inputs: list, outputs: list, backward) -> None:
@@ -181,24 +195,3 @@ def record(inputs: list, outputs: list, backward) -> None:
 def grad_of(a: wp.array | None) -> wp.array | None:
     """``a.grad`` for an input that requires it, else None (its gradient is not wanted)."""
     return a.grad if a is not None and a.requires_grad else None
-
-
-def host_int32(value, name: str, shape_last: int) -> np.ndarray:
-    """A small host-side int32 table ([N, shape_last]) from a wp.array or array-like."""
-    arr = value.numpy() if isinstance(value, wp.array) else np.asarray(value)
-    if arr.ndim != 2 or arr.shape[1] != shape_last or not np.issubdtype(arr.dtype, np.integer):
-        raise ValueError(f"{name}: expected an integer array [N, {shape_last}], got {arr.dtype} {arr.shape}")
-    return arr.astype(np.int32)
-
-
-@functools.lru_cache(maxsize=256)
-def _constant(data: bytes, shape: tuple, dtype, device: str) -> wp.array:
-    return wp.array(np.frombuffer(data, np.int32).reshape(shape), dtype=dtype, device=device)
-
-
-def device_constant(values, dtype, device) -> wp.array:
-    """A small read-only int32 table (e.g. mip sizes) on ``device``, made once per content:
-    a host-to-device copy on every call would stall the launch queue on CUDA. Callers must
-    not write to it."""
-    table = np.ascontiguousarray(values, dtype=np.int32)
-    return _constant(table.tobytes(), table.shape, dtype, wp.get_device(device).alias)

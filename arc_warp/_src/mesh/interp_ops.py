@@ -1,36 +1,14 @@
-"""Launches of attribute interpolation (forward with derivatives, ARC backward)."""
+"""Attribute interpolation: :class:`Interpolator` (forward with derivatives, ARC backward)
+and the functional interpolate / interpolate_backward on it."""
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import warp as wp
 
-from arc_warp._src.mesh.common import (
-    BLOCK,
-    absent,
-    check_shape,
-    check_workspace,
-    chunking,
-    device_constant,
-    cotangent,
-    flat_view,
-    float_array,
-    grad_of,
-    grad_or_new,
-    output,
-    vector_view,
-    vec4_view,
-    view,
-    record,
-    reduce_settings,
-    tiled_dim,
-    zeros_once,
-)
-from arc_warp._src.mesh.geometry import check_tri
+from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, chunking, exact, given, grad_of, output, record, tiled_dim,
+                                       triangles)
 from arc_warp._src.mesh.interp_kernels import make_interp_bwd, make_interp_fwd
-from arc_warp._src.mesh.plan import Plan, pair, prepared
 
 
 def _diff_indices(diff_attrs, num_attr: int) -> np.ndarray:
@@ -49,11 +27,10 @@ def _diff_indices(diff_attrs, num_attr: int) -> np.ndarray:
     return np.where(idx < 0, idx + num_attr, idx).astype(np.int32)
 
 
-def _diff_links(diff_attrs, num_attr: int) -> np.ndarray:
-    """The kernels' link table of ``diff_attrs`` (``interp_kernels``' docstring): A + D
-    int32 (first slot per attribute, then next slot per slot; -1 ends a chain), empty
-    without derivatives."""
-    idx = _diff_indices(diff_attrs, num_attr)
+def _diff_links(idx: np.ndarray, num_attr: int) -> np.ndarray:
+    """The kernels' link table of the derivative indices ``idx`` (``interp_kernels``'
+    docstring): A + D int32 (first slot per attribute, then next slot per slot; -1 ends a
+    chain), empty without derivatives."""
     if idx.size == 0:
         return idx
     links = np.full(num_attr + idx.size, -1, np.int32)
@@ -63,35 +40,100 @@ def _diff_links(diff_attrs, num_attr: int) -> np.ndarray:
     return links
 
 
-@functools.lru_cache(maxsize=64)
-def _named_diff_table(diff_attrs: str | None, num_attr: int, device: str) -> wp.array:
-    return device_constant(_diff_links(diff_attrs, num_attr), wp.int32, device)
+class Interpolator(MeshOp):
+    """Interpolates A vertex attributes over B rasterised images of H x W, with the
+    pixel derivatives of ``diff_attrs`` (:func:`interpolate` gives the semantics and the
+    arguments of :meth:`forward` and :meth:`backward`), its constants (the derivatives'
+    link table) and prepared launches made once.
+
+    Args: ``batch``, ``height``, ``width`` of the [B, H, W, 4] ``rast`` it reads;
+    ``attributes``, A, the last axis of ``attr``; ``diff_attrs``: None, 'all' or a list of
+    attribute indices (negatives count from the end); the rest as :class:`arc_warp.mesh.MeshOp`'s.
+    """
+
+    def __init__(self, batch: int, height: int, width: int, attributes: int, diff_attrs=None, reduce: str = "arc",
+                 threshold: int | None = None, device=None, record: bool = True):
+        super().__init__(reduce, threshold, device, record, "interpolate")
+        idx = _diff_indices(diff_attrs, attributes)
+        self.batch, self.height, self.width, self.num_attributes = batch, height, width, attributes
+        self.diff_attrs, self.num_diff = tuple(idx.tolist()), idx.size
+        self._links = wp.array(_diff_links(idx, attributes), dtype=wp.int32, device=self.device)
+        self.k, self.chunks = chunking(attributes)
+        self._vec = wp.types.vector(self.k, wp.float32)  # k attributes at a time
+        self._zero = None  # a zero dL/dout, for a backward given only dL/dout_da (made then)
+
+    def _inputs(self, attr, rast, tri, rast_db) -> tuple:
+        """Checks the inputs: (Ba, V) of attr, tri, and rast_db (None unless derivatives use it)."""
+        shape = (self.batch, self.height, self.width, 4)
+        attr = array(attr, "attr", (2, 3), None, self.device)
+        images, vertices = (1, attr.shape[0]) if attr.ndim == 2 else attr.shape[:2]
+        if images not in (1, self.batch):
+            raise ValueError(f"attr: expected a minibatch of 1 or {self.batch} (that of rast), got {images}")
+        if attr.shape[-1] != self.num_attributes:
+            raise ValueError(f"Interpolator: made for {self.num_attributes} attributes, attr has {attr.shape[-1]}")
+        exact(rast, "rast", shape, self.device)
+        if self.num_diff and rast_db is None:
+            raise ValueError("rast_db: diff_attrs asks for attribute derivatives, which need rast_db")
+        given(rast_db, "rast_db", shape, self.device)
+        return images, vertices, triangles(tri, self.device), rast_db if self.num_diff else None
+
+    def forward(self, attr, rast, tri, rast_db=None, out=None, check: bool | None = None) -> tuple:
+        """``(out, out_da)``, written into ``out`` if given. ``check``: as
+        :meth:`Rasterizer.forward`."""
+        images, vertices, tri, rast_db = self._inputs(attr, rast, tri, rast_db)
+        b, h, w, a = self.batch, self.height, self.width, self.num_attributes
+        out = (None, None) if out is None else out
+        out, out_da = (output(out[0], "out[0] (out)", (b, h, w, a), self.device),
+                       output(out[1], "out[1] (out_da)", (b, h, w, 2 * self.num_diff), self.device))
+        check = self._check_triangles(tri, vertices, "attr", check)
+        if a and b * h * w:
+            self._launches.launch(
+                make_interp_fwd(self.k, self.chunks, self.num_diff > 0), b * h * w,
+                [self._flat(attr, self._vec), vertices, images, h * w, self._flat(rast, wp.vec4),
+                 self._flat(rast_db, wp.vec4), tri, self._links, self._flat(out, self._vec),
+                 self._flat(out_da if self.num_diff else None, wp.float32)])
+        if check:
+            self.check(previous=False)
+        return out, out_da
+
+    def backward(self, attr, rast, tri, grad_out, rast_db=None, grad_out_da=None, grad_attr=None, grad_rast=None,
+                 grad_rast_db=None, attr_grad: bool = True) -> tuple:
+        """``(grad_attr, grad_rast, grad_rast_db)`` added into the arrays given (new zeroed
+        ones for None; ``grad_rast_db`` None without ``rast_db``, ``grad_attr`` None with
+        ``attr_grad=False``)."""
+        images, vertices, tri, rast_db_d = self._inputs(attr, rast, tri, rast_db)
+        b, h, w, a = self.batch, self.height, self.width, self.num_attributes
+        go = given(grad_out, "grad_out", (b, h, w, a), self.device)
+        gda = given(grad_out_da, "grad_out_da", (b, h, w, 2 * self.num_diff), self.device)
+        grad_attr = output(grad_attr, "grad_attr", attr.shape, self.device, zero=True) if attr_grad else None
+        grad_rast = output(grad_rast, "grad_rast", (b, h, w, 4), self.device, zero=True)
+        if rast_db is not None:
+            grad_rast_db = output(grad_rast_db, "grad_rast_db", (b, h, w, 4), self.device, zero=True)
+        if (go is None and gda is None) or a == 0 or b * h * w == 0:
+            return grad_attr, grad_rast, grad_rast_db
+        if go is None:
+            if self._zero is None:
+                self._zero = wp.zeros((b, h, w, a), dtype=wp.float32, device=self.device)
+            go = self._zero
+        da = gda is not None and self.num_diff > 0  # else no term of the derivatives: a kernel without them
+        self._launches.launch(
+            make_interp_bwd(self.mode, self.k, self.chunks, da), tiled_dim(b, h, w),
+            [self._flat(attr, self._vec), vertices, images, self._flat(rast, wp.vec4),
+             self._flat(rast_db_d if da else None, wp.vec4), tri, self._links if da else self._flat(None, wp.int32),
+             self._flat(go, self._vec), self._flat(gda if da else None, wp.float32), w, h, self.threshold,
+             self._flat(grad_attr, self._vec), self._flat(grad_rast, wp.vec4),
+             self._flat(grad_rast_db if da else None, wp.vec4)], block_dim=BLOCK)
+        return grad_attr, grad_rast, grad_rast_db
 
 
-def _diff_table(diff_attrs, num_attr: int, device) -> tuple[int, wp.array]:
-    """(D, links): the number of derivative outputs and :func:`_diff_links` as a device
-    constant (None and 'all' looked up without rebuilding it)."""
-    if diff_attrs is None or isinstance(diff_attrs, str):
-        links = _named_diff_table(diff_attrs, num_attr, device.alias)
-    else:
-        links = device_constant(_diff_links(diff_attrs, num_attr), wp.int32, device)
-    return (links.shape[0] - num_attr if links.shape[0] else 0), links
-
-
-def _inputs(attr, rast, tri, rast_db, diff_attrs, workspace):
-    rast = float_array(rast, "rast", (4,), 4)
-    device = rast.device
-    ws = check_workspace(workspace, device)
-    attr = float_array(attr, "attr", (2, 3), device=device)
-    attr3 = view(ws, attr, wp.float32, (1, *attr.shape)) if attr.ndim == 2 else attr
-    if attr3.shape[0] not in (1, rast.shape[0]):
-        raise ValueError(f"attr: expected a minibatch of 1 or {rast.shape[0]} (that of rast), got {attr3.shape[0]}")
-    num_diff, links = _diff_table(diff_attrs, attr3.shape[2], device)
-    if num_diff and rast_db is None:
-        raise ValueError("rast_db: diff_attrs asks for attribute derivatives, which need rast_db")
-    if rast_db is not None:
-        rast_db = check_shape(float_array(rast_db, "rast_db", (4,), 4, device), "rast_db", rast.shape)
-    return attr3, rast, check_tri(tri, device, ws), rast_db, num_diff, links, ws
+def _interpolator(workspace, attr, rast, diff_attrs, reduce, threshold) -> Interpolator:
+    """The :class:`Interpolator` of a call (the workspace's, or one for this call)."""
+    rast = array(rast, "rast", 4, 4)
+    num_a = array(attr, "attr", (2, 3), None, rast.device).shape[-1]
+    if diff_attrs is not None and not isinstance(diff_attrs, str):
+        diff_attrs = tuple(_diff_indices(diff_attrs, num_a).tolist())
+    return Interpolator.of(workspace, rast.device, *rast.shape[:3], num_a, diff_attrs, reduce=reduce,
+                           threshold=threshold)
 
 
 def interpolate(
@@ -102,14 +144,15 @@ def interpolate(
     diff_attrs=None,  # None, 'all' or a list of attribute indices
     reduce: str = "arc",
     threshold: int | None = None,
-    workspace=None,  # arc_warp.Workspace: launches kept across calls
+    workspace=None,  # arc_warp.Workspace: its Interpolator of this size is reused
     out: tuple[wp.array, wp.array] | None = None,  # (out, out_da) to write instead of new arrays
 ) -> tuple[wp.array, wp.array]:
     """Interpolates vertex attributes over the rasterised triangles (nvdiffrast semantics).
 
     ``out = u a0 + v a1 + (1 - u - v) a2`` with (u, v) the perspective-correct barycentrics
-    of ``rast``; pixels without a triangle (or whose triangle/vertex ids are out of range)
-    get 0. A minibatch of 1 in ``attr`` is broadcast.
+    of ``rast``; pixels without a triangle (or whose triangle id is out of range) get 0. A
+    minibatch of 1 in ``attr`` is broadcast. A vertex index of ``tri`` outside attr's
+    [0, V) raises ValueError (found on the device: on CUDA the call waits for it).
 
     Returns:
         ``(out, out_da)``: float32 [B, H, W, A] and [B, H, W, 2 len(diff_attrs)] with
@@ -117,43 +160,12 @@ def interpolate(
         ``diff_attrs``). Recorded on an active ``wp.Tape`` (gradients into ``attr``,
         ``rast`` and ``rast_db``); ``reduce``/``threshold`` select the backward's accumulator.
     """
-    given = (None, None) if out is None else out
-    plan, reused = prepared(workspace, "interpolate", (attr, rast, tri, rast_db), pair(given),
-                            (diff_attrs, reduce, threshold),
-                            lambda plan: _plan_forward(plan, attr, rast, tri, rast_db, diff_attrs, reduce, threshold,
-                                                       given))
-    plan.run()
-    out, out_da = given if reused else plan.result
-    mode, ws = plan.mode, workspace  # as checked by the build
-
-    def backward():
-        interpolate_backward(attr, rast, tri, out.grad, rast_db, out_da.grad if out_da.shape[3] else None, diff_attrs,
-                             grad_attr=grad_of(attr), grad_rast=grad_of(rast), grad_rast_db=grad_of(rast_db),
-                             reduce=mode, threshold=threshold, workspace=ws, attr_grad=attr.requires_grad)
-
-    inputs = [attr, rast] + ([rast_db] if rast_db is not None else [])
-    record(inputs, [out, out_da], backward)
+    op = _interpolator(workspace, attr, rast, diff_attrs, reduce, threshold)
+    out, out_da = op.forward(attr, rast, tri, rast_db, out, check=True)
+    record([attr, rast, rast_db], [out, out_da],
+           lambda: op.backward(attr, rast, tri, out.grad, rast_db, out_da.grad if op.num_diff else None, grad_of(attr),
+                               grad_of(rast), grad_of(rast_db), attr.requires_grad))
     return out, out_da
-
-
-def _plan_forward(plan: Plan, attr, rast, tri, rast_db, diff_attrs, reduce, threshold, out) -> None:
-    """Checks an interpolate call and queues its work; ``plan.result`` = (out, out_da)."""
-    attr3, rast_c, tri_v, rast_db_c, num_diff, links, ws = _inputs(attr, rast, tri, rast_db, diff_attrs,
-                                                                   plan.workspace)
-    plan.mode, _ = reduce_settings(reduce, threshold, rast.device, ws)
-    b, h, w, _ = rast_c.shape
-    device = rast_c.device
-    ba, num_v, num_a = attr3.shape
-    out_a = output(out[0], "out[0] (out)", (b, h, w, num_a), device)
-    out_da = output(out[1], "out[1] (out_da)", (b, h, w, 2 * num_diff), device)
-    plan.result = out_a, out_da
-    if num_a == 0 or b * h * w == 0:
-        return
-    k, chunks = chunking(num_a)
-    plan.launch(make_interp_fwd(k, chunks, num_diff > 0), b * h * w,
-                [vector_view(ws, attr3, k), num_v, ba, h * w, vec4_view(ws, rast_c, True),
-                 flat_view(ws, rast_db_c if num_diff else None, wp.vec4, device), tri_v, links,
-                 vector_view(ws, out_a, k), flat_view(ws, out_da if num_diff else None, float, device)], device)
 
 
 def interpolate_backward(
@@ -176,45 +188,5 @@ def interpolate_backward(
     vertices), ``rast`` (u, v) and ``rast_db``. Returns ``(grad_attr, grad_rast,
     grad_rast_db)`` shaped like the inputs (``grad_rast_db`` None without ``rast_db``;
     ``grad_attr`` None with ``attr_grad=False``)."""
-    plan, reused = prepared(workspace, "interpolate_backward", (attr, rast, tri, grad_out, rast_db, grad_out_da),
-                            (grad_rast, *((grad_attr,) if attr_grad else ()),
-                             *((grad_rast_db,) if rast_db is not None else ())),
-                            (diff_attrs, reduce, threshold, attr_grad),
-                            lambda plan: _plan_backward(plan, attr, rast, tri, grad_out, rast_db, grad_out_da,
-                                                        diff_attrs, grad_attr, grad_rast, grad_rast_db, reduce,
-                                                        threshold, attr_grad))
-    plan.run()
-    if reused:
-        return grad_attr if attr_grad else None, grad_rast, grad_rast_db if rast_db is not None else None
-    return plan.result
-
-
-def _plan_backward(plan: Plan, attr, rast, tri, grad_out, rast_db, grad_out_da, diff_attrs, grad_attr, grad_rast,
-                   grad_rast_db, reduce, threshold, attr_grad) -> None:
-    """Checks an interpolate_backward call and queues its work; ``plan.result`` = the gradients."""
-    attr3, rast_c, tri_v, rast_db_c, num_diff, links, ws = _inputs(attr, rast, tri, rast_db, diff_attrs,
-                                                                   plan.workspace)
-    device = rast_c.device
-    b, h, w, _ = rast_c.shape
-    ba, num_v, num_a = attr3.shape
-    grad_attr = grad_or_new(grad_attr, "grad_attr", attr) if attr_grad else None
-    grad_rast = grad_or_new(grad_rast, "grad_rast", rast)
-    if rast_db is not None:
-        grad_rast_db = grad_or_new(grad_rast_db, "grad_rast_db", rast_db)
-    plan.result = grad_attr, grad_rast, grad_rast_db
-    go = cotangent(grad_out, "grad_out", (b, h, w, num_a), device)
-    gda = cotangent(grad_out_da, "grad_out_da", (b, h, w, 2 * num_diff), device)
-    if (go is None and gda is None) or num_a == 0 or b * h * w == 0:
-        return
-    go = go if go is not None else zeros_once(ws, "mesh_zero_grad_out", (b, h, w, num_a), wp.float32, device)
-    with_da = gda is not None and num_diff > 0  # else no term of the derivatives: a kernel without them
-    mode, t = reduce_settings(reduce, threshold, device, ws)
-    k, chunks = chunking(num_a)
-    plan.launch(make_interp_bwd(mode, k, chunks, with_da), tiled_dim(b, h, w),
-                [vector_view(ws, attr3, k), num_v, ba, vec4_view(ws, rast_c, True),
-                 flat_view(ws, rast_db_c if with_da else None, wp.vec4, device), tri_v,
-                 links if with_da else absent(ws, wp.int32, device), vector_view(ws, go, k),
-                 flat_view(ws, gda if with_da else None, float, device), w, h, t,
-                 vector_view(ws, grad_attr, k) if attr_grad else absent(ws, wp.types.vector(k, wp.float32), device),
-                 vec4_view(ws, grad_rast, True),
-                 flat_view(ws, grad_rast_db if with_da else None, wp.vec4, device)], device, block_dim=BLOCK)
+    return _interpolator(workspace, attr, rast, diff_attrs, reduce, threshold).backward(
+        attr, rast, tri, grad_out, rast_db, grad_out_da, grad_attr, grad_rast, grad_rast_db, attr_grad)

@@ -1,46 +1,126 @@
-"""Launches of the rasteriser: forward (depth test + resolve) and the ARC backward into positions."""
+"""The rasteriser: :class:`Rasterizer` (depth test + resolve forward, ARC backward into
+positions) and the functional rasterize / rasterize_backward on it."""
 
 from __future__ import annotations
-
-import functools
 
 import numpy as np
 import warp as wp
 
-from arc_warp._src.mesh.common import (
-    BLOCK,
-    absent,
-    check_shape,
-    float_array,
-    cotangent,
-    grad_or_new,
-    output,
-    record,
-    reduce_settings,
-    scratch,
-    tiled_dim,
-    vec4_view,
-    zeros_once,
-)
-from arc_warp._src.mesh.geometry import geometry
-from arc_warp._src.mesh.plan import Plan, pair, prepared
+from arc_warp._src.launches import View
+from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, exact, given, output, positions, record, tiled_dim,
+                                       triangles)
+from arc_warp._src.mesh.raster_kernels import (EMPTY_KEY, make_raster_bwd, raster_big, raster_depth, raster_resolve,
+                                               viewport_tile)
 from arc_warp._src.validate import check_resolution
-from arc_warp._src.mesh.raster_kernels import (
-    EMPTY_KEY,
-    make_raster_bwd,
-    raster_big,
-    raster_depth,
-    raster_resolve,
-    viewport_tile,
-)
 
 
-@functools.lru_cache(maxsize=64)
-def _pixel_grid(height: int, width: int) -> tuple[float, float, float, float]:
-    """(xs, xo, ys, yo): NDC of pixel centre x is xs * x + xo, rounded to float32 as nvdiffrast."""
-    f = np.float32
-    return (float(f(2.0) / f(width)), float(f(1.0) / f(width) - f(1.0)),
-            float(f(2.0) / f(height)), float(f(1.0) / f(height) - f(1.0)))
+def _batch(pos: wp.array, ranges, num_tri: int) -> tuple[np.ndarray | None, int, int]:
+    """(table, B, largest count) of a call: for [B, V, 4] positions no table and F
+    triangles per image; for [V, 4] (range mode) the checked [B, 2] int32 host table of
+    ``ranges`` (start, count), host data as in nvdiffrast."""
+    if pos.ndim == 3:
+        if pos.shape[0] < 1:
+            raise ValueError(f"pos: expected a minibatch of at least 1, got shape {tuple(pos.shape)}")
+        return None, pos.shape[0], num_tri
+    if ranges is None:
+        raise ValueError("ranges: pos is [V, 4] (range mode), so ranges [B, 2] (start, count) is required")
+    table = ranges.numpy() if isinstance(ranges, wp.array) else np.asarray(ranges)
+    if table.ndim != 2 or table.shape[1] != 2 or not np.issubdtype(table.dtype, np.integer) or len(table) < 1:
+        raise ValueError(f"ranges: expected an integer array [B >= 1, 2], got {table.dtype} {table.shape}")
+    table = table.astype(np.int32)
+    bad = (table[:, 0] < 0) | (table[:, 1] < 0) | (table[:, 0].astype(np.int64) + table[:, 1] > num_tri)
+    if bad.any():
+        row = int(np.argmax(bad))
+        raise ValueError(f"ranges: row {row} = {tuple(table[row])} is outside the {num_tri} triangles of tri")
+    return table, len(table), int(table[:, 1].max())
+
+
+class Rasterizer(MeshOp):
+    """Rasterises F triangles into B images of H x W (:func:`rasterize` gives the
+    semantics and the arguments of :meth:`forward` and :meth:`backward`), with its
+    scratch (depth keys, big-triangle queue), constants and prepared launches made once.
+
+    Args: ``resolution`` (height, width); ``batch``, B, the images of a call (of [B, V, 4]
+    positions, or the rows of ``ranges``); ``triangles``, F, the rows of ``tri``; the rest
+    as :class:`arc_warp.mesh.MeshOp`'s.
+    """
+
+    def __init__(self, resolution, batch: int, triangles: int, reduce: str = "arc", threshold: int | None = None,
+                 device=None, record: bool = True):
+        super().__init__(reduce, threshold, device, record, "rasterize")
+        self.height, self.width = h, w = check_resolution(resolution)
+        self.batch, self.num_triangles = batch, triangles
+        d = self.device
+        self._keys = wp.full((batch, h, w), EMPTY_KEY, dtype=wp.int64, device=d)
+        self._big_count = wp.zeros(1, dtype=wp.int32, device=d)
+        self._cleared = True  # the keys and count as raster_resolve leaves them
+        self._big = wp.empty(batch * triangles, dtype=wp.vec4i, device=d)
+        self._big_box = wp.empty(batch * triangles, dtype=wp.vec4i, device=d)
+        self._whole = wp.array(np.tile(np.int32([0, triangles]), (batch, 1)), dtype=wp.vec2i, device=d)
+        self._ranges, self._host_ranges = wp.empty(batch, dtype=wp.vec2i, device=d), None
+        self._tile = wp.vec2i(viewport_tile(w), viewport_tile(h))
+        f = np.float32  # NDC of pixel centre x is xs * x + xo, rounded to float32 as nvdiffrast
+        self._grid = (float(f(2.0) / f(w)), float(f(1.0) / f(w) - f(1.0)), float(f(2.0) / f(h)),
+                      float(f(1.0) / f(h) - f(1.0)))
+        self._zero = None  # a zero dL/drast, for a backward given only dL/drast_db (made then)
+
+    def forward(self, pos, tri, ranges=None, out=None, check: bool | None = None) -> tuple[wp.array, wp.array]:
+        """``(rast, rast_db)`` of ``pos`` and ``tri``, written into ``out`` if given.
+        ``check``: read the triangle check before returning (None: on the CPU, where it
+        costs no wait; else at the next forward, or :meth:`check`)."""
+        pos_v, instanced = positions(pos, self.device)
+        tri = triangles(tri, self.device)
+        table, batch, count = _batch(pos, ranges, tri.shape[0])
+        if (batch, tri.shape[0]) != (self.batch, self.num_triangles):
+            raise ValueError(f"Rasterizer: made for {self.batch} images of {self.num_triangles} triangles, got "
+                             f"{batch} of {tri.shape[0]}; use another Rasterizer")
+        shape, out = (batch, self.height, self.width, 4), (None, None) if out is None else out
+        rast = output(out[0], "out[0] (rast)", shape, self.device)
+        rast_db = output(out[1], "out[1] (rast_db)", shape, self.device)
+        check = self._check_triangles(tri, pos_v.shape[1], "pos", check)
+        if table is not None and (self._host_ranges is None or not np.array_equal(table, self._host_ranges)):
+            wp.copy(self._ranges, wp.array(table, dtype=wp.vec2i, device="cpu"))
+            self._host_ranges = table
+        ranges = self._whole if table is None else self._ranges
+        if not self._cleared:  # an earlier forward stopped before its resolve
+            self._keys.fill_(EMPTY_KEY)
+            self._big_count.zero_()
+        h, w, launches = self.height, self.width, self._launches
+        self._cleared = False
+        if count > 0:
+            # triangles with big pixel boxes are queued and tested per pixel (no host readback)
+            launches.launch(raster_depth, (batch, count), [pos_v, tri, ranges, instanced, w, h, self._tile, self._keys,
+                                                           self._big, self._big_box, self._big_count])
+            launches.launch(raster_big, (batch, h, w), [pos_v, tri, instanced, w, h, self._tile, self._big,
+                                                        self._big_box, self._big_count, self._keys])
+        launches.launch(raster_resolve, (batch, h, w), [self._keys, pos_v, tri, instanced, *self._grid,
+                                                        View(rast, wp.vec4, shape[:3]),
+                                                        View(rast_db, wp.vec4, shape[:3]), self._big_count])
+        self._cleared = True
+        if check:
+            self.check(previous=False)
+        return rast, rast_db
+
+    def backward(self, pos, tri, rast, grad_rast, grad_rast_db=None, grad_pos=None) -> wp.array:
+        """dL/dpos added into ``grad_pos`` (a new zeroed array if None), which it returns."""
+        pos_v, instanced = positions(pos, self.device)
+        tri = triangles(tri, self.device)
+        b, h, w = self.batch, self.height, self.width
+        shape = exact(rast, "rast", (b, h, w, 4), self.device).shape
+        g = given(grad_rast, "grad_rast", shape, self.device)
+        gdb = given(grad_rast_db, "grad_rast_db", shape, self.device)
+        grad_pos = output(grad_pos, "grad_pos", pos.shape, self.device, zero=True)
+        if g is None and gdb is None:
+            return grad_pos
+        if g is None:
+            if self._zero is None:
+                self._zero = wp.zeros(shape, dtype=wp.float32, device=self.device)
+            g = self._zero
+        self._launches.launch(
+            make_raster_bwd(self.mode), tiled_dim(b, h, w),
+            [self._flat(rast, wp.vec4), self._flat(g, wp.vec4), self._flat(gdb, wp.vec4), pos_v, tri, instanced, w, h,
+             *self._grid, self.threshold, self._flat(grad_pos, wp.vec4)], block_dim=BLOCK)
+        return grad_pos
 
 
 def rasterize(
@@ -51,7 +131,7 @@ def rasterize(
     grad_db: bool = True,
     reduce: str = "arc",
     threshold: int | None = None,
-    workspace=None,  # arc_warp.Workspace: scratch buffers and launches kept across calls
+    workspace=None,  # arc_warp.Workspace: its Rasterizer of this size is reused
     out: tuple[wp.array, wp.array] | None = None,  # (rast, rast_db) [B, H, W, 4] float32 to write
 ) -> tuple[wp.array, wp.array]:
     """Rasterises triangles with nvdiffrast 0.4 semantics.
@@ -69,16 +149,18 @@ def rasterize(
     triangle. It is a 64-bit (depth | id) atomic min, so ``rast`` has the same bits on
     every run. u, v and z/w are then computed from the unsnapped positions (u, v stay
     relative to the original triangle, also where it was clipped). Triangles with zero
-    area after snapping, all w <= 0, any vertex index outside [0, V), or any
-    non-finite coordinate are not drawn and get no gradient.
+    area after snapping, all w <= 0, or any non-finite coordinate are not drawn and get
+    no gradient. A vertex index outside [0, V) raises ValueError (found on the device:
+    on CUDA the call waits for it).
 
     Args:
         grad_db: propagate gradients of ``rast_db`` into ``pos`` (tape and
             :func:`rasterize_backward`).
         reduce: accumulation mode of the backward (``atomic``/``warp``/``serial``/``arc``/``floor``).
         threshold: ARC threshold override (default: the workspace's, else calibrated per GPU).
-        workspace: keeps the depth keys and the big-triangle queue, and the prepared
-            launches, across calls (the backward of the tape uses it too).
+        workspace: its :class:`Rasterizer` of this size (made on first use) keeps the
+            depth keys, the big-triangle queue and the prepared launches across calls;
+            None makes one for this call.
         out: arrays to write ``rast`` and ``rast_db`` into instead of new ones.
 
     Returns:
@@ -87,63 +169,14 @@ def rasterize(
         triangle ids index the whole ``tri``. Recorded on an active ``wp.Tape`` when
         ``pos.requires_grad``.
     """
-    given = (None, None) if out is None else out
-    plan, reused = prepared(workspace, "rasterize", (pos, tri), pair(given),
-                            (resolution, ranges, reduce, threshold),
-                            lambda plan: _plan_forward(plan, pos, tri, resolution, ranges, reduce, threshold, given))
-    plan.run()
-    rast, rast_db = given if reused else plan.result
-    mode, ws = plan.mode, workspace  # as checked by the build
-
-    def backward():
-        rasterize_backward(pos, tri, rast, rast.grad, rast_db.grad if grad_db else None,
-                           ranges=ranges, grad_pos=pos.grad, reduce=mode, threshold=threshold, workspace=ws)
-
-    record([pos], [rast, rast_db], backward)
+    pos = array(pos, "pos", (2, 3), 4)
+    num_tri = array(tri, "tri", 2, 3, pos.device, wp.int32).shape[0]
+    op = Rasterizer.of(workspace, pos.device, check_resolution(resolution), _batch(pos, ranges, num_tri)[1], num_tri,
+                       reduce=reduce, threshold=threshold)
+    rast, rast_db = op.forward(pos, tri, ranges, out, check=True)
+    record([pos], [rast, rast_db],
+           lambda: op.backward(pos, tri, rast, rast.grad, rast_db.grad if grad_db else None, pos.grad))
     return rast, rast_db
-
-
-def _plan_forward(plan: Plan, pos, tri, resolution, ranges, reduce, threshold, out) -> None:
-    """Checks a rasterize call and queues its work; ``plan.result`` = (rast, rast_db),
-    ``plan.mode`` the backward's accumulation mode."""
-    geom = geometry(pos, tri, ranges, plan.workspace)
-    ws = geom.workspace
-    height, width = check_resolution(resolution)
-    plan.mode, _ = reduce_settings(reduce, threshold, pos.device, ws)
-    shape = (geom.batch, height, width, 4)
-    rast = output(out[0], "out[0] (rast)", shape, pos.device)
-    rast_db = output(out[1], "out[1] (rast_db)", shape, pos.device)
-    device = geom.pos.device
-    b = geom.batch
-    keys = scratch(ws, "mesh_raster_keys", (b, height, width), wp.int64, device)
-    big_count = scratch(ws, "mesh_raster_big_count", 1, wp.int32, device)
-    plan.step(functools.partial(_clear, keys, big_count))
-    xs, xo, ys, yo = _pixel_grid(height, width)
-    if geom.max_count > 0:
-        # triangles with big pixel boxes are queued and tested per pixel (no host readback)
-        big = scratch(ws, "mesh_raster_big", b * geom.max_count, wp.vec4i, device)
-        big_box = scratch(ws, "mesh_raster_big_box", b * geom.max_count, wp.vec4i, device)
-        tile = wp.vec2i(viewport_tile(width), viewport_tile(height))
-        plan.launch(raster_depth, (b, geom.max_count), [geom.pos, geom.tri, geom.ranges, geom.instanced, width,
-                                                        height, tile, keys, big, big_box, big_count], device)
-        plan.launch(raster_big, (b, height, width), [geom.pos, geom.tri, geom.instanced, width, height, tile, big,
-                                                     big_box, big_count, keys], device)
-    plan.launch(raster_resolve, (b, height, width), [keys, geom.pos, geom.tri, geom.instanced, xs, xo, ys, yo,
-                                                      vec4_view(ws, rast), vec4_view(ws, rast_db), big_count], device)
-    plan.step(functools.partial(setattr, keys, "mesh_cleared", big_count))
-    plan.result = rast, rast_db
-
-
-def _clear(keys: wp.array, big_count: wp.array) -> None:
-    """Leaves the (B, H, W) int64 depth keys all EMPTY_KEY and the (1,) int32 big-triangle
-    count 0. raster_resolve leaves them so, so a workspace's pair is filled only when new
-    (or when the last call did not reach the resolve); the mark is the keys'
-    ``mesh_cleared`` attribute, naming the count it was cleared with, set again once the
-    resolve is queued."""
-    if getattr(keys, "mesh_cleared", None) is not big_count:
-        keys.fill_(EMPTY_KEY)
-        big_count.zero_()
-    keys.mesh_cleared = None
 
 
 def rasterize_backward(
@@ -169,32 +202,9 @@ def rasterize_backward(
     with the ``reduce`` accumulator. Returns ``grad_pos`` (new if None), shaped like pos:
     x, y, w components; z gets none.
     """
-    plan, reused = prepared(workspace, "rasterize_backward", (pos, tri, rast, grad_rast, grad_rast_db), (grad_pos,),
-                            (ranges, reduce, threshold),
-                            lambda plan: _plan_backward(plan, pos, tri, rast, grad_rast, grad_rast_db, ranges,
-                                                        grad_pos, reduce, threshold))
-    plan.run()
-    return grad_pos if reused else plan.result
-
-
-def _plan_backward(plan: Plan, pos, tri, rast, grad_rast, grad_rast_db, ranges, grad_pos, reduce, threshold) -> None:
-    """Checks a rasterize_backward call and queues its work; ``plan.result`` = grad_pos."""
-    geom = geometry(pos, tri, ranges, plan.workspace)
-    ws = geom.workspace
-    device = pos.device
-    rast = float_array(rast, "rast", (4,), 4, device)
-    b, height, width = geom.batch, rast.shape[1], rast.shape[2]
-    shape = (b, height, width, 4)
-    check_shape(rast, "rast", shape)
-    plan.result = grad_pos = grad_or_new(grad_pos, "grad_pos", pos)
-    if grad_rast is None and grad_rast_db is None:
-        return
-    mode, t = reduce_settings(reduce, threshold, device, ws)
-    g = cotangent(grad_rast, "grad_rast", shape, device)
-    g = g if g is not None else zeros_once(ws, "mesh_zero_grad_rast", shape, wp.float32, device)
-    gdb = cotangent(grad_rast_db, "grad_rast_db", shape, device)
-    gdb_flat = vec4_view(ws, gdb, True) if gdb is not None else absent(ws, wp.vec4, device)
-    xs, xo, ys, yo = _pixel_grid(height, width)
-    plan.launch(make_raster_bwd(mode), tiled_dim(b, height, width),
-                [vec4_view(ws, rast, True), vec4_view(ws, g, True), gdb_flat, geom.pos, geom.tri, geom.instanced,
-                 width, height, xs, xo, ys, yo, t, vec4_view(ws, grad_pos, True)], device, block_dim=BLOCK)
+    pos = array(pos, "pos", (2, 3), 4)
+    num_tri = array(tri, "tri", 2, 3, pos.device, wp.int32).shape[0]
+    rast = array(rast, "rast", 4, 4, pos.device)
+    op = Rasterizer.of(workspace, pos.device, tuple(rast.shape[1:3]), _batch(pos, ranges, num_tri)[1], num_tri,
+                       reduce=reduce, threshold=threshold)
+    return op.backward(pos, tri, rast, grad_rast, grad_rast_db, grad_pos)

@@ -15,9 +15,9 @@ class Workspace:
 
     It holds one :class:`GaussianRenderer` per image size, camera count, SH coefficient
     count and settings (:meth:`renderer`; a new Gaussian count resizes it), so renders of
-    one size reuse their scratch and prepared launches, and resolves the ARC thresholds
-    once, here, so no step calibrates lazily. Use a workspace from one thread (and one
-    stream) at a time.
+    one size reuse their scratch and prepared launches, one mesh op object per op, sizes
+    and options (:meth:`mesh_op`), and resolves the ARC thresholds once, here, so no step
+    calibrates lazily. Use a workspace from one thread (and one stream) at a time.
 
     Args:
         device: Warp device (default: the current one).
@@ -35,6 +35,8 @@ class Workspace:
         self.allocator = allocator
         # (width, height, cameras, sh_coeffs, settings) -> GaussianRenderer
         self.renderers: dict[tuple, GaussianRenderer] = {}
+        # (op class, sizes..., options...) -> arc_warp.mesh op object (Rasterizer, ...)
+        self.mesh_ops: dict[tuple, object] = {}
 
     def renderer(self, width: int, height: int, gaussians: int, cameras: int, sh_coeffs: int,
                  settings: RenderSettings) -> GaussianRenderer:
@@ -49,3 +51,11 @@ class Workspace:
         elif renderer.num_gaussians != gaussians:
             renderer.resize(gaussians)
         return renderer
+
+    def mesh_op(self, key: tuple, make):
+        """The mesh op object of ``key`` (its class, sizes and options), made by ``make()``
+        on first use (``arc_warp.mesh``'s ``Rasterizer.of`` and the like build the key)."""
+        op = self.mesh_ops.get(key)
+        if op is None:
+            op = self.mesh_ops[key] = make()
+        return op
