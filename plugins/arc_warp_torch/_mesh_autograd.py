@@ -15,7 +15,7 @@ import torch
 import warp as wp
 
 import arc_warp.mesh as core
-from arc_warp_torch._autograd import default_context
+from arc_warp_torch._autograd import default_context, view
 
 
 def to_warp(t: torch.Tensor | None):
@@ -37,9 +37,17 @@ def to_warp(t: torch.Tensor | None):
 
 
 def _view(context, t: torch.Tensor | None, dtype=wp.float32):
-    """Cached non-owning Warp view, of the same shape, of a contiguous float32 (or, with
-    ``dtype=wp.int32``, int32) tensor (``RenderContext.view``), or None."""
-    return None if t is None else context.view(t, dtype)
+    """Non-owning Warp view, of the same shape, of a contiguous float32 (or, with
+    ``dtype=wp.int32``, int32) tensor, or None (``context``: the caller's, unused)."""
+    return None if t is None else view(t, dtype, tuple(t.shape))
+
+
+def _workspace(context):
+    """The ``workspace=`` of the core mesh ops: None for now, so each call plans afresh.
+    The mesh plans (``arc_warp/_src/mesh/plan.py``) still read the old workspace's replay
+    state, which the renderer-based ``Workspace`` no longer has; ``context.workspace`` goes
+    back here once they are ported."""
+    return None
 
 
 def _dense(g: torch.Tensor | None) -> torch.Tensor | None:
@@ -84,7 +92,7 @@ class Rasterize(torch.autograd.Function):
         rast, rast_db = (pos.new_empty((batch, h, w, 4)) for _ in range(2))
         with context.stream():
             core.rasterize(_view(context, pos), _view(context, tri, wp.int32), resolution, ranges=ranges,
-                           grad_db=grad_db, reduce=reduce, workspace=context.workspace,
+                           grad_db=grad_db, reduce=reduce, workspace=_workspace(context),
                            out=(_view(context, rast), _view(context, rast_db)))
         ctx.save_for_backward(pos, tri, rast)
         ctx.settings = ranges, grad_db, reduce
@@ -104,7 +112,7 @@ class Rasterize(torch.autograd.Function):
         with context.stream():
             core.rasterize_backward(_view(context, pos), _view(context, tri, wp.int32), _view(context, rast),
                                     _view(context, g_rast), _view(context, g_db), ranges=ranges,
-                                    grad_pos=_view(context, grad), reduce=reduce, workspace=context.workspace)
+                                    grad_pos=_view(context, grad), reduce=reduce, workspace=_workspace(context))
         return grad, None, None, None, None, None
 
 
@@ -118,7 +126,7 @@ class Interpolate(torch.autograd.Function):
         out_da = attr.new_empty((*rast.shape[:3], 2 * num_d))
         with context.stream():
             core.interpolate(_view(context, attr), _view(context, rast), _view(context, tri, wp.int32),
-                             _view(context, rast_db), diff_attrs, reduce=reduce, workspace=context.workspace,
+                             _view(context, rast_db), diff_attrs, reduce=reduce, workspace=_workspace(context),
                              out=(_view(context, out), _view(context, out_da)))
         ctx.save_for_backward(attr, rast, tri, rast_db)
         ctx.settings = diff_attrs, reduce
@@ -137,7 +145,7 @@ class Interpolate(torch.autograd.Function):
             core.interpolate_backward(
                 _view(context, attr), _view(context, rast), _view(context, tri, wp.int32),
                 _view(context, g_out), _view(context, rast_db), _view(context, g_da), diff_attrs,
-                *(_view(context, g) for g in grads), reduce=reduce, workspace=context.workspace, attr_grad=attr_grad)
+                *(_view(context, g) for g in grads), reduce=reduce, workspace=_workspace(context), attr_grad=attr_grad)
         return grads[0], grads[1], None, grads[2], None, None
 
 
@@ -152,9 +160,9 @@ class Texture(torch.autograd.Function):
             if mip is None and "mipmap" in core.resolve_filter_mode(filter_mode, uv_da is not None, bias is not None):
                 ctx.mip_data = tex.new_empty(core.mip_shape(tex.shape, max_mip_level))
                 mip = core.build_mip(w[0], max_mip_level, out=_view(context, ctx.mip_data),
-                                     workspace=context.workspace)
+                                     workspace=_workspace(context))
             core.texture(*w, mip=mip, filter_mode=filter_mode, boundary_mode=boundary_mode,
-                         max_mip_level=max_mip_level, reduce=reduce, workspace=context.workspace,
+                         max_mip_level=max_mip_level, reduce=reduce, workspace=_workspace(context),
                          out=_view(context, out))
         ctx.save_for_backward(tex, uv, uv_da, bias)
         ctx.settings = mip, filter_mode, boundary_mode, max_mip_level, reduce
@@ -172,7 +180,7 @@ class Texture(torch.autograd.Function):
             core.texture_backward(_view(context, tex), _view(context, uv), _view(context, g_out),
                                   _view(context, uv_da), _view(context, bias), mip, filter_mode, boundary_mode,
                                   max_mip_level, *(_view(context, g) for g in grads), reduce=reduce,
-                                  workspace=context.workspace, tex_grad=tex_grad)
+                                  workspace=_workspace(context), tex_grad=tex_grad)
         return (*grads, None, None, None, None, None)
 
 
@@ -186,7 +194,7 @@ class Antialias(torch.autograd.Function):
                 topology_hash = core.antialias_construct_topology_hash(to_warp(tri))
             core.antialias(_view(context, color), _view(context, rast), _view(context, pos),
                            _view(context, tri, wp.int32), topology_hash, pos_gradient_boost, reduce=reduce,
-                           workspace=context.workspace, out=_view(context, out))
+                           workspace=_workspace(context), out=_view(context, out))
         ctx.save_for_backward(color, rast, pos, tri)
         ctx.settings = topology_hash, pos_gradient_boost, reduce
         return out
@@ -202,5 +210,5 @@ class Antialias(torch.autograd.Function):
             core.antialias_backward(_view(context, color), _view(context, rast), _view(context, pos),
                                     _view(context, tri, wp.int32), _view(context, g_out), topology_hash,
                                     boost, grad_color=_view(context, grad_color), grad_pos=_view(context, grad_pos),
-                                    reduce=reduce, workspace=context.workspace)
+                                    reduce=reduce, workspace=_workspace(context))
         return grad_color, None, grad_pos, None, None, None, None
