@@ -4,7 +4,10 @@ call, differentiable under ``wp.Tape`` together with the simulation (needs newto
 Per view (a camera in a world) the model's mesh-like shapes (meshes, convex meshes, boxes,
 spheres, ellipsoids, capsules) are rasterised with ``arc_warp.mesh`` and composited, as an
 opaque surface, behind the Gaussians of its ``GeoType.GAUSSIAN`` shapes
-(``arc_warp.render_gaussians(surface_colors=, surface_depths=)``).
+(``arc_warp.render_gaussians(surface_colors=, surface_depths=)``); then the shapes'
+silhouettes are antialiased over the composite, so an edge blends with the Gaussians or
+background beside it and its gradient sees the colours the loss sees (antialiasing the
+mesh image alone blends edges with black, which biased pose fits near their optimum).
 
 How the views are batched. Every vertex of every view goes through one kernel into its
 view's clip space, and the mesh ops run once over all views (range mode: view ``v``'s
@@ -12,6 +15,9 @@ triangles are ``ranges[v]`` of one triangle list), so the mesh part of W x C vie
 launch per op. The splat renderer takes one set of Gaussians for C cameras, but here the
 Gaussians of a view are placed in its camera's frame (below), so each view is one
 ``render_gaussians`` call over its own Gaussians, all of them made by one kernel launch.
+(That call reads its checks before it returns: on CUDA a wait per view. A renderer held
+across views, whose checks wait for the next call, needs the enclosing tape, which Warp
+exposes to the core only; ``benchmarks/bench_sensor.py`` measures what the waits cost.)
 
 Why the camera frame. The splat renderer's cameras carry no gradient. Here every vertex
 and Gaussian is moved into its view's camera frame by Warp kernels with generated
@@ -89,8 +95,9 @@ class SensorHybridCamera:
         near, far: depth range, m: Gaussians outside are culled, triangles clipped.
         settings: ``arc_warp.RenderSettings`` of the splat renders (its ``background`` shows
             where nothing is drawn; ``reduce`` selects the splat backward's accumulator).
-        antialias: antialias the shapes' silhouettes (``arc_warp.mesh.antialias``): without
-            it silhouettes give the poses no gradient.
+        antialias: antialias the shapes' silhouettes (``arc_warp.mesh.antialias`` over the
+            composite image, so an edge blends with the Gaussians or background beside it):
+            without it silhouettes give the poses no gradient.
         mesh_reduce: accumulator of the mesh ops' backwards.
         sphere_rings, sphere_segments: tessellation of spheres, ellipsoids and capsules.
     """
@@ -184,16 +191,23 @@ class SensorHybridCamera:
         elif grad and not color_image.requires_grad:
             color_image.requires_grad = True  # before the per-view views below share its .grad
         clip, vertex_colors, splats = self._place(lay, body_q, camera_transforms, grad)
-        surface_colors = surface_depths = None
+        composite, surface_colors, surface_depths, rast = color_image, None, None, None
         if lay.has_meshes:
-            surface_colors, surface_depths = self._surfaces(lay, clip, vertex_colors)
+            rast, surface_colors, surface_depths = self._surfaces(lay, clip, vertex_colors)
+            if self.antialias:  # the composite goes through antialias into color_image
+                composite = wp.empty_like(color_image, requires_grad=grad)
         for v in range(views):
             lo, hi = lay.gaussian_offsets[v], lay.gaussian_offsets[v + 1]
             own = [a[lo:hi] if hi > lo else wp.empty(0, dtype=a.dtype, device=self.device) for a in splats]
             surface = {} if surface_colors is None else {"surface_colors": surface_colors[v],
                                                          "surface_depths": surface_depths[v]}
             render_gaussians(*own, self.camera, self.settings, workspace=self.workspace,
-                             outputs={"color": color_image[v]}, **surface)
+                             outputs={"color": composite[v]}, **surface)
+        if composite is not color_image:
+            # the silhouettes blend with what the composite shows beside them (Gaussians or
+            # background), so their gradients see the colours the loss sees
+            dr.antialias(composite.view(wp.float32), rast, clip, lay.tri, topology_hash=lay.topology,
+                         reduce=self.mesh_reduce, out=color_image.view(wp.float32))
         return color_image
 
     def _layout(self, worlds: tuple) -> ViewLayout:
@@ -226,16 +240,15 @@ class SensorHybridCamera:
                                                           *t.gaussians.arrays, *common], outputs=splats, device=device)
         return clip, colors, splats
 
-    def _surfaces(self, lay: ViewLayout, clip: wp.array, colors: wp.array) -> tuple[wp.array, wp.array]:
-        """Every view's mesh image as (V, H, W) surface colours and camera depths."""
+    def _surfaces(self, lay: ViewLayout, clip: wp.array, colors: wp.array) -> tuple[wp.array, wp.array, wp.array]:
+        """Every view's rasterised shapes: ``rast`` (V, H, W, 4) and the (V, H, W) surface
+        colours (interpolated vertex colours) and camera depths."""
         reduce = self.mesh_reduce
         rast, _ = dr.rasterize(clip, lay.tri, (self.height, self.width), ranges=lay.ranges, grad_db=False,
                                reduce=reduce)
         image, _ = dr.interpolate(colors, rast, lay.tri, reduce=reduce)
-        if self.antialias:
-            image = dr.antialias(image, rast, clip, lay.tri, topology_hash=lay.topology, reduce=reduce)
         # the projection maps the camera's y (down) to NDC y: row 0 is the picture's top
-        return surface_from_mesh(image, rast, clip, lay.tri, flip_y=False)
+        return (rast, *surface_from_mesh(image, rast, clip, lay.tri, flip_y=False))
 
     def _check(self, state, camera_transforms, color_image, world_indices) -> tuple[wp.array, int, tuple]:
         """(body_q, view count, worlds per view) of a valid call; TypeError / ValueError else."""
