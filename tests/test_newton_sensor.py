@@ -10,7 +10,11 @@ bodies, camera transforms, shape scale and Gaussian parameters against central
 differences; bad input; and the example's 5 % bar.
 """
 
+import json
 import math
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -46,7 +50,7 @@ def _unit(q):
     return q / np.linalg.norm(q, axis=-1, keepdims=True)
 
 
-def build_model(rng, worlds=2, requires_grad=True):
+def build_model(rng, worlds=2, requires_grad=True, device="cpu"):
     """Worlds that differ: world k has a body with a cube mesh and a capsule, a Gaussian
     asset on the body and a static one of its own size; odd worlds add a box and an
     ellipsoid; a global sphere sits in every world."""
@@ -69,7 +73,7 @@ def build_model(rng, worlds=2, requires_grad=True):
                                       rx=0.15, ry=0.1, rz=0.2)
         builder.add_world(world)
     builder.add_shape_sphere(-1, xform=wp.transform(wp.vec3(0.5, 0.6, 0.4), wp.quat_identity()), radius=0.15)
-    return builder.finalize(device="cpu", requires_grad=requires_grad)
+    return builder.finalize(device=device, requires_grad=requires_grad)
 
 
 def posed_state(model, rng):
@@ -381,6 +385,19 @@ def test_example_command_line(capsys):
     assert "step   1 loss" in out and "final pose error:" in out
 
 
+def test_benchmark_script_runs(tmp_path):
+    # benchmarks/bench_sensor.py is for the GPU; --smoke checks the script on the CPU
+    script = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "bench_sensor.py"
+    out = tmp_path / "bench.json"
+    proc = subprocess.run([sys.executable, str(script), "--smoke", "--json", str(out)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert set(result["ms"]) == {f"{a}_{b}" for a in ("batched", "separate", "composite", "plain")
+                                 for b in ("fwd", "fwd_bwd")}
+    assert all(v > 0 for v in result["ms"].values()) and "separate / batched (fwd)" in proc.stdout
+
+
 def test_bad_input_raises_before_launching(rng):
     model = build_model(rng, worlds=2)
     sensor = sensor_of(model)
@@ -428,8 +445,24 @@ def test_bad_input_raises_before_launching(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not wp.is_cuda_available(), reason="needs a CUDA device")
-def test_inputs_on_another_device_raise(rng):
-    model = build_model(rng, worlds=1)
-    sensor = sensor_of(model)
-    with pytest.raises(ValueError, match="camera_transforms is on cuda:0, expected cpu"):
-        sensor.update(model.state(), wp.array(camera_transforms([0]).numpy(), dtype=wp.transform, device="cuda:0"))
+def test_cuda_matches_cpu_and_checks_devices(rng):
+    cot = rng.normal(size=(3, H, W, 3)).astype(np.float32)
+    results = []
+    for device in ("cpu", "cuda:0"):
+        model = build_model(np.random.default_rng(7), worlds=2, device=device)
+        state = model.state(requires_grad=True)
+        sensor = sensor_of(model)
+        cams = wp.array(camera_transforms([0, 1, 2]).numpy(), dtype=wp.transform, device=device, requires_grad=True)
+        tape = wp.Tape()
+        with tape:
+            image = sensor.update(state, cams, world_indices=[0, 1, 1])
+        tape.backward(grads={image: wp.array(cot, dtype=wp.vec3, device=device)})
+        results.append((image.numpy(), cams.grad.numpy(), state.body_q.grad.numpy()))
+    (ci, cc, cb), (gi, gc, gb) = results
+    # float32 on two devices (fused multiply-adds, atomics in another order): a pixel
+    # centre near an edge may change hands
+    assert (np.abs(ci - gi).max(-1) > 1e-3).mean() < 0.01
+    np.testing.assert_allclose(gc, cc, rtol=2e-2, atol=2e-2 * np.abs(cc).max())
+    np.testing.assert_allclose(gb, cb, rtol=2e-2, atol=2e-2 * np.abs(cb).max())
+    with pytest.raises(ValueError, match="camera_transforms is on cpu, expected cuda:0"):
+        sensor.update(model.state(), camera_transforms([0]))

@@ -49,8 +49,9 @@ def model_mesh_shapes(model, colors=None, *, primitives: bool = True, sphere_rin
     spheres and ellipsoids UV spheres of ``sphere_rings`` x ``sphere_segments``, capsules
     two hemispheres and a cylinder (:func:`shape_template`). Every shape's
     ``model.shape_transform`` is applied, so the points are in its body's frame
-    (world frame for static shapes, body -1). Planes are skipped (infinite); other
-    shape types raise ValueError unless ``skip_unsupported``. Without ``primitives`` only
+    (world frame for static shapes, body -1). Planes (infinite) and Gaussian shapes (no
+    triangles: :class:`SensorHybridCamera` draws them) are skipped; other shape types raise
+    ValueError unless ``skip_unsupported``. Without ``primitives`` only
     the mesh shapes are drawn.
 
     ``colors``: None (each shape's ``model.shape_color``), an RGB triple for all shapes,
@@ -73,7 +74,7 @@ def model_mesh_shapes(model, colors=None, *, primitives: bool = True, sphere_rin
     parts = []
     for s, t in enumerate(types):
         t = int(t)
-        if t == int(newton.GeoType.PLANE) or (t in PRIMITIVE_TYPES and not primitives):
+        if t in (int(newton.GeoType.PLANE), int(newton.GeoType.GAUSSIAN)) or (t in PRIMITIVE_TYPES and not primitives):
             continue
         template = shape_template(t, model.shape_source[s], sphere_rings, sphere_segments)
         if template is None:

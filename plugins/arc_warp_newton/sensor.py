@@ -16,8 +16,9 @@ launch per op. The splat renderer takes one set of Gaussians for C cameras, but 
 Gaussians of a view are placed in its camera's frame (below), so each view is one
 ``render_gaussians`` call over its own Gaussians, all of them made by one kernel launch.
 (That call reads its checks before it returns: on CUDA a wait per view. A renderer held
-across views, whose checks wait for the next call, needs the enclosing tape, which Warp
-exposes to the core only; ``benchmarks/bench_sensor.py`` measures what the waits cost.)
+per view, whose checks wait for the next call, would need the enclosing tape to record its
+backward on, which Warp has no public getter for; ``benchmarks/bench_sensor.py`` measures
+what the waits cost.)
 
 Why the camera frame. The splat renderer's cameras carry no gradient. Here every vertex
 and Gaussian is moved into its view's camera frame by Warp kernels with generated
