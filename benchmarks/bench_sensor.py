@@ -135,7 +135,8 @@ def composite_cases(model, sensor, state, camera_transform) -> dict:
     c = sensor.camera
     camera = Camera(c.fx, c.fy, c.cx, c.cy, c.width, c.height, flip @ np.linalg.inv(world_from_camera), c.near, c.far)
     g = sensor.gaussians
-    start, count = sensor.gaussian_rows(int(np.flatnonzero(model.shape_type.numpy() == int(newton.GeoType.GAUSSIAN))[0]))
+    gaussian_shape = int(np.flatnonzero(model.shape_type.numpy() == int(newton.GeoType.GAUSSIAN))[0])
+    start, count = sensor.gaussian_rows(gaussian_shape)
     quats = g.rotations.numpy()[start:start + count][:, [3, 0, 1, 2]]
     rgb = np.maximum(0.28209479177387814 * g.sh_dc.numpy()[start:start + count] + 0.5, 0.0)
     inputs = [wp.array(a, dtype=dt, device=device, requires_grad=True)

@@ -122,7 +122,7 @@ def _quat(r):
     """xyzw of a rotation matrix (float64)."""
     w = math.sqrt(max(0.0, 1.0 + np.trace(r))) / 2.0
     if w > 1e-3:
-        return np.array([(r[2, 1] - r[1, 2]) / (4 * w), (r[0, 2] - r[2, 0]) / (4 * w), (r[1, 0] - r[0, 1]) / (4 * w), w])
+        return np.array([r[2, 1] - r[1, 2], r[0, 2] - r[2, 0], r[1, 0] - r[0, 1], 4 * w * w]) / (4 * w)
     i = int(np.argmax(np.diag(r)))
     j, k = (i + 1) % 3, (i + 2) % 3
     s = math.sqrt(1.0 + r[i, i] - r[j, j] - r[k, k]) * 2.0
@@ -237,7 +237,7 @@ def test_batch_equals_single_views(rng):
     cam_ids = [c for _ in range(3) for c in range(2)]
     cot = rng.normal(size=(len(worlds), H, W, 3)).astype(np.float32)
     cams = camera_transforms(cam_ids, requires_grad=True)
-    batch, tape = _loss_grads(sensor, state, cams, worlds, cot)
+    batch, tape = _loss_grads(sensor, state, cams, wp.array(worlds, dtype=wp.int32, device="cpu"), cot)
     batch_cam_grad = cams.grad.numpy().copy()
     batch_body_grad = state.body_q.grad.numpy().copy()
     batch_pos_grad = sensor.gaussians.positions.grad.numpy().copy()
