@@ -5,16 +5,20 @@ __version__ = "0.11.0"
 from .ply import GaussianPly, PlyFormatError, read_ply, write_ply
 from .arc import (MODES, Calibration, accumulator, calibrate, keyed_plan, planned_accumulator, resolve_threshold,
                   scatter_add, warp_plan, warp_reducer)
+from .arc import ADJOINT_MODES, AdjointSite, adjoint_sites, arc_adjoint
 from ._src.png import write_png
-from .splat import (Camera, DeviceCameras, GaussianGrads, GaussianRenderer, Gaussians, ImageGrads, RenderImages,
-                    RenderOutput, RenderSettings, RenderState, RenderStatus, Workspace, check_gaussians,
+from .splat import (Camera, DeviceCameras, Distortion, GaussianGrads, GaussianRenderer, Gaussians, ImageGrads,
+                    RenderImages, RenderOutput, RenderSettings, RenderState, RenderStatus, Workspace, check_gaussians,
                     render_gaussians, render_gaussians_backward)
 
 __all__ = [
+    "ADJOINT_MODES",
+    "AdjointSite",
     "MODES",
     "Calibration",
     "Camera",
     "DeviceCameras",
+    "Distortion",
     "GaussianGrads",
     "GaussianRenderer",
     "Gaussians",
@@ -27,6 +31,8 @@ __all__ = [
     "RenderState",
     "RenderStatus",
     "accumulator",
+    "adjoint_sites",
+    "arc_adjoint",
     "calibrate",
     "check_gaussians",
     "keyed_plan",

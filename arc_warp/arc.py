@@ -39,16 +39,31 @@ representative target (:func:`keyed_plan`), and passes the plan to each add::
 
 with ``threshold = arc_warp.resolve_threshold(device, keyed=True)``: keyed plans have a
 calibrated T of their own (see :mod:`arc_warp._src.arc.calibrate`).
+
+An ordinary differentiable kernel gets ARC in its ``wp.Tape`` backward, its source
+unchanged, through :func:`arc_adjoint` (reads of float32 array arguments accumulate their
+gradients with ARC; statement ``wp.atomic_add`` adds with ARC in the forward)::
+
+    p2g_arc = arc_warp.arc_adjoint(p2g, mode="arc")   # p2g: an ordinary @wp.kernel
+    with wp.Tape() as tape:
+        wp.launch(p2g_arc, dim=n, inputs=[...])
+
+:func:`adjoint_sites` lists what was rewritten and what was left to Warp.
 """
 
+from ._src.arc.autodiff import ADJOINT_MODES, AdjointSite, adjoint_sites, arc_adjoint
 from ._src.arc.calibrate import Calibration, calibrate, resolve_threshold
 from ._src.arc.reduce_funcs import MODES, accumulator, keyed_plan, planned_accumulator, warp_plan, warp_reducer
 from ._src.arc.scatter_ops import scatter_add
 
 __all__ = [
+    "ADJOINT_MODES",
+    "AdjointSite",
     "MODES",
     "Calibration",
     "accumulator",
+    "adjoint_sites",
+    "arc_adjoint",
     "calibrate",
     "keyed_plan",
     "planned_accumulator",

@@ -5,7 +5,7 @@ recorded on ``wp.Tape``), and :class:`GaussianRenderer`, the object they run on,
 callers that hold their buffers and want renders that never wait for the device.
 """
 
-from ._src.camera import Camera, DeviceCameras
+from ._src.camera import Camera, DeviceCameras, Distortion
 from ._src.splat.records import (GaussianGrads, Gaussians, ImageGrads, RenderImages, RenderOutput, RenderSettings,
                                Surface)
 from ._src.splat.render import render_gaussians, render_gaussians_backward
@@ -17,6 +17,7 @@ from ._src.splat.validate import check_gaussians
 from ._src.splat.validate_kernels import BAD_SLOTS, FLAG_SLOTS, OVERFLOW_SLOT
 from ._src.splat.workspace import Workspace
 
-__all__ = ["BAD_SLOTS", "FLAG_SLOTS", "OVERFLOW_SLOT", "SH_C0", "Camera", "DeviceCameras", "GaussianGrads", "GaussianRenderer", "Gaussians", "ImageGrads",
-           "RenderImages", "RenderOutput", "RenderSettings", "RenderState", "RenderStatus", "Surface", "Workspace",
-           "check_gaussians", "render_gaussians", "render_gaussians_backward", "surface_from_mesh"]
+__all__ = ["BAD_SLOTS", "FLAG_SLOTS", "OVERFLOW_SLOT", "SH_C0", "Camera", "DeviceCameras", "Distortion", "GaussianGrads",
+           "GaussianRenderer", "Gaussians", "ImageGrads", "RenderImages", "RenderOutput", "RenderSettings", "RenderState",
+           "RenderStatus", "Surface", "Workspace", "check_gaussians", "render_gaussians", "render_gaussians_backward",
+           "surface_from_mesh"]

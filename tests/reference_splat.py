@@ -105,8 +105,11 @@ def covariance_3d(quats: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return m @ m.transpose(-1, -2)
 
 
-def project(means, quats, scales, opacities, cam: RefCamera, eps2d=0.3) -> RefProjection:
-    """EWA projection and culling of N Gaussians (float tensors, normally float64) into `cam`."""
+def project(means, quats, scales, opacities, cam: RefCamera, eps2d=0.3, camera_fn=None) -> RefProjection:
+    """EWA projection and culling of N Gaussians (float tensors, normally float64) into `cam`.
+
+    `camera_fn`, if given, replaces the pinhole: camera-space means (N, 3) -> (means2d (N, 2),
+    Jacobian (N, 2, 3), in_domain (N,) bool, False culls), as reference_cameras' models."""
     view = torch.as_tensor(cam.world_to_camera, dtype=means.dtype)
     rot, trans = view[:3, :3], view[:3, 3]
     t = means @ rot.T + trans
@@ -118,20 +121,26 @@ def project(means, quats, scales, opacities, cam: RefCamera, eps2d=0.3) -> RefPr
     lim_y = (cam.cy / cam.fy + FOV_MARGIN * 0.5 * cam.height / cam.fy,
              (cam.height - cam.cy) / cam.fy + FOV_MARGIN * 0.5 * cam.height / cam.fy)
     rx, ry = tx / tz, ty / tz
-    rx_c = torch.clamp(rx, -lim_x[0], lim_x[1])
-    ry_c = torch.clamp(ry, -lim_y[0], lim_y[1])
-    zero = torch.zeros_like(tz)
-    jac = torch.stack([
-        torch.stack([cam.fx / tz, zero, -cam.fx * rx_c / tz], dim=-1),
-        torch.stack([zero, cam.fy / tz, -cam.fy * ry_c / tz], dim=-1),
-    ], dim=-2)
+    if camera_fn is None:
+        rx_c = torch.clamp(rx, -lim_x[0], lim_x[1])
+        ry_c = torch.clamp(ry, -lim_y[0], lim_y[1])
+        zero = torch.zeros_like(tz)
+        jac = torch.stack([
+            torch.stack([cam.fx / tz, zero, -cam.fx * rx_c / tz], dim=-1),
+            torch.stack([zero, cam.fy / tz, -cam.fy * ry_c / tz], dim=-1),
+        ], dim=-2)
+        means2d = torch.stack([cam.fx * rx + cam.cx, cam.fy * ry + cam.cy], dim=-1)
+        in_domain = torch.ones_like(tz, dtype=torch.bool)
+    else:
+        means2d, jac, in_domain = camera_fn(t)
+        rx, ry = torch.zeros_like(tz), torch.zeros_like(tz)  # no clamp: no fov margin to keep
+        lim_x = lim_y = (1e30, 1e30)
     cov2d = jac @ cov_cam @ jac.transpose(-1, -2) + eps2d * torch.eye(2, dtype=means.dtype)
     det = cov2d[:, 0, 0] * cov2d[:, 1, 1] - cov2d[:, 0, 1] * cov2d[:, 1, 0]
     # Guard the division for culled (det <= 0) Gaussians; they never reach compositing.
     safe_det = torch.where(det > 0, det, torch.ones_like(det))
     conics = torch.stack([cov2d[:, 1, 1] / safe_det, -cov2d[:, 0, 1] / safe_det,
                           cov2d[:, 0, 0] / safe_det], dim=-1)
-    means2d = torch.stack([cam.fx * rx + cam.cx, cam.fy * ry + cam.cy], dim=-1)
 
     with torch.no_grad():
         op = opacities.detach()
@@ -144,7 +153,7 @@ def project(means, quats, scales, opacities, cam: RefCamera, eps2d=0.3) -> RefPr
         off_image = ((m2[:, 0] + rad[:, 0] <= 0) | (m2[:, 0] - rad[:, 0] >= cam.width)
                      | (m2[:, 1] + rad[:, 1] <= 0) | (m2[:, 1] - rad[:, 1] >= cam.height))
         depth_ok = (tz.detach() >= cam.near) & (tz.detach() <= cam.far)
-        visible = depth_ok & (det.detach() > 0) & (op >= ALPHA_MIN) & ~off_image
+        visible = depth_ok & (det.detach() > 0) & (op >= ALPHA_MIN) & ~off_image & in_domain
         radii = torch.where(visible[:, None], rad, torch.zeros_like(rad)).to(torch.int64)
     return RefProjection(t, means2d, cov2d, conics, radii, visible,
                          torch.stack([rx, ry], dim=-1).detach(),
@@ -191,7 +200,7 @@ def eval_colors(means, colors, cam: RefCamera, sh_degree) -> torch.Tensor:
 
 
 def composite(proj: RefProjection, opacities, rgb, cam: RefCamera, background,
-              pixel_means2d=None, surface_colors=None, surface_depths=None) -> RefRender:
+              pixel_means2d=None, surface_colors=None, surface_depths=None, pixels=None) -> RefRender:
     """Dense front-to-back compositing over every pixel x every visible Gaussian.
 
     `pixel_means2d` (P, M, 2), if given, replaces `proj.means2d[order]` with one copy per
@@ -202,7 +211,10 @@ def composite(proj: RefProjection, opacities, rgb, cam: RefCamera, background,
     surface behind the Gaussians: a Gaussian counts at a pixel only where its camera depth
     is below the surface's (the test is per pair, independent of the order), and the
     composite is sum w_i c_i + T_final * (surface colour where its depth is finite, else
-    the background). Alpha and the depths stay the visible Gaussians' own."""
+    the background). Alpha and the depths stay the visible Gaussians' own.
+
+    `pixels` (P, 2), if given, are the points where each pixel evaluates the splats,
+    instead of its centre (reference_cameras' exact distortion reference)."""
     h, w = cam.height, cam.width
     vis_idx = torch.nonzero(proj.visible).flatten()
     depth_all = proj.means_cam[:, 2]
@@ -212,6 +224,8 @@ def composite(proj: RefProjection, opacities, rgb, cam: RefCamera, background,
     ys, xs = torch.meshgrid(torch.arange(h, dtype=dtype), torch.arange(w, dtype=dtype),
                             indexing="ij")
     px, py = xs.reshape(-1, 1) + 0.5, ys.reshape(-1, 1) + 0.5
+    if pixels is not None:
+        px, py = pixels[:, :1], pixels[:, 1:]
     m2 = proj.means2d[order][None] if pixel_means2d is None else pixel_means2d
     con = proj.conics[order]
     dx, dy = m2[..., 0] - px, m2[..., 1] - py
@@ -250,13 +264,14 @@ def composite(proj: RefProjection, opacities, rgb, cam: RefCamera, background,
 
 
 def render_reference(means, quats, scales, opacities, colors, cam: RefCamera, sh_degree=None,
-                     background=(0.0, 0.0, 0.0), eps2d=0.3, surface_colors=None,
+                     background=(0.0, 0.0, 0.0), eps2d=0.3, camera_fn=None, surface_colors=None,
                      surface_depths=None) -> RefRender:
     """Render N Gaussians (float64 torch tensors, shapes as arc_warp's inputs with vectors as
     trailing dims: means (N,3), quats (N,4) wxyz, scales (N,3) linear, opacities (N,),
     colors (N,3) RGB or (N,K,3) SH with K >= (sh_degree+1)^2), optionally over a surface
-    (`composite`'s (H, W, 3) `surface_colors` and (H, W) `surface_depths`)."""
-    proj = project(means, quats, scales, opacities, cam, eps2d)
+    (`composite`'s (H, W, 3) `surface_colors` and (H, W) `surface_depths`); `camera_fn`:
+    see `project`."""
+    proj = project(means, quats, scales, opacities, cam, eps2d, camera_fn)
     rgb = eval_colors(means, colors, cam, sh_degree)
     return composite(proj, opacities, rgb, cam, background, surface_colors=surface_colors,
                      surface_depths=surface_depths)

@@ -223,6 +223,41 @@ DATASET_ERRORS = {
 }
 
 
+def _spoil_pose(change):
+    """Spoiler of DATASET_ERRORS: frame 1's transform_matrix through `change` (4x4 array)."""
+    def spoil(root, meta):
+        frame = meta["frames"][1]
+        c2w = change(np.array(frame["transform_matrix"]))
+        _write_transforms(root, {**meta, "frames": [meta["frames"][0], {
+            **frame, "transform_matrix": c2w.tolist()}, meta["frames"][2]]})
+    return spoil
+
+
+def _columns(c2w, *pairs):
+    out = c2w.copy()
+    for dst, src, k in pairs:
+        out[:3, dst] += k * c2w[:3, src]
+    return out
+
+
+FRAME_1 = "transforms.json: frame 1 (images/frame_00001.png): "
+POSE_ERRORS = {
+    # case: (how to spoil frame 1's camera-to-world matrix, error text after FRAME_1)
+    "sheared": (lambda m: _columns(m, (1, 0, 0.2)),  # det stays 1
+                "the rotation of transform_matrix is not orthonormal"),
+    "scaled": (lambda m: np.diag([1.1, 1.1, 1.1, 1.0]) @ m,
+               "the rotation of transform_matrix is not orthonormal"),
+    "mirrored": (lambda m: m @ np.diag([-1.0, 1.0, 1.0, 1.0]),  # |det| stays 1
+                 "the rotation of transform_matrix is a mirror (det -1"),
+    "singular": (lambda m: _columns(m, (2, 2, -1.0)), "transform_matrix is singular"),
+    "last row": (lambda m: m + np.outer([0, 0, 0, 1.0], [0, 0, 0.5, 0]),
+                 "transform_matrix must end with the row (0, 0, 0, 1), got [0.  0.  0.5 1. ]"),
+}
+for _case, (_change, _text) in POSE_ERRORS.items():
+    DATASET_ERRORS[f"{_case} pose"] = (_spoil_pose(_change),
+                                       FRAME_1 + _text)
+
+
 @pytest.mark.parametrize("case", list(DATASET_ERRORS))
 def test_transforms_errors_name_file_and_frame(tmp_path, case):
     _transforms_scene(tmp_path)
@@ -232,6 +267,8 @@ def test_transforms_errors_name_file_and_frame(tmp_path, case):
     with pytest.raises(ValueError) as info:
         load_dataset(str(tmp_path))
     assert expected in str(info.value) and "\n" not in str(info.value)
+    if "pose" in case:  # and what to do
+        assert str(info.value).endswith("; fix transform_matrix or remove this view")
 
 
 def test_colmap_errors_name_the_model(tmp_path):
@@ -244,3 +281,157 @@ def test_colmap_errors_name_the_model(tmp_path):
     cams.write_text(good.replace("SIMPLE_RADIAL 48 36 40", "SIMPLE_RADIAL 48 36 0"))
     with pytest.raises(ValueError, match=r"sparse/0: camera 1 of image img_00.png has invalid"):
         load_dataset(str(tmp_path))
+
+
+# ------------------------------------------------------------------ image modes and depths
+
+
+def _png16(path, values, color_type):
+    """A 16-bit PNG written by hand (zlib), so pillow's writer plays no part: `values`
+    (H,W) or (H,W,C) integers in 0..65535; color_type 0 gray, 2 RGB, 4 gray+alpha, 6 RGBA."""
+    import struct
+    import zlib
+
+    h, w = values.shape[:2]
+    raw = b"".join(b"\x00" + values[y].astype(">u2").tobytes() for y in range(h))
+
+    def chunk(tag, data):
+        return (struct.pack(">I", len(data)) + tag + data
+                + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
+
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(
+        ">IIBBBBB", w, h, 16, color_type, 0, 0, 0)) + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b""))
+
+
+RAMP16 = (np.arange(12).reshape(3, 4) * 5957).astype(np.uint16)  # 0 .. 65527
+RAMP = RAMP16 / 65535.0
+BACKGROUND = np.array([0.25, 0.5, 0.75])
+
+
+def _gray(values):
+    return np.repeat(np.asarray(values, np.float64)[..., None], 3, axis=-1)
+
+
+def _image_case(kind, path):
+    """Write a (3,4) image of `kind` to `path` -> (file, expected (3,4,3) float64, tolerance)."""
+    if kind == "16-bit gray PNG":
+        _png16(path.with_suffix(".png"), RAMP16, 0)
+        return path.with_suffix(".png"), _gray(RAMP), 1e-6
+    if kind == "16-bit gray+alpha PNG":  # pillow reads it as 8-bit LA
+        alpha = np.full((3, 4), 65535, np.uint16)
+        alpha[0] = 0
+        _png16(path.with_suffix(".png"), np.stack([RAMP16, alpha], -1), 4)
+        expected = _gray(RAMP)
+        expected[0] = BACKGROUND
+        return path.with_suffix(".png"), expected, 1 / 255
+    if kind == "16-bit RGB PNG":  # pillow reads it as 8-bit RGB
+        rgb = np.stack([RAMP16, RAMP16[::-1], np.full((3, 4), 65535)], -1)
+        _png16(path.with_suffix(".png"), rgb, 2)
+        return path.with_suffix(".png"), rgb / 65535.0, 1 / 255
+    if kind in ("I;16 TIFF", "I;16B TIFF"):
+        mode = kind.split()[0]
+        data = RAMP16.astype(">u2" if mode.endswith("B") else "<u2").tobytes()
+        PIL_Image.frombytes(mode, (4, 3), data).save(path.with_suffix(".tif"))
+        return path.with_suffix(".tif"), _gray(RAMP), 1e-6
+    if kind == "32-bit integer TIFF":
+        PIL_Image.fromarray(RAMP16.astype(np.int32)).save(path.with_suffix(".tif"))
+        return path.with_suffix(".tif"), _gray(RAMP), 1e-6
+    if kind == "float TIFF":
+        values = np.linspace(0.0, 1.0, 12, dtype=np.float32).reshape(3, 4)
+        PIL_Image.fromarray(values, "F").save(path.with_suffix(".tif"))
+        return path.with_suffix(".tif"), _gray(values), 1e-6
+    if kind == "palette PNG with transparency":
+        im = PIL_Image.new("P", (4, 3))
+        im.putpalette([255, 0, 0, 0, 255, 0, 10, 20, 30])
+        im.putdata([0, 1, 2, 1] * 3)
+        im.save(path.with_suffix(".png"), transparency=1)
+        colours = {0: [1, 0, 0], 1: BACKGROUND, 2: np.array([10, 20, 30]) / 255}
+        return path.with_suffix(".png"), np.array(
+            [[colours[i] for i in (0, 1, 2, 1)]] * 3, np.float64), 1e-6
+    if kind == "1-bit PNG":
+        bits = (np.arange(12).reshape(3, 4) % 3 == 0)
+        PIL_Image.fromarray(bits).save(path.with_suffix(".png"))
+        return path.with_suffix(".png"), _gray(bits), 0.0
+    if kind == "RGBA PNG":
+        rgba = np.zeros((3, 4, 4), np.uint8)
+        rgba[..., 0], rgba[..., 3] = 200, [[255, 0, 51, 255]] * 3
+        PIL_Image.fromarray(rgba, "RGBA").save(path.with_suffix(".png"))
+        a = rgba[..., 3:] / 255.0
+        rgb = np.zeros((3, 4, 3))
+        rgb[..., 0] = 200 / 255
+        return path.with_suffix(".png"), rgb * a + BACKGROUND * (1 - a), 1e-6
+    if kind == "CMYK TIFF":
+        cmyk = np.zeros((3, 4, 4), np.uint8)
+        cmyk[:, :2, 0] = 255  # cyan: no red
+        PIL_Image.fromarray(cmyk, "CMYK").save(path.with_suffix(".tif"))
+        expected = np.ones((3, 4, 3))
+        expected[:, :2, 0] = 0.0
+        return path.with_suffix(".tif"), expected, 1e-6
+    raise AssertionError(kind)
+
+
+IMAGE_KINDS = ["16-bit gray PNG", "16-bit gray+alpha PNG", "16-bit RGB PNG", "I;16 TIFF",
+               "I;16B TIFF", "32-bit integer TIFF", "float TIFF",
+               "palette PNG with transparency", "1-bit PNG", "RGBA PNG", "CMYK TIFF"]
+
+
+@pytest.mark.parametrize("kind", IMAGE_KINDS)
+def test_every_image_mode_loads_as_unit_float_rgb(tmp_path, kind):
+    from arc_warp_train.datasets import load_image
+
+    path, expected, tol = _image_case(kind, tmp_path / "im")
+    with PIL_Image.open(path) as im:
+        mode = im.mode
+    image = load_image(str(path), BACKGROUND, 1)
+    assert image.dtype == np.float32 and image.shape == (3, 4, 3), mode
+    np.testing.assert_allclose(image, expected, atol=tol + 1e-7, err_msg=f"pillow mode {mode}")
+
+
+def test_sixteen_bit_image_downscaled_by_box_filter(tmp_path):
+    from arc_warp_train.datasets import load_image
+
+    values = (np.arange(16).reshape(4, 4) * 4000).astype(np.uint16)
+    _png16(tmp_path / "a.png", values, 0)
+    expected = (values / 65535.0).reshape(2, 2, 2, 2).mean(axis=(1, 3))
+    np.testing.assert_allclose(load_image(str(tmp_path / "a.png"), (0, 0, 0), 2),
+                               _gray(expected), atol=1e-6)
+
+
+@pytest.mark.parametrize("values,expected", [
+    (np.array([[0.0, 2.0]], np.float32), r"float image with values in \[0, 2\]; float images "
+     r"are read as values in \[0, 1\]: rescale it"),
+    (np.array([[0.0, np.nan]], np.float32), "float image with NaN or infinite values"),
+    (np.array([[0, 70000]], np.int32), "32-bit integer image with values in 0..70000"),
+], ids=["float above 1", "float NaN", "integer above 16 bits"])
+def test_images_out_of_range_are_refused_by_name(tmp_path, values, expected):
+    from arc_warp_train.datasets import load_image
+
+    path = tmp_path / "bad.tif"
+    PIL_Image.fromarray(values).save(path)
+    with pytest.raises(ValueError, match=rf"^{tmp_path}/bad.tif: {expected}"):
+        load_image(str(path), (0, 0, 0), 1)
+
+
+def test_float_image_within_rounding_of_the_range_is_clipped(tmp_path):
+    from arc_warp_train.datasets import load_image
+
+    path = tmp_path / "f.tif"
+    PIL_Image.fromarray(np.array([[-1e-4, 1.0 + 1e-4]], np.float32)).save(path)
+    np.testing.assert_array_equal(load_image(str(path), (0, 0, 0), 1), _gray([[0.0, 1.0]]))
+
+
+def test_downscale_larger_than_the_image_names_option_and_file(tmp_path):
+    _transforms_scene(tmp_path)
+    with pytest.raises(ValueError) as info:
+        load_dataset(str(tmp_path), downscale=64)
+    message = str(info.value)
+    assert "images/frame_0000" in message and f"--downscale 64 leaves no pixel of this " \
+        f"{W}x{H} image; use a --downscale of at most {H}" in message, message
+
+
+def test_unsupported_image_mode_names_the_file():
+    from arc_warp_train.datasets import _image_values
+
+    with pytest.raises(ValueError, match=r"^scan.tif: image mode La is not supported; save it"):
+        _image_values(PIL_Image.new("La", (2, 2)), "scan.tif")

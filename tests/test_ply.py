@@ -132,3 +132,52 @@ def test_record_validation(rng):
                     g.log_scales, g.quats)
     with pytest.raises(TypeError, match="GaussianPly"):
         write_ply("unused.ply", {"means": g.means})
+
+
+def test_write_stopped_midway_leaves_the_previous_file(tmp_path, rng, monkeypatch):
+    """A kill or an error (disk full) while writing must not cost the file already there
+    (issue 37: a kill during export left a 0-byte PLY where a good one had been)."""
+    import builtins
+
+    import arc_warp._src.ply as ply_module
+
+    path = tmp_path / "g.ply"
+    write_ply(path, _random_ply(rng, n=50))
+    before = path.read_bytes()
+
+    class DiesMidway:
+        def __init__(self, f):
+            self._f = f
+
+        def write(self, data):
+            self._f.write(data[:len(data) // 2])
+            self._f.flush()
+            raise OSError(28, "No space left on device")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+    monkeypatch.setattr(ply_module, "open", lambda *a, **k: DiesMidway(builtins.open(*a, **k)),
+                        raising=False)
+    with pytest.raises(OSError, match="No space left"):
+        write_ply(path, _random_ply(rng, n=80))
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.ply"]  # no temporary left
+
+
+def test_write_is_a_rename_with_the_usual_permissions(tmp_path, rng):
+    import os
+    import stat
+
+    path = tmp_path / "g.ply"
+    path.write_bytes(b"old")
+    inode = path.stat().st_ino
+    write_ply(path, _random_ply(rng))
+    assert path.stat().st_ino != inode  # replaced by a rename, not rewritten in place
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.ply"]

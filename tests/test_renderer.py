@@ -13,6 +13,7 @@ import warp as wp
 import arc_warp
 from arc_warp import (Camera, DeviceCameras, GaussianGrads, GaussianRenderer, ImageGrads, RenderImages,
                       RenderSettings, Workspace, check_gaussians, render_gaussians, render_gaussians_backward)
+from arc_warp._src.launches import Plan
 from arc_warp._src.splat.renderer import SORT_SLACK
 from conftest import random_scene
 
@@ -70,10 +71,14 @@ class Setup:
         return [a.numpy().copy() for a in self.grads.arrays]
 
 
-def test_a_repeated_forward_and_backward_allocates_nothing_and_launches_prepared_kernels(rng, monkeypatch):
+def test_a_repeated_forward_and_backward_allocates_nothing_and_replays_its_plan(rng, monkeypatch):
+    """A call on the same memory is run as it is, then recorded into a plan, then replayed
+    from it: no Warp allocation, no wp.launch (nor its Python), the same results."""
     s = Setup(rng, cameras=2, absgrad=True)
     state, images = s.forward()
     first = [images.color.numpy().copy(), *s.backward(state)]
+    s.forward(state, images)  # the second time: recorded
+    s.backward(state)
     sizes = _count_allocations(monkeypatch)
     launched = []
     launch = wp.launch
@@ -83,7 +88,8 @@ def test_a_repeated_forward_and_backward_allocates_nothing_and_launches_prepared
         again = [images.color.numpy().copy(), *s.backward(state)]
         for a, b in zip(again, first):
             np.testing.assert_array_equal(a, b)
-    assert sizes == [] and launched == []  # prepared launches, owned scratch, the caller's state
+    assert sizes == [] and launched == []  # replayed plans, owned scratch, the caller's state
+    assert sum(isinstance(p, Plan) for p in s.renderer._bindings.values()) == 2  # the forward and the backward
 
 
 def test_renders_alive_at_once_keep_their_own_state(rng):

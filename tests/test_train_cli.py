@@ -53,12 +53,12 @@ def no_steps(monkeypatch):
     monkeypatch.setattr(trainer_module.Trainer, "train_step", step)
 
 
-def _one_line_error(capsys, code, expected):
+def _one_line_error(capsys, code, *expected):
     err = capsys.readouterr().err
     assert code == 2, err
     assert "Traceback" not in err
     lines = [line for line in err.splitlines() if line.strip()]
-    assert len(lines) == 1 and expected in lines[0], err
+    assert len(lines) == 1 and all(text in lines[0] for text in expected), err
 
 
 def test_train_colmap_binary_simple_radial_no_conversion(tmp_path, capsys):
@@ -116,7 +116,12 @@ RESUME_ERRORS = {
     "lower SH degree": (lambda ckpt, tmp: ckpt, ["--sh-degree", "0"],
                         "pass --sh-degree 1 to resume it"),
     "other dataset": (lambda ckpt, tmp: ckpt, ["--sh-degree", "1", "OTHER"],
-                      "was trained on another dataset"),
+                      "was trained on another dataset (it has 2 training views, this one 3)"),
+    "other --downscale": (lambda ckpt, tmp: ckpt, ["--sh-degree", "1", "--downscale", "2"],
+                          "at 16x16 pixels, this run loads it at 8x8 (--downscale 2); pass "
+                          "--downscale 1, or drop --resume"),
+    "--steps below its step": (lambda ckpt, tmp: ckpt, ["--sh-degree", "1", "--steps", "1"],
+                               "is at step 2, past --steps 1; pass --steps 3 or more"),
 }
 
 
@@ -134,8 +139,39 @@ def test_resume_checked_before_training(case, checkpoint, data, tmp_path, capsys
         extra = ["--sh-degree", "1"]
     code = main(["train", dataset, "-o", str(tmp_path / "o"), "--steps", "4", "--resume", path]
                 + extra + TINY)
-    _one_line_error(capsys, code, f"--resume {path}")
+    _one_line_error(capsys, code, f"--resume {path}", expected)
     capsys.readouterr()
+
+
+def test_resume_at_its_last_step_says_so_and_writes_the_outputs(checkpoint, data, tmp_path,
+                                                                 capsys, no_steps):
+    out = tmp_path / "o"
+    assert main(["train", data, "-o", str(out), "--steps", "2", "--sh-degree", "1",
+                 "--resume", checkpoint] + TINY) == 0
+    err = capsys.readouterr().err
+    assert f"note: --resume {checkpoint} is already at step 2 = --steps; nothing is left to " \
+        "train" in err and "pass a larger --steps to train on" in err
+    assert (out / "point_cloud.ply").is_file() and (out / "metrics.json").is_file()
+
+
+def test_ctrl_c_during_start_up_is_one_line(data, tmp_path):
+    script = textwrap.dedent(f"""
+        import os, signal, sys, time
+        import arc_warp_train.datasets as datasets
+
+        def load_dataset(*args, **kwargs):  # Ctrl-C while the images load
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+
+        datasets.load_dataset = load_dataset
+        from arc_warp.cli import main
+        sys.exit(main(["train", {data!r}, "-o", {str(tmp_path / "o")!r}, "--device", "cpu"]))
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == "arc-warp train: interrupted", proc.stderr
 
 
 def test_ctrl_c_saves_checkpoint_and_prints_resume_command(data, tmp_path, capsys,
@@ -149,7 +185,10 @@ def test_ctrl_c_saves_checkpoint_and_prints_resume_command(data, tmp_path, capsy
         return out
 
     monkeypatch.setattr(trainer_module.Trainer, "train_step", interrupting_step)
-    argv = ["train", data, "-o", str(tmp_path / "o"), "--steps", "6", "--sh-degree", "1"] + TINY
+    os.makedirs(tmp_path / "o")
+    (tmp_path / "o" / "metrics.json").write_text("{}")  # of an earlier run: --overwrite
+    argv = ["train", data, "-o", str(tmp_path / "o"), "--steps", "6", "--sh-degree", "1",
+            "--overwrite"] + TINY
     assert main(argv) == 130
     err = capsys.readouterr().err
     assert "interrupted at step 2" in err and "Traceback" not in err
@@ -161,7 +200,7 @@ def test_ctrl_c_saves_checkpoint_and_prints_resume_command(data, tmp_path, capsy
 
     monkeypatch.setattr(trainer_module.Trainer, "train_step", step)
     words = shlex.split(command)
-    assert words[0] == "arc-warp"
+    assert words[0] == "arc-warp" and "--overwrite" not in words  # it would delete ckpt
     assert main(words[1:]) == 0
     assert torch.load(ckpt, weights_only=True)["step"] == 6
 
@@ -185,6 +224,19 @@ def test_demo_checks_output_before_fitting(which, capsys, monkeypatch):
     monkeypatch.setattr(image_fit, "run_image_demo", fail)
     code = main(["demo", which, "-o", "/proc/x", "--device", "cpu"])
     _one_line_error(capsys, code, "-o /proc/x: cannot write there")
+
+
+def test_demo_refuses_an_earlier_runs_folder_before_fitting(tmp_path, capsys, monkeypatch):
+    import arc_warp_train.demo as demo
+
+    def fail(*a, **k):
+        raise AssertionError("the demo ran before the output check")
+
+    monkeypatch.setattr(demo, "run_demo", fail)
+    (tmp_path / "point_cloud.ply").write_bytes(b"an earlier run's")
+    code = main(["demo", "-o", str(tmp_path), "--device", "cpu"])
+    _one_line_error(capsys, code, f"-o {tmp_path} holds an earlier run's results "
+                    "(point_cloud.ply); pass --overwrite to delete them first")
 
 
 def test_cpu_run_warns_with_time_estimate(data, tmp_path, capsys, monkeypatch):

@@ -10,8 +10,10 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 
 import numpy as np
@@ -201,3 +203,208 @@ def test_view_command_checks_the_ply_before_serving(tmp_path):
     args = parser.parse_args(["view", str(bad), "--port", str(_free_port()), "--device", "cpu"])
     with pytest.raises(ValueError, match="property x of vertex 0 is nan"):
         args.func(args)
+
+
+# ------------------------------------------------------------------ network hardening
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    [ROOT, os.path.join(ROOT, "plugins"), os.path.join(ROOT, "apps"),
+     os.environ.get("PYTHONPATH", "")])}
+
+
+def _other_address():
+    """A non-loopback IPv4 address of this machine, or None."""
+    import ipaddress
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("10.255.255.255", 1))  # UDP: picks the outgoing interface, sends nothing
+            address = s.getsockname()[0]
+        except OSError:
+            return None
+    return None if ipaddress.ip_address(address).is_loopback else address
+
+
+def _http_status(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A viewer of a tiny scene with its default host, on a free port."""
+    _scene(tmp_path / "s.ply")
+    viewer = view_ply(str(tmp_path / "s.ply"), port=_free_port(), max_size=32, device="cpu")
+    yield viewer
+    viewer.close()
+
+
+def test_viewer_serves_this_machine_only_by_default(served):
+    assert served.server.get_host() == "127.0.0.1"
+    assert _http_status(f"http://127.0.0.1:{served.port}/") == 200
+    other = _other_address()
+    if other is None:
+        pytest.skip("this machine has no non-loopback address to try")
+    with pytest.raises(OSError):  # refused: nothing listens there
+        socket.create_connection((other, served.port), timeout=5).close()
+
+
+def _upgrade(port, origin=None, host=None):
+    """Open the viser websocket on 127.0.0.1:`port` with this Origin and Host header;
+    returns the HTTP status of the handshake (101 when accepted)."""
+    import viser
+    from websockets.exceptions import InvalidStatus
+
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    try:
+        with ws_client.connect(f"ws://{host or f'127.0.0.1:{port}'}", sock=sock, origin=origin,
+                               subprotocols=[f"viser-v{viser.__version__}"], open_timeout=10):
+            return 101
+    except InvalidStatus as exc:
+        return exc.response.status_code
+
+
+def test_cross_origin_websocket_upgrades_are_refused(served):
+    port = served.port
+    assert _upgrade(port, origin="http://evil.example") == 403
+    assert _upgrade(port, origin=f"http://evil.example:{port}") == 403
+    # DNS rebinding: evil.example resolved to 127.0.0.1, so the page is same-origin with it.
+    assert _upgrade(port, origin=f"http://evil.example:{port}",
+                    host=f"evil.example:{port}") == 403
+    assert _upgrade(port, origin=f"http://127.0.0.1:{port}") == 101  # the viewer's page
+    assert _upgrade(port, origin=f"http://localhost:{port}", host=f"localhost:{port}") == 101
+    assert _upgrade(port) == 101  # not a browser: no Origin header
+
+
+def test_busy_port_is_an_error_not_the_next_port(tmp_path):
+    _scene(tmp_path / "s.ply")
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        viewer = None
+        try:
+            with pytest.raises(ValueError, match=rf"^port {port}: the port is in use on "
+                                                 r"127.0.0.1; pick another port, or port 0"):
+                viewer = view_ply(str(tmp_path / "s.ply"), port=port, device="cpu")
+        finally:
+            if viewer is not None:
+                viewer.close()
+
+
+def test_client_errors_are_logged_without_traceback(served, caplog):
+    import logging
+
+    for request in (b"", b"GARBAGE\r\n\r\n"):  # closed before a request; not HTTP
+        with socket.create_connection(("127.0.0.1", served.port)) as s:
+            s.sendall(request)
+            time.sleep(0.3)
+    time.sleep(0.5)
+    logged = [r for r in caplog.records if r.name.startswith("websockets")]
+    assert not [r for r in logged if r.exc_info], [r.getMessage() for r in logged]
+    try:
+        raise ConnectionResetError("peer gone")
+    except ConnectionResetError:
+        logging.getLogger("websockets.server").error("connection handler failed",
+                                                     exc_info=True)
+    record = caplog.records[-1]
+    assert record.exc_info is None
+    assert record.getMessage() == "connection handler failed: ConnectionResetError('peer gone')"
+
+
+def _cli(args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "arc_warp.cli", *args], env=ENV,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("case", ["view port 70000", "view bad host", "view busy port",
+                                  "view host of another machine", "train viewer port 70000",
+                                  "train viewer busy port"])
+def test_bad_address_fails_at_once_in_one_line(case, tmp_path):
+    _scene(tmp_path / "s.ply")
+    if case.startswith("train"):  # a real dataset: the viewer starts after it is read
+        pytest.importorskip("torch", reason="arc-warp train needs torch")
+        from arc_warp_train.synthetic import make_synthetic_dataset
+
+        make_synthetic_dataset(str(tmp_path / "d"), num_train=2, num_test=1, width=16,
+                               height=16, num_gaussians=40, device="cpu")
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    args, expected = {
+        "view port 70000": (["--port", "70000"], "argument --port: expected a port number "
+                            "in 0..65535 (0: any free port), got '70000'"),
+        "view bad host": (["--host", "no-such-host.invalid"],
+                          "--host no-such-host.invalid: not a host name or address this "
+                          "machine can listen on"),
+        "view busy port": (["--port", str(busy.getsockname()[1])],
+                           f"--port {busy.getsockname()[1]}: the port is in use on 127.0.0.1"),
+        "view host of another machine": (["--host", "192.0.2.1"],  # TEST-NET-1
+                                         "--host 192.0.2.1: not an address of this machine"),
+        "train viewer port 70000": (["--viewer-port", "70000"],
+                                    "argument --viewer-port: expected a port number"),
+        "train viewer busy port": (["--viewer-port", str(busy.getsockname()[1])],
+                                   f"--viewer-port {busy.getsockname()[1]}: the port is in use"),
+    }[case]
+    with busy:
+        if case.startswith("train"):
+            argv = ["train", str(tmp_path / "d"), "-o", str(tmp_path / "o"), "--steps", "2",
+                    "--init-points", "30", "--device", "cpu", "--no-progress", "--viewer"] + args
+        else:
+            argv = ["view", str(tmp_path / "s.ply"), "--device", "cpu"] + args
+        try:
+            proc = _cli(argv)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(f"arc-warp {' '.join(argv)} hung") from None
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert expected in proc.stderr.strip().splitlines()[-1], proc.stderr
+
+
+@pytest.mark.timeout(120)
+def test_view_port_0_exposed_host_warns_and_stops_cleanly(tmp_path):
+    """`--port 0` takes a free port and prints it; `--host 0.0.0.0` exposes the viewer and
+    says so; stray connections and Ctrl-C print no traceback."""
+    import signal
+
+    _scene(tmp_path / "s.ply")
+    proc = subprocess.Popen([sys.executable, "-m", "arc_warp.cli", "view",
+                             str(tmp_path / "s.ply"), "--port", "0", "--host", "0.0.0.0",
+                             "--device", "cpu", "--max-size", "16"], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = ""
+        while "arc-warp view: serving" not in line and proc.poll() is None:
+            line = proc.stdout.readline()  # after viser's own banner
+        assert " at http://localhost:" in line and line.endswith("(Ctrl-C stops)\n"), line
+        port = int(line.split("http://localhost:")[1].split()[0])
+        assert port > 0
+        # First (viser quiets websockets' log once it has served a page): a connection
+        # closed before its request, as browsers' speculative ones are.
+        with socket.create_connection(("127.0.0.1", port)):
+            pass
+        time.sleep(0.5)
+        assert _http_status(f"http://127.0.0.1:{port}/") == 200
+        other = _other_address()
+        if other is not None:
+            assert _http_status(f"http://{other}:{port}/") == 200
+        import viser
+
+        ws = ws_client.connect(f"ws://127.0.0.1:{port}", open_timeout=10,
+                               subprotocols=[f"viser-v{viser.__version__}"])
+        ws.recv(timeout=10)
+        ws.socket.close()  # a client that vanishes without a closing handshake
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "Traceback" not in err, err
+    assert "warning: --host 0.0.0.0: the viewer is reachable from other machines" in err

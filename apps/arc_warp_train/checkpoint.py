@@ -21,9 +21,11 @@ REQUIRED_KEYS = ("step", "params", "optimizer", "stats", "view_gen", "densify_ge
 
 
 def dataset_fingerprint(dataset) -> dict:
-    """What identifies a dataset for resuming: training view names and image sizes."""
+    """What identifies a dataset for resuming: training view names and image sizes, and
+    the downscale factor the images were loaded at (None when the reader does not say)."""
     return {"train": [v.name for v in dataset.train],
-            "sizes": [list(v.image.shape[:2]) for v in dataset.train]}
+            "sizes": [list(v.image.shape[:2]) for v in dataset.train],
+            "downscale": dataset.extras.get("downscale")}
 
 
 def _merge_optimizer_states(per_name: dict) -> dict:
@@ -69,7 +71,8 @@ def read_checkpoint(path) -> dict:
 
 def check_checkpoint(state: dict, path, dataset, cfg) -> None:
     """ValueError (one line, naming `path`) unless `state` can resume a run of `cfg` on
-    `dataset`: same SH degree, the trainer's parameter layout, the same training views."""
+    `dataset`: same SH degree, the trainer's parameter layout, a step not past cfg.steps,
+    the same training views at the same sizes (the error names the first that differs)."""
     where = f"--resume {path}"
     saved_sh = state["config"].get("sh_degree")
     if saved_sh != cfg.sh_degree:
@@ -93,10 +96,38 @@ def check_checkpoint(state: dict, path, dataset, cfg) -> None:
         if not bool(np.isfinite(params[name].float().numpy()).all()):
             raise ValueError(f"{where}: parameter {name} holds non-finite values; resume from "
                              "an earlier checkpoint")
+    check_resume_steps(state, path, cfg.steps)
     saved = state.get("dataset")
-    current = dataset_fingerprint(dataset)
-    if saved is not None and saved != current:
-        raise ValueError(f"{where} was trained on another dataset ({len(saved['train'])} "
-                         f"training views, first {saved['train'][:1]}) than this one "
-                         f"({len(current['train'])}, first {current['train'][:1]}); pass the "
-                         "same data folder and --downscale, or drop --resume")
+    if saved is not None:
+        _check_same_views(saved, dataset_fingerprint(dataset), where)
+
+
+def check_resume_steps(state: dict, path, steps: int) -> None:
+    """ValueError when checkpoint `state` is already past `steps` (--steps)."""
+    if int(state["step"]) > steps:
+        raise ValueError(f"--resume {path} is at step {int(state['step'])}, past --steps "
+                         f"{steps}; pass --steps {int(state['step']) + 1} or more to train on "
+                         "from it, or drop --resume to start a new run")
+
+
+def _check_same_views(saved: dict, current: dict, where: str) -> None:
+    """ValueError naming the first training view that differs between a checkpoint's
+    dataset fingerprint and this run's, and the option to fix."""
+    names, now = saved["train"], current["train"]
+    if names != now:
+        first = next((i for i, (a, b) in enumerate(zip(names, now)) if a != b),
+                     min(len(names), len(now)))
+        differs = (f"training view {first} is {names[first]!r} there and "
+                   f"{now[first]!r} here" if first < min(len(names), len(now)) else
+                   f"it has {len(names)} training views, this one {len(now)}")
+        raise ValueError(f"{where} was trained on another dataset ({differs}); pass the same "
+                         "data folder (and --format), or drop --resume")
+    for name, was, size in zip(names, saved["sizes"], current["sizes"]):
+        if list(was) != list(size):
+            old, new = saved.get("downscale"), current.get("downscale")
+            hint = f"pass --downscale {old}" if old is not None and old != new else \
+                "pass the --downscale it was trained with"
+            raise ValueError(f"{where} was trained on {name} at {was[1]}x{was[0]} pixels, this "
+                             f"run loads it at {size[1]}x{size[0]}"
+                             f"{f' (--downscale {new})' if new is not None else ''}; {hint}, "
+                             "or drop --resume")

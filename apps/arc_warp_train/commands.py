@@ -8,10 +8,12 @@ install what is missing.
 
 import argparse
 import importlib
+import os
 import shlex
 import sys
 
 from arc_warp.cli import REDUCE_MODES, positive_int, prepare_output_dir, quiet_warp
+from arc_warp_train.viewer import LOOPBACK, port_number
 
 INSTALL_HINT = "pip install -e '.[torch,app]' (from the arc_warp checkout)"
 
@@ -57,31 +59,59 @@ def cpu_time_estimate(dataset, steps: int, batch: int, gaussians: int) -> float:
 
 
 def resume_command(argv, checkpoint) -> str:
-    """The `arc-warp train ...` line that resumes from `checkpoint` with the same options."""
+    """The `arc-warp train ...` line that resumes from `checkpoint` with the same options
+    (less --overwrite, which would delete the checkpoint it resumes from)."""
     out, skip = [], False
     for arg in argv:
         if skip:
             skip = False
         elif arg == "--resume":
             skip = True
-        elif not arg.startswith("--resume="):
+        elif not arg.startswith("--resume=") and arg != "--overwrite":
             out.append(arg)
     return shlex.join(["arc-warp"] + out + ["--resume", str(checkpoint)])
 
 
 def cmd_train(args) -> int:
+    try:
+        return _cmd_train(args)
+    except KeyboardInterrupt:  # before training started, or a second Ctrl-C during it
+        print("arc-warp train: interrupted", file=sys.stderr)
+        return 130
+
+
+def _is_main_process() -> bool:
+    """False in the ranks > 0 of torchrun (they leave the output folder to rank 0)."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def _cmd_train(args) -> int:
     if not _require_torch("train"):
         return 2
     _torch_device(args.device)
-    prepare_output_dir(args.output)
     if args.viewer:
-        from arc_warp_train.viewer import require_viser
+        from arc_warp_train.viewer import check_listen_address, require_viser
 
         require_viser()
+        if _is_main_process():
+            check_listen_address(args.viewer_host, args.viewer_port, "--viewer-host",
+                                 "--viewer-port")
     if args.resume is not None:
-        from arc_warp_train.checkpoint import read_checkpoint
+        from arc_warp_train.checkpoint import check_resume_steps, read_checkpoint
 
-        read_checkpoint(args.resume)  # integrity now; the fit to the run once data is read
+        # Integrity and step now; the fit to the run once the data is read.
+        step = int(read_checkpoint(args.resume)["step"])
+        check_resume_steps({"step": step}, args.resume, args.steps)
+        if step == args.steps and _is_main_process():
+            print(f"note: --resume {args.resume} is already at step {step} = --steps; nothing "
+                  "is left to train, so only its outputs are written again (pass a larger "
+                  "--steps to train on)", file=sys.stderr)
+    if _is_main_process():
+        from arc_warp_train.run_folder import check_output_folder
+
+        check_output_folder(args.output, args.resume, args.overwrite)
+    else:
+        prepare_output_dir(args.output)
     if args.gpus == 1:
         return _train_rank(args)  # one process, or one rank of torchrun's
     import torch
@@ -154,15 +184,18 @@ def _train_rank(args) -> int:
                       file=sys.stderr)
         viewer = on_step = None
         if args.viewer and dist.is_main:
-            from arc_warp_train.viewer import GaussianSource, TrainingView, Viewer
+            from arc_warp_train.viewer import GaussianSource, TrainingView, Viewer, serving_notice
 
-            viewer = Viewer(GaussianSource(), port=args.viewer_port, device=args.device,
-                            stats=("step", "PSNR", "Gaussians"))
+            viewer = Viewer(GaussianSource(), port=args.viewer_port, host=args.viewer_host,
+                            device=args.device, stats=("step", "PSNR", "Gaussians"))
             on_step = TrainingView(viewer)
-            print(f"viewer: http://localhost:{viewer.port}")
+            url, *warning = serving_notice(args.viewer_host, viewer.port, "--viewer-host")
+            print(f"viewer: {url}", flush=True)
+            for line in warning:
+                print(line, file=sys.stderr)
         try:
             result = train(dataset, cfg, args.output, resume=args.resume, dist=dist,
-                           on_step=on_step)
+                           on_step=on_step, overwrite=args.overwrite)
         except TrainingInterrupted as stop:
             print(f"arc-warp train: {stop}\nresume with: "
                   f"{resume_command(getattr(args, 'argv', None) or sys.argv[1:], stop.path)}",
@@ -191,22 +224,29 @@ def cmd_demo(args) -> int:
     if not _require_torch("demo"):
         return 2
     _torch_device(args.device)
-    prepare_output_dir(args.output)
-    quiet_warp()
     if args.which == "image":
-        from arc_warp_train.image_fit import run_image_demo
+        prepare_output_dir(args.output)
+    else:
+        from arc_warp_train.run_folder import check_output_folder
 
-        run_image_demo(args.output, steps=args.steps or 500, seed=args.seed,
-                       device=args.device, progress=not args.no_progress)
-        return 0
-    from arc_warp_train.demo import demo_config, run_demo
+        check_output_folder(args.output, overwrite=args.overwrite)
+    quiet_warp()
+    try:
+        if args.which == "image":
+            from arc_warp_train.image_fit import run_image_demo
 
-    cfg = demo_config(args.steps or 2000, seed=args.seed, device=args.device,
-                      progress=not args.no_progress)
-    run_demo(args.output, cfg)
+            run_image_demo(args.output, steps=args.steps or 500, seed=args.seed,
+                           device=args.device, progress=not args.no_progress)
+            return 0
+        from arc_warp_train.demo import demo_config, run_demo
+
+        cfg = demo_config(args.steps or 2000, seed=args.seed, device=args.device,
+                          progress=not args.no_progress)
+        run_demo(args.output, cfg, overwrite=args.overwrite)
+    except KeyboardInterrupt:
+        print("arc-warp demo: interrupted", file=sys.stderr)
+        return 130
     return 0
-
-
 
 
 def add_train_parser(sub) -> None:
@@ -218,7 +258,13 @@ def add_train_parser(sub) -> None:
                        "torchrun --nproc_per_node N -m arc_warp.cli train ...",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("data", help="dataset folder")
-    p.add_argument("-o", "--output", default="arc_warp_train_out", help="output folder")
+    p.add_argument("-o", "--output", default="arc_warp_train_out",
+                   help="output folder; one that holds another run's results is refused "
+                   "unless --resume continues that run or --overwrite is given")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete an earlier run's results in the output folder first (the files "
+                   "a run writes: checkpoint.pt, point_cloud.ply, metrics.json, psnr.png, "
+                   "test_views/view_NNN.png; nothing else)")
     p.add_argument("--format", choices=("auto", "nerf", "colmap"), default="auto",
                    help="dataset layout (auto: detect)")
     p.add_argument("--steps", type=positive_int, default=30000,
@@ -241,7 +287,9 @@ def add_train_parser(sub) -> None:
                    help="steps between held-out evaluations")
     p.add_argument("--checkpoint-every", type=int, default=5000,
                    help="steps between checkpoints (0: only at the end; Ctrl-C also saves one)")
-    p.add_argument("--resume", default=None, help="checkpoint.pt to resume from")
+    p.add_argument("--resume", default=None,
+                   help="checkpoint.pt to resume from; give the run's folder as -o to continue "
+                   "it in place")
     p.add_argument("--reduce", choices=REDUCE_MODES, default="arc",
                    help="backward reduction mode")
     p.add_argument("--optimizer", choices=("sparse_adam", "fused_adam", "adam"), default="adam",
@@ -263,7 +311,11 @@ def add_train_parser(sub) -> None:
                    "bitwise-equal parameters and optimizer state")
     p.add_argument("--viewer", action="store_true",
                    help="serve a live view of the model while training (viser; rank 0)")
-    p.add_argument("--viewer-port", type=positive_int, default=8080, help="viewer HTTP port")
+    p.add_argument("--viewer-port", type=port_number, default=8080,
+                   help="viewer HTTP port (0: any free port, printed)")
+    p.add_argument("--viewer-host", default=LOOPBACK,
+                   help="address the viewer listens on; the default serves this machine only, "
+                   "another (e.g. 0.0.0.0) exposes the unauthenticated viewer to the network")
     p.set_defaults(func=cmd_train)
 
 def add_demo_parser(sub) -> None:
@@ -277,7 +329,12 @@ def add_demo_parser(sub) -> None:
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("which", nargs="?", choices=("scene", "image"), default="scene",
                    help="what to fit")
-    p.add_argument("-o", "--output", default="arc_warp_demo_out", help="output folder")
+    p.add_argument("-o", "--output", default="arc_warp_demo_out",
+                   help="output folder ('scene' refuses one holding an earlier run's results "
+                   "unless --overwrite is given)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="'scene': delete an earlier run's results in the output folder first "
+                   "(only the files a run writes)")
     p.add_argument("--steps", type=positive_int, default=None,
                    help="training steps (None: 2000 for scene, 500 for image)")
     p.add_argument("--seed", type=int, default=0,

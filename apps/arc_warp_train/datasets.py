@@ -2,8 +2,10 @@
 and COLMAP models (binary or text, through pycolmap; see colmap.py).
 
 Cameras come out in the OpenCV/gsplat convention (x right, y down, z forward) as
-4x4 float64 world_to_camera matrices and 3x3 pixel intrinsics. Images are float32 RGB
-in [0, 1]; RGBA images are composited over the dataset background.
+4x4 float64 world_to_camera matrices and 3x3 pixel intrinsics, each pose checked to be
+rigid (check_pose). Images of any bit depth and mode pillow reads become float32 RGB in
+[0, 1] (see _image_values: 8-bit / 255, 16-bit / 65535, float images taken as values in
+[0, 1]); RGBA images are composited over the dataset background.
 """
 
 import json
@@ -40,7 +42,9 @@ class View:
 @dataclass
 class Dataset:
     """Train and held-out views, an optional sparse point cloud (points (M,3) float32 and
-    point_colors (M,3) float32 in [0,1]) and the RGB background images were composited on."""
+    point_colors (M,3) float32 in [0,1]) and the RGB background images were composited on.
+    extras: what the reader adds, e.g. "downscale" (the factor images were loaded at) and
+    "skipped_frames"."""
 
     train: list
     test: list
@@ -59,24 +63,85 @@ class Dataset:
         return radius if radius > 0 else 1.0
 
 
+_EIGHT_BIT_MODES = ("1", "L", "P", "PA", "LA", "RGB", "RGBA", "RGBX", "RGBa", "CMYK", "YCbCr",
+                    "LAB", "HSV")
+_SIXTEEN_BIT_MODES = ("I;16", "I;16L", "I;16B", "I;16N")
+FLOAT_TOLERANCE = 1e-3
+"""Float (mode F) images may stray this far outside [0, 1] (rounding) and are clipped;
+further out is an error."""
+
+
+def _image_values(im, path) -> np.ndarray:
+    """PIL image -> (H,W,4) float32 RGBA in [0,1] (straight alpha), by mode:
+
+    - 8-bit modes (1, L, P, PA, LA, RGB, RGBA, RGBX, RGBa, CMYK, YCbCr, LAB, HSV, so also
+      16-bit RGB(A) PNGs, which pillow reads as 8-bit): converted by pillow, / 255;
+    - 16-bit grayscale (I;16, I;16B, ...; 16-bit PNGs) and 32-bit integer (I) holding
+      values in 0..65535 (older pillows read 16-bit PNGs as I): / 65535;
+    - 32-bit float (F, e.g. float TIFFs): taken as they are, values in [0, 1] (see
+      FLOAT_TOLERANCE); NaN, infinities and values outside are an error.
+    Other modes are an error naming the file."""
+    mode = im.mode
+    if mode in _EIGHT_BIT_MODES:
+        return np.asarray(im.convert("RGBA"), dtype=np.float32) / 255.0
+    values = np.asarray(im)
+    if mode in _SIXTEEN_BIT_MODES or mode == "I":
+        if mode == "I" and values.size and (values.min() < 0 or values.max() > 65535):
+            raise ValueError(f"{path}: 32-bit integer image with values in {values.min()}.."
+                             f"{values.max()}, outside the 16-bit range 0..65535 that integer "
+                             "images are read in; save it as an 8- or 16-bit PNG")
+        gray = values.astype(np.float32) / 65535.0
+    elif mode == "F":
+        gray = values.astype(np.float32)
+        if not np.all(np.isfinite(gray)):
+            raise ValueError(f"{path}: float image with NaN or infinite values; save it with "
+                             "finite values in [0, 1]")
+        low, high = float(gray.min()), float(gray.max())
+        if low < -FLOAT_TOLERANCE or high > 1.0 + FLOAT_TOLERANCE:
+            raise ValueError(f"{path}: float image with values in [{low:.4g}, {high:.4g}]; "
+                             "float images are read as values in [0, 1]: rescale it to [0, 1] "
+                             "or save it as an 8- or 16-bit PNG")
+        gray = np.clip(gray, 0.0, 1.0)
+    else:
+        raise ValueError(f"{path}: image mode {mode} is not supported; save it as an 8- or "
+                         "16-bit PNG (grayscale, RGB or RGBA)")
+    return np.concatenate([np.repeat(gray[..., None], 3, axis=-1),
+                           np.ones(gray.shape + (1,), np.float32)], axis=-1)
+
+
+def _box_downscale(values: np.ndarray, downscale: int) -> np.ndarray:
+    """(H,W,C) float32 -> (H // downscale, W // downscale, C), each channel box-filtered by
+    pillow (the same footprint as resizing the 8-bit image)."""
+    from PIL import Image
+
+    h, w = values.shape[0] // downscale, values.shape[1] // downscale
+    return np.stack([np.asarray(Image.fromarray(np.ascontiguousarray(values[..., c]), "F")
+                                .resize((w, h), Image.BOX), np.float32)
+                     for c in range(values.shape[2])], axis=-1)
+
+
 def load_image(path: str, background, downscale: int) -> np.ndarray:
-    """Image file -> (H,W,3) float32 in [0,1]: RGBA composited over `background`, shrunk by
-    the integer `downscale` (box filter). Errors name the file."""
+    """Image file -> (H,W,3) float32 in [0,1]: any bit depth and mode pillow reads (see
+    _image_values), RGBA composited over `background`, shrunk by the integer `downscale`
+    (box filter). Errors name the file."""
     from PIL import Image, UnidentifiedImageError  # app extra
 
     if not os.path.isfile(path):
         raise FileNotFoundError(f"image not found: {path}")
     try:
         with Image.open(path) as im:
-            im = im.convert("RGBA")
-            if downscale > 1:
-                im = im.resize((im.width // downscale, im.height // downscale), Image.BOX)
-            rgba = np.asarray(im, dtype=np.float32) / 255.0
+            im.load()
+            if downscale > 1 and (im.width < downscale or im.height < downscale):
+                raise ValueError(f"{path}: --downscale {downscale} leaves no pixel of this "
+                                 f"{im.width}x{im.height} image; use a --downscale of at most "
+                                 f"{min(im.width, im.height)}")
+            rgba = _image_values(im, path)
     except (UnidentifiedImageError, OSError, SyntaxError) as exc:
         raise ValueError(f"{path}: cannot read the image ({exc}); replace or remove the "
                          "file") from None
     alpha = rgba[..., 3:]
-    return rgba[..., :3] * alpha + np.asarray(background, np.float32) * (1.0 - alpha)
+    rgb = rgba[..., :3] * alpha + np.asarray(background, np.float32) * (1.0 - alpha)
+    return _box_downscale(rgb, downscale) if downscale > 1 else rgb
 
 
 def _check_downscale(downscale) -> int:
@@ -85,19 +150,43 @@ def _check_downscale(downscale) -> int:
     return int(downscale)
 
 
-def _checked_view(name, image, K, world_to_camera, where) -> View:
+ORTHONORMAL_TOLERANCE = 1e-3
+"""Largest |(R^T R - I)_ij| accepted for a pose's rotation R (poses written with 4-6
+decimals stay well inside; a shear or scale of 0.1 % does not)."""
+
+
+def check_pose(matrix: np.ndarray, where: str, what: str) -> None:
+    """ValueError naming `where` (file, frame) unless the (4,4) float64 `matrix` (`what`:
+    the field's name) is a finite rigid transform: last row (0, 0, 0, 1), rotation block
+    orthonormal (R^T R = I within ORTHONORMAL_TOLERANCE) with det +1."""
+    fix = f"fix {what} or remove this view"
+    if not np.all(np.isfinite(matrix)):
+        raise ValueError(f"{where}: the camera pose has non-finite entries; {fix}")
+    if np.abs(matrix[3] - (0.0, 0.0, 0.0, 1.0)).max() > 1e-6:
+        raise ValueError(f"{where}: {what} must end with the row (0, 0, 0, 1), got "
+                         f"{np.array2string(matrix[3], precision=4)}; {fix}")
+    rot = matrix[:3, :3]
+    det = float(np.linalg.det(rot))
+    if abs(det) < 1e-6:
+        raise ValueError(f"{where}: {what} is singular (its rotation has det {det:.3g}); {fix}")
+    error = float(np.abs(rot.T @ rot - np.eye(3)).max())
+    if error > ORTHONORMAL_TOLERANCE:
+        raise ValueError(f"{where}: the rotation of {what} is not orthonormal (R^T R is off "
+                         f"the identity by {error:.3g}: a shear or scale); {fix}")
+    if det < 0:
+        raise ValueError(f"{where}: the rotation of {what} is a mirror (det {det:.3g}, not +1; "
+                         f"an axis is flipped); {fix}")
+
+
+def _checked_view(name, image, K, world_to_camera, where, what="the pose") -> View:
     """View after checking that K has finite positive focal lengths and the pose is a
-    finite rigid transform; `where` (file, frame) names the culprit."""
+    finite rigid transform (check_pose); `where` (file, frame) names the culprit."""
     K = np.asarray(K, np.float64)
     if not np.all(np.isfinite(K)) or K[0, 0] <= 0 or K[1, 1] <= 0:
         raise ValueError(f"{where}: focal lengths must be finite and > 0, got fx={K[0, 0]:g}, "
                          f"fy={K[1, 1]:g}")
     w2c = np.asarray(world_to_camera, np.float64)
-    if not np.all(np.isfinite(w2c)):
-        raise ValueError(f"{where}: the camera pose has non-finite entries")
-    if abs(abs(np.linalg.det(w2c[:3, :3])) - 1.0) > 1e-3:
-        raise ValueError(f"{where}: the camera rotation is not orthonormal "
-                         f"(det {np.linalg.det(w2c[:3, :3]):.4g})")
+    check_pose(w2c, where, what)
     return View(name, image, K, w2c)
 
 
@@ -210,15 +299,14 @@ def _transforms_views(path, root, background, downscale, skip_missing=False):
             raise ValueError(f"{where}: transform_matrix must be 4x4 numbers") from None
         if c2w.shape != (4, 4):
             raise ValueError(f"{where}: transform_matrix must be 4x4, got shape {c2w.shape}")
-        if not np.all(np.isfinite(c2w)):
-            raise ValueError(f"{where}: the camera pose has non-finite entries")
+        check_pose(c2w, where, "transform_matrix")  # before inverting it
         image = load_image(file, background, factor)
         camera, K = _frame_camera(frame, meta, where, image.shape[:2], downscale)
         if camera is not None:
             image, K = undistort(image, camera, file)
         c2w[:3, 1:3] *= -1.0  # OpenGL/Blender (y up, z back) -> OpenCV (y down, z forward)
         views.append(_checked_view(os.path.relpath(file, root), image, K, np.linalg.inv(c2w),
-                                   where))
+                                   where, "transform_matrix"))
     if not views:
         raise FileNotFoundError(f"{path}: none of the {len(skipped)} frames' images exist "
                                 f"(first: {skipped[0]})")
@@ -263,8 +351,9 @@ def load_nerf_synthetic(root, background=(1.0, 1.0, 1.0), downscale: int = 1,
     else:
         raise FileNotFoundError(f"{root}: no transforms_train.json or transforms.json "
                                 "(not a NeRF-synthetic or nerfstudio layout)")
+    extras = {"downscale": downscale, **({"skipped_frames": skipped} if skipped else {})}
     return Dataset(train, test, background=tuple(float(b) for b in background), source=source,
-                   extras={"skipped_frames": skipped} if skipped else {})
+                   extras=extras)
 
 
 # ----------------------------------------------------------------------------------------
@@ -282,11 +371,12 @@ def load_colmap(root, downscale: int = 1, test_every: int = 8) -> Dataset:
     downscale = _check_downscale(downscale)
     model, entries, points, colors = colmap_views(
         root, downscale, lambda path, factor: load_image(path, (0.0, 0.0, 0.0), factor))
-    views = [_checked_view(name, image, K, w2c, f"{model}: image {name}")
+    views = [_checked_view(name, image, K, w2c, f"{model}: image {name}", "its pose")
              for name, image, K, w2c in entries]
     train, test = llff_split(views, test_every)
     return Dataset(train, test, points if len(points) else None,
-                   colors if len(points) else None, source=f"colmap:{root}")
+                   colors if len(points) else None, source=f"colmap:{root}",
+                   extras={"downscale": downscale})
 
 
 def dataset_kind(root) -> str:

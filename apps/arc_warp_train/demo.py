@@ -43,9 +43,11 @@ def demo_config(steps: int = 2000, seed: int = 0, device=None, progress: bool = 
     return DemoConfig(train=cfg)
 
 
-def run_demo(out_dir="arc_warp_demo_out", config: DemoConfig = None, log=print) -> TrainResult:
+def run_demo(out_dir="arc_warp_demo_out", config: DemoConfig = None, log=print,
+             overwrite: bool = False) -> TrainResult:
     """Generate the dataset into out_dir/dataset, train, and write the outputs (PLY,
-    ground truth | render PNGs, PSNR plot, metrics.json) into `out_dir`."""
+    ground truth | render PNGs, PSNR plot, metrics.json) into `out_dir`, which must not
+    hold an earlier run's results unless `overwrite` (see trainer.train)."""
     from .synthetic import make_synthetic_dataset
 
     cfg = config or demo_config()
@@ -57,7 +59,7 @@ def run_demo(out_dir="arc_warp_demo_out", config: DemoConfig = None, log=print) 
     dataset = load_nerf_synthetic(data_dir)
     log(f"dataset: {len(dataset.train)} train + {len(dataset.test)} test views of "
         f"{cfg.width}x{cfg.height} px in {data_dir}")
-    result = train(dataset, cfg.train, out_dir)
+    result = train(dataset, cfg.train, out_dir, overwrite=overwrite)
     result.wall_s = time.perf_counter() - start
     log(f"final test-view PSNR {result.psnr:.2f} dB (SSIM {result.ssim:.4f}), "
         f"{result.num_gaussians} Gaussians, {result.wall_s:.0f} s")

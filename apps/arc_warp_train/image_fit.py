@@ -109,15 +109,13 @@ def run_image_demo(out_dir="arc_warp_demo_out", width: int = 64, steps: int = 50
                    log=print) -> ImageFitResult:
     """Fit the sample photograph and write image_fit.png (target | fit | error, labelled) and
     image_fit_psnr.png into `out_dir`."""
-    from arc_warp import write_png
-
-    from .outputs import comparison, ensure_dir, plot_psnr
+    from .outputs import comparison, ensure_dir, plot_psnr, write_image
 
     result = fit_image(load_photo(width), num_gaussians, steps, seed=seed, device=device,
                        progress=progress)
     ensure_dir(out_dir)
-    write_png(os.path.join(out_dir, "image_fit.png"),
-              comparison(result.target, result.render, result.psnr))
+    write_image(os.path.join(out_dir, "image_fit.png"),
+                comparison(result.target, result.render, result.psnr))
     plot_psnr(os.path.join(out_dir, "image_fit_psnr.png"), {"fit": result.history},
               title="image fit PSNR")
     log(f"image fit: {result.num_gaussians} Gaussians, {steps} steps, PSNR {result.psnr:.2f} dB, "

@@ -1,12 +1,17 @@
 """Training outputs: labelled comparison images, the PSNR plot, metrics JSON.
 
-PNGs are written by the core's `arc_warp.write_png`; pillow only draws the labels.
+PNGs are written by the core's `arc_warp.write_png`; pillow only draws the labels. Every
+file is written atomically (`write_atomically`): a reader, or a run started after a kill,
+finds the previous complete file or the new complete one.
 """
 
 import json
 import os
 
 import numpy as np
+
+from arc_warp import write_png
+from arc_warp._src.files import write_atomically
 
 ERROR_GAIN = 4.0
 """The error panel shows mean |render - truth| over RGB times this gain (clipped to 1)."""
@@ -74,13 +79,20 @@ def plot_psnr(path, curves: dict, title: str = "PSNR over training") -> None:
     ax.grid(alpha=0.3)
     ax.legend(loc="lower right")
     fig.tight_layout()
-    fig.savefig(path)
+    with write_atomically(path) as tmp:
+        fig.savefig(tmp, format="png")
     plt.close(fig)
 
 
 def write_json(path, data: dict) -> None:
-    with open(path, "w") as f:
+    with write_atomically(path) as tmp, open(tmp, "w") as f:
         json.dump(data, f, indent=2)
+
+
+def write_image(path, rgb: np.ndarray) -> None:
+    """`arc_warp.write_png` (an (H,W,3) float image in [0,1]), atomically."""
+    with write_atomically(path) as tmp:
+        write_png(tmp, rgb)
 
 
 def ensure_dir(path) -> str:

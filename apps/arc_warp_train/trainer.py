@@ -11,8 +11,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from arc_warp.cli import prepare_output_dir
-from arc_warp import write_png
+from arc_warp._src.files import write_atomically
 from arc_warp.ply import write_ply
 
 from . import densify as dens
@@ -21,7 +20,8 @@ from .datasets import Dataset
 from .distributed import DistContext
 from .losses import mse_to_psnr, photometric_loss, psnr, ssim
 from .model import OPTIMIZERS, init_params, make_optimizer, random_points, render_views, to_ply
-from .outputs import comparison, ensure_dir, plot_psnr, write_json
+from .outputs import comparison, ensure_dir, plot_psnr, write_image, write_json
+from .run_folder import VIEWS_DIR, claim_output_folder, run_results, view_image_name
 
 
 @dataclass
@@ -364,9 +364,8 @@ class Trainer:
         if self.cfg.check_sync:
             self.check_consistency()
         if self.dist.is_main:
-            tmp = f"{path}.tmp"
-            torch.save(state, tmp)
-            os.replace(tmp, path)
+            with write_atomically(path) as tmp:
+                torch.save(state, tmp)
         self.dist.barrier()
 
     def check_consistency(self) -> None:
@@ -390,14 +389,16 @@ class Trainer:
 
     def export(self) -> dict:
         """Write point_cloud.ply, test_views/view_<i>.png (ground truth | render | error, full
-        size, labelled), psnr.png and metrics.json (means and per-view PSNR / SSIM) into out_dir; returns {kind: path} and the final metrics. Not
-        collective: with several ranks call it on rank 0 only."""
+        size, labelled), psnr.png and metrics.json (means and per-view PSNR / SSIM) into
+        out_dir, each atomically, and delete view images of an earlier export that this one
+        did not write; returns {kind: path} and the final metrics. Not collective: with
+        several ranks call it on rank 0 only."""
         out = ensure_dir(self.out_dir)
         ev = self._record_eval()
         files = {"ply": os.path.join(out, "point_cloud.ply"),
                  "plot": os.path.join(out, "psnr.png"),
                  "metrics": os.path.join(out, "metrics.json"),
-                 "images": os.path.join(out, "test_views")}
+                 "images": os.path.join(out, VIEWS_DIR)}
         write_ply(files["ply"], to_ply(self.params))
         ensure_dir(files["images"])
         views, names = (self._test, self.data.test) if self._test else \
@@ -405,10 +406,15 @@ class Trainer:
         per_view = []
         for i, (view, render) in enumerate(zip(views, ev["renders"])):
             gt = view[0][0].cpu().numpy()
-            write_png(os.path.join(files["images"], f"view_{i:03d}.png"),
-                      comparison(gt, render, ev["view_psnr"][i]))
-            per_view.append({"image": f"view_{i:03d}.png", "name": names[i].name,
+            image = view_image_name(i)
+            write_image(os.path.join(files["images"], image),
+                        comparison(gt, render, ev["view_psnr"][i]))
+            per_view.append({"image": image, "name": names[i].name,
                              "psnr": ev["view_psnr"][i], "ssim": ev["view_ssim"][i]})
+        written = {os.path.join(VIEWS_DIR, v["image"]) for v in per_view}
+        for stale in run_results(out):
+            if stale.startswith(VIEWS_DIR + os.sep) and stale not in written:
+                os.remove(os.path.join(out, stale))
         plot_psnr(files["plot"], {
             "training view (mean of last steps)": [(e["step"], e["psnr"]) for e in self.train_log],
             "held-out views": [(e["step"], e["psnr"]) for e in self.history]})
@@ -420,16 +426,28 @@ class Trainer:
 
 
 def train(dataset: Dataset, cfg: TrainConfig, out_dir, resume=None,
-          dist: DistContext = None, on_step=None) -> TrainResult:
+          dist: DistContext = None, on_step=None, overwrite: bool = False) -> TrainResult:
     """Train on `dataset` with `cfg`, optionally resuming from checkpoint `resume`, write the
     outputs (see Trainer.export) and a final checkpoint into `out_dir`. With several ranks
     (`dist`, default the current process group) call it on every rank: rank 0 evaluates
     and writes, and every rank returns rank 0's result. `on_step(trainer, step_result)` is
-    called after every step (e.g. viewer.TrainingView)."""
+    called after every step (e.g. viewer.TrainingView).
+
+    Rank 0 holds `out_dir` locked while the run lasts, and refuses it when it holds another
+    run's results, unless `resume` continues that run or `overwrite` lets it delete them
+    (see run_folder)."""
     start = time.perf_counter()
     trainer = Trainer(dataset, cfg, out_dir, dist)
-    if trainer.dist.is_main:
-        prepare_output_dir(trainer.out_dir)  # fail now, not after training
+    lock = claim_output_folder(trainer.out_dir, resume, overwrite) \
+        if trainer.dist.is_main else None
+    try:
+        return _train(trainer, resume, on_step, start)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(trainer: Trainer, resume, on_step, start: float) -> TrainResult:
     if resume is not None:
         trainer.load_checkpoint(resume)
     trainer.on_step = on_step

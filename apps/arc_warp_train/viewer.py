@@ -8,16 +8,203 @@ the model with the step, PSNR and Gaussian count).
 
 Camera convention: viser's camera pose (wxyz, position) is camera-to-world with OpenCV
 axes (+x right, +y down, +z forward), as arc_warp's; fov is vertical, in radians.
+
+Network: the server listens on 127.0.0.1 (this machine only) unless a host is given, and
+has no authentication, so another host exposes the scene to whoever can reach it (the
+commands print a warning). The address is checked before the server starts
+(`check_listen_address`): a name that does not resolve, an address not of this machine,
+a port outside 0..65535 or already in use is a ValueError, where viser would hang or
+silently move to the next port; port 0 takes a free port.
+
+Cross-origin websockets: browsers send an Origin header with every websocket upgrade,
+and a page of any site may open a websocket to localhost. viser 1.1.1 passes no
+`origins` to websockets' `serve` and has no hook for its handshake, so
+`_install_origin_check` replaces the `websockets` name inside viser's infra module only
+(nowhere else) by a view whose `asyncio.server.serve` adds a `process_request` check in
+front of viser's own: an upgrade is refused (HTTP 403) when its Origin is not the page's
+own (scheme http(s) and host:port equal to the Host header) and, for a loopback server,
+when its Host is not a loopback name (DNS rebinding). Upgrades without an Origin (not a
+browser) pass. This relies on viser 1.1.1's internals (pinned in pyproject.toml's
+`viewer` extra); tests/test_viewer.py fails if the check stops taking effect.
+Handshake failures of clients (a socket closed before its request, a malformed request)
+are not logged; other websockets errors are logged as one line, without a traceback.
 """
 
 import argparse
+import errno
+import http
+import ipaddress
+import logging
 import math
+import socket
+import sys
 import threading
 import time
+from urllib.parse import urlsplit
 
 import numpy as np
 
 VIEWER_HINT = "pip install -e '.[viewer]' (from the arc_warp checkout)"
+LOOPBACK = "127.0.0.1"
+"""The default host: reachable from this machine only."""
+
+
+def port_number(text) -> int:
+    """argparse type of a TCP port: an int in 0..65535 (0: any free port)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port number in 0..65535 (0: any free "
+                                         f"port), got {text!r}")
+    return value
+
+
+def _loopback_name(name) -> bool:
+    if not name:
+        return False
+    if name == "localhost" or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def is_loopback_host(host: str) -> bool:
+    """True when every address `host` resolves to is a loopback one (this machine only)."""
+    if _loopback_name(host):
+        return True
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback
+                               for info in infos)
+
+
+def check_listen_address(host: str, port: int, host_option: str = "host",
+                         port_option: str = "port") -> None:
+    """ValueError (one line naming the options and what to do) unless a server can listen
+    on `host`:`port` now: the host resolves to addresses of this machine and the port
+    (0..65535; 0 is any free port) is free on each of them. Binds and releases the
+    sockets as the server will (SO_REUSEADDR, IPv6 sockets IPv6-only)."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"{port_option} {port!r}: expected a port number in 0..65535 (0: any "
+                         "free port)")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                   flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = getattr(exc, "strerror", None) or exc
+        raise ValueError(f"{host_option} {host}: not a host name or address this machine can "
+                         f"listen on ({reason}); use {LOOPBACK} (the default) or one of this "
+                         "machine's addresses") from None
+    for family, kind, proto, _, address in dict.fromkeys(infos):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            try:
+                probe.bind(address)
+            except OSError as exc:
+                if exc.errno == errno.EADDRINUSE:
+                    raise ValueError(f"{port_option} {port}: the port is in use on {host}; pick "
+                                     f"another {port_option}, or {port_option} 0 for a free "
+                                     "one") from None
+                if exc.errno == errno.EADDRNOTAVAIL:
+                    raise ValueError(f"{host_option} {host}: not an address of this machine; "
+                                     f"use {LOOPBACK} (the default) or one of this machine's "
+                                     "addresses") from None
+                raise ValueError(f"{host_option} {host} {port_option} {port}: cannot listen "
+                                 f"there ({exc.strerror or exc})") from None
+
+
+def serving_notice(host: str, port: int, host_option: str = "--host") -> list:
+    """Lines to print when a viewer starts: its URL, and a warning when it is reachable from
+    other machines."""
+    shown = "localhost" if host in ("0.0.0.0", "::", "") else host
+    url = f"http://{f'[{shown}]' if ':' in shown else shown}:{port}"
+    if is_loopback_host(host):
+        return [url]
+    return [url, f"warning: {host_option} {host}: the viewer is reachable from other machines "
+                 "on that network, with no authentication; anyone who reaches it sees the "
+                 f"scene. Leave out {host_option} to serve on this machine only."]
+
+
+def _origin_allowed(headers, loopback: bool) -> bool:
+    """May a websocket upgrade with these request headers proceed (see the module
+    docstring)?"""
+    host = headers.get("Host", "")
+    if loopback and not _loopback_name(urlsplit("//" + host).hostname):
+        return False
+    origin = headers.get("Origin")
+    if origin is None:
+        return True
+    parts = urlsplit(origin)
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
+
+class _Override:
+    """Attribute access to `target`, with the attributes in `replaced` taking precedence."""
+
+    def __init__(self, target, **replaced):
+        self._target, self._replaced = target, replaced
+
+    def __getattr__(self, name):
+        return self._replaced[name] if name in self._replaced else getattr(self._target, name)
+
+
+def _serve_with_origin_check(serve):
+    """websockets' `serve`, with the Origin and Host check in front of `process_request`."""
+    def checked_serve(handler, host=None, port=None, *, process_request=None, **kwargs):
+        loopback = host is not None and is_loopback_host(host)
+
+        def check(connection, request):
+            if request.headers.get("Upgrade", "").lower() == "websocket" \
+                    and not _origin_allowed(request.headers, loopback):
+                return connection.respond(http.HTTPStatus.FORBIDDEN,
+                                          "arc-warp viewer: cross-origin websocket refused\n")
+            return None if process_request is None else process_request(connection, request)
+
+        return serve(handler, host, port, process_request=check, **kwargs)
+
+    return checked_serve
+
+
+class _QuietHandshakes(logging.Filter):
+    """On websockets' server logger: drops handshakes that failed through the client (a
+    malformed request, a socket closed or silent before its request) and writes any other
+    error as one line, without its traceback."""
+
+    def filter(self, record) -> bool:
+        from websockets.exceptions import InvalidHandshake
+
+        exc = record.exc_info[1] if record.exc_info else None
+        if record.getMessage() == "opening handshake failed" and isinstance(
+                exc, (InvalidHandshake, EOFError, ConnectionError, TimeoutError)):
+            return False
+        if exc is not None:
+            record.msg, record.args = f"{record.getMessage()}: {exc!r}", ()
+            record.exc_info = record.exc_text = None
+        return True
+
+
+def _install_origin_check() -> None:
+    """Make viser's server check Origin and Host and log quietly (see module docstring)."""
+    from viser.infra import _infra
+
+    logger = logging.getLogger("websockets.server")
+    if not any(isinstance(f, _QuietHandshakes) for f in logger.filters):
+        logger.addFilter(_QuietHandshakes())
+    real = _infra.websockets
+    if isinstance(real, _Override):
+        return
+    import websockets.asyncio.server as server_module
+
+    _infra.websockets = _Override(real, asyncio=_Override(real.asyncio, server=_Override(
+        server_module, serve=_serve_with_origin_check(server_module.serve))))
 
 
 def _quat_wxyz_to_rotmat(q) -> np.ndarray:
@@ -64,19 +251,27 @@ class GaussianSource:
 class Viewer:
     """A viser server whose clients see `source` rendered by arc_warp.
 
-    stats: text shown in the side panel, updated with `set_stats(name=value, ...)`.
-    frames_sent counts background images sent (all clients). `close()` stops it."""
+    Listens on `host`:`port` (see the module docstring; port 0 takes a free one, read it
+    from `port`); ValueError before anything starts when it cannot. stats: text shown in
+    the side panel, updated with `set_stats(name=value, ...)`. frames_sent counts
+    background images sent (all clients). `close()` stops it."""
 
-    def __init__(self, source: GaussianSource, port: int = 8080, host: str = "0.0.0.0",
+    def __init__(self, source: GaussianSource, port: int = 8080, host: str = LOOPBACK,
                  max_size: int = 256, background=(0.0, 0.0, 0.0), device=None,
                  up=(0.0, 0.0, 1.0), look_at=(0.0, 0.0, 0.0), eye=None, stats=()):
         import viser
         import warp as wp
 
+        check_listen_address(host, port)
         self.wp, self.source, self.max_size = wp, source, int(max_size)
         self.device = wp.get_device(device)
         self.background = tuple(float(b) for b in background)
+        _install_origin_check()
         self.server = viser.ViserServer(host=host, port=port, verbose=False)
+        if port and self.server.get_port() != port:  # taken since the check: viser moved on
+            self.server.stop()
+            raise ValueError(f"port {port}: the port is in use on {host}; pick another port, "
+                             "or port 0 for a free one")
         self.server.scene.set_up_direction(tuple(float(u) for u in up))
         self._eye, self._target, self._up = eye, look_at, up
         self._stats = {name: self.server.gui.add_text(name, initial_value="-", disabled=True)
@@ -222,7 +417,7 @@ def require_viser() -> None:
 
 
 def view_ply(path, port: int = 8080, max_size: int = 256, device=None, up=(0.0, 0.0, 1.0),
-             background=(0.0, 0.0, 0.0), host: str = "0.0.0.0") -> Viewer:
+             background=(0.0, 0.0, 0.0), host: str = LOOPBACK) -> Viewer:
     """Serve the 3DGS PLY at `path` (checked as `arc-warp render` checks it); the initial
     camera looks at the scene's median from 25 degrees above, fitting 90 % of it."""
     from arc_warp.cli import _fit, load_gaussians, orbit
@@ -237,15 +432,26 @@ def view_ply(path, port: int = 8080, max_size: int = 256, device=None, up=(0.0, 
 def cmd_view(args) -> int:
     from arc_warp.cli import quiet_warp, warp_device
 
-    quiet_warp()
-    warp_device(args.device)
-    viewer = view_ply(args.ply, args.port, args.max_size, args.device, args.up, args.background,
-                      args.host)
-    print(f"arc-warp view: serving {args.ply} at http://localhost:{viewer.port} (Ctrl-C stops)")
+    try:
+        require_viser()
+        check_listen_address(args.host, args.port, "--host", "--port")
+        quiet_warp()
+        warp_device(args.device)
+        viewer = view_ply(args.ply, args.port, args.max_size, args.device, args.up,
+                          args.background, args.host)
+    except KeyboardInterrupt:
+        print("arc-warp view: interrupted while starting", file=sys.stderr)
+        return 130
+    url, *warning = serving_notice(args.host, viewer.port)
+    print(f"arc-warp view: serving {args.ply} at {url} (Ctrl-C stops)", flush=True)
+    for line in warning:
+        print(line, file=sys.stderr)
     try:
         while True:
             time.sleep(3600)
     except KeyboardInterrupt:
+        pass
+    finally:
         viewer.close()
     return 0
 
@@ -260,8 +466,11 @@ def add_view_parser(sub) -> None:
                        f"it. Needs viser ({VIEWER_HINT}).",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("ply", help="3DGS PLY file")
-    p.add_argument("--port", type=positive_int, default=8080, help="HTTP port")
-    p.add_argument("--host", default="0.0.0.0", help="interface to listen on")
+    p.add_argument("--port", type=port_number, default=8080,
+                   help="HTTP port (0: any free port, printed)")
+    p.add_argument("--host", default=LOOPBACK,
+                   help="address to listen on; the default serves this machine only, another "
+                   "(e.g. 0.0.0.0) exposes the unauthenticated viewer to the network")
     p.add_argument("--max-size", type=positive_int, default=256,
                    help="rendered pixels on the long side")
     p.add_argument("--up", type=vec3, default=(0.0, 0.0, 1.0), help="world up, e.g. 0,-1,0")

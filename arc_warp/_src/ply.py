@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .files import write_atomically
+
 _SCALAR_TYPES = {
     "char": "i1", "int8": "i1", "uchar": "u1", "uint8": "u1",
     "short": "<i2", "int16": "<i2", "ushort": "<u2", "uint16": "<u2",
@@ -120,7 +122,11 @@ def _property_names(num_rest: int) -> list:
 
 
 def write_ply(path, gaussians: GaussianPly) -> None:
-    """Write `gaussians` to `path` as a binary little-endian standard 3DGS PLY."""
+    """Write `gaussians` to `path` as a binary little-endian standard 3DGS PLY.
+
+    Atomic: the file is written under a temporary name in the same folder and renamed over
+    `path` (see files.write_atomically), so `path` always holds a complete PLY, the old
+    one until the new one is complete, even if the process is killed while writing."""
     if not isinstance(gaussians, GaussianPly):
         raise TypeError(f"write_ply: expected a GaussianPly, got {type(gaussians).__name__}")
     g = gaussians
@@ -131,7 +137,7 @@ def write_ply(path, gaussians: GaussianPly) -> None:
     names = _property_names(rest.shape[1])
     header = ["ply", "format binary_little_endian 1.0", f"element vertex {n}"]
     header += [f"property float {name}" for name in names] + ["end_header"]
-    with open(path, "wb") as f:
+    with write_atomically(path) as tmp, open(tmp, "wb") as f:
         f.write(("\n".join(header) + "\n").encode("ascii"))
         f.write(np.ascontiguousarray(table).tobytes())
 

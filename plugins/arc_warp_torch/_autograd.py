@@ -10,11 +10,15 @@ inputs first; this module assumes float32, contiguous, same-device tensors.
 
 from __future__ import annotations
 
+import collections
+import math
+import sys
 import threading
 import weakref
 from dataclasses import dataclass
 from typing import Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 import warp as wp
 
@@ -66,11 +70,21 @@ class RenderContext:
         self.wp_device = wp.device_from_torch(self.device)
         self.workspace = Workspace(self.wp_device, threshold, allocator=self.allocate)
         self.check = check
+        self._host_blocks = _HostBlocks() if self.device.type == "cpu" else None
+
+    def empty(self, shape, dtype=torch.float32) -> torch.Tensor:
+        """A new tensor on this device for a call's memory: from torch's caching allocator
+        on CUDA; on the CPU, whose torch allocator keeps nothing, from blocks this context
+        keeps for the next call, so that a repeated call gets the same memory back (and the
+        renderers' views and plans of it) as it does on CUDA."""
+        if self._host_blocks is None:
+            return torch.empty(shape, dtype=dtype, device=self.device)
+        return self._host_blocks.empty(shape, dtype)
 
     def allocate(self, nbytes: int):
-        """``nbytes`` of torch memory on this device and torch's current stream, as
+        """``nbytes`` of this device's memory (:meth:`empty`), on torch's current stream, as
         (pointer, the tensor holding it)."""
-        t = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        t = self.empty(nbytes, torch.uint8)
         return t.data_ptr(), t
 
     def stream(self):
@@ -78,6 +92,31 @@ class RenderContext:
         if self.wp_device.is_cpu:
             return _NoStream
         return _TorchStream(self.wp_device, torch.cuda.current_stream(self.device))
+
+
+class _HostBlocks:
+    """CPU memory for the tensors of a call, kept by size for the next call's once freed, as
+    torch's CUDA caching allocator keeps device memory. A block is free again when nothing
+    holds it: its numpy array is referenced only by this pool (a tensor made from it holds
+    a reference until its memory is released)."""
+
+    ITEMSIZE = {torch.float32: 4, torch.int32: 4, torch.uint8: 1}
+
+    def __init__(self):
+        self._blocks = collections.defaultdict(list)  # nbytes -> numpy byte arrays
+
+    def empty(self, shape, dtype) -> torch.Tensor:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        nbytes = math.prod(shape) * self.ITEMSIZE[dtype]
+        blocks = self._blocks[nbytes]
+        for block in blocks:
+            if sys.getrefcount(block) == 3:  # the list's, the loop's and getrefcount's own
+                break
+        else:
+            block = np.empty(max(nbytes, 4), dtype=np.uint8)[:nbytes]
+            blocks.append(block)
+        t = torch.from_numpy(block)
+        return (t if dtype is torch.uint8 else t.view(dtype)).view(shape)
 
 
 class _NoStreamScope:
@@ -209,9 +248,9 @@ class _RenderGaussians(torch.autograd.Function):
     @staticmethod
     def forward(ctx, queued, sink, sink_tensor, means, quats, scales, opacities, colors, surface_colors=None):
         ctx.set_materialize_grads(False)
-        returned, renderer, state, saved = queued
+        returned, context, renderer, state, saved = queued
         ctx.save_for_backward(means, quats, scales, opacities, colors, *saved)
-        ctx.renderer, ctx.state, ctx.sink = renderer, state, sink
+        ctx.context, ctx.renderer, ctx.state, ctx.sink = context, renderer, state, sink
         return returned
 
     @staticmethod
@@ -222,7 +261,7 @@ class _RenderGaussians(torch.autograd.Function):
         inputs = ctx.saved_tensors[:5]
         needed = ctx.needs_input_grad
         with torch.no_grad():
-            grads, means2d_grad, surface_grad = _backward(ctx.renderer, ctx.state, inputs, ctx.sink,
+            grads, means2d_grad, surface_grad = _backward(ctx.context, ctx.renderer, ctx.state, inputs, ctx.sink,
                                                           (*output_grads, None, None)[:4],
                                                           len(needed) > 8 and needed[8])
         target = None if ctx.sink is None else ctx.sink.tensor
@@ -255,7 +294,8 @@ class _RaiseOnDoubleBackward(torch.autograd.Function):
             "images again)")
 
 
-def _backward(renderer: GaussianRenderer, state, inputs, sink, output_grads, surface: bool = False):
+def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs, sink, output_grads,
+              surface: bool = False):
     """The renderer's backward from torch cotangents ([C, ...]); torch gradients shaped
     like ``inputs``, the sink's means2d gradient (None without a sink, or once an
     attached sink's tensor died: then none is computed) and, with ``surface``, the
@@ -263,23 +303,30 @@ def _backward(renderer: GaussianRenderer, state, inputs, sink, output_grads, sur
     c, n = renderer.num_cameras, inputs[0].shape[0]
     h, w = renderer.height, renderer.width
     target = None if sink is None else sink.tensor
-    grads = [torch.empty_like(t) for t in inputs]
-    m2d = torch.empty((c, n, 2), dtype=torch.float32, device=inputs[0].device) if target is not None else None
-    # contiguous float32 copies where torch handed others (an expanded .sum() cotangent):
-    # held here until the launches that read them are queued
-    dense = [None if g is None else g.to(torch.float32).contiguous() for g in output_grads]
-    cotangents = []
-    for i in range(c):
-        planes = [None if g is None else view(g, dt, (h, w), i * h * w * k * 4)
-                  for g, dt, k in zip(dense, (wp.vec3, wp.float32, wp.float32, wp.float32), (3, 1, 1, 1))]
-        cotangents.append(ImageGrads(*planes))
+    grads = [context.empty(t.shape) for t in inputs]
+    m2d = context.empty((c, n, 2)) if target is not None else None
+    # contiguous float32 cotangents (copies where torch handed others, as the expanded one
+    # of `.sum()`, or on the CPU, into the context's memory), held here until the launches
+    # that read them are queued
+    dense = [None if g is None else g if (g.is_cuda and g.dtype is torch.float32 and g.is_contiguous())
+             else context.empty(g.shape).copy_(g) for g in output_grads]
+
+    def views():
+        cotangents = [ImageGrads(*(None if g is None else view(g, dt, (h, w), i * h * w * k * 4)
+                                   for g, dt, k in zip(dense, (wp.vec3, wp.float32, wp.float32, wp.float32),
+                                                       (3, 1, 1, 1))))
+                      for i in range(c)]
+        return (cotangents, GaussianGrads(*(view(g, dt, (n,) if g.dim() < 3 else (n, g.shape[1]))
+                                            for g, dt in zip(grads, INPUT_DTYPES))),
+                None if m2d is None else [view(m2d, wp.vec2, (n,), i * n * 8) for i in range(c)])
+
+    # Warp views of the call's tensors, made once per memory (GaussianRenderer.bound)
+    key = ("backward views", n, *(0 if g is None else g.data_ptr() for g in (*dense, *grads, m2d)))
+    cotangents, wgrads, wm2d = renderer.bound(key, views)
     # the renderer adds T_final * dL/dcolor into the surface colours' gradient
     surface_grad = torch.zeros((c, h, w, 3), dtype=torch.float32, device=inputs[0].device) if surface else None
     with state_context(renderer):
-        renderer.backward(state, cotangents,
-                          GaussianGrads(*(view(g, dt, (n,) if g.dim() < 3 else (n, g.shape[1]))
-                                          for g, dt in zip(grads, INPUT_DTYPES))),
-                          False, None if m2d is None else [view(m2d, wp.vec2, (n,), i * n * 8) for i in range(c)],
+        renderer.backward(state, cotangents, wgrads, False, wm2d,
                           None if surface_grad is None else
                           [view(surface_grad, wp.vec3, (h, w), i * h * w * 12) for i in range(c)])
     if target is None:
@@ -343,19 +390,21 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     sized = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
     h, w = sized.height, sized.width
     inputs = (means, quats, scales, opacities, colors)
-    g = check_gaussians(*(view(t, dt, (n,) if t.dim() < 3 else (n, t.shape[1])) for t, dt in zip(inputs, INPUT_DTYPES)),
-                        settings.sh_degree if colors.dim() == 3 else None)
-    renderer = context.workspace.renderer(w, h, n, c, g.sh_coeffs, settings)
+    sh_coeffs = colors.shape[1] if colors.dim() == 3 else 0
+    renderer = context.workspace.renderer(w, h, n, c, sh_coeffs, settings)
+    # Warp views of the inputs and outputs, made once per memory (GaussianRenderer.bound)
+    g = renderer.bound(("gaussians", n, *(t.data_ptr() for t in inputs)), lambda: check_gaussians(
+        *(view(t, dt, (n,) if t.dim() < 3 else (n, sh_coeffs)) for t, dt in zip(inputs, INPUT_DTYPES))))
     # two allocations: the colour and depth images, and the alpha image, projected means
     # and radii, which a loop that keeps only the colours through its optimizer step frees
-    block = means.new_empty((5 if depths else 3) * c * h * w)
-    projected = means.new_empty(4 * c * n + c * h * w)
+    block = context.empty((5 if depths else 3) * c * h * w)
+    projected = context.empty(4 * c * n + c * h * w)
     plane = c * h * w * 4
-    images = RenderImages(
+    images = renderer.bound(("images", n, block.data_ptr(), projected.data_ptr(), depths), lambda: RenderImages(
         color=view(block, wp.vec3, (c, h, w)), alpha=view(projected, wp.float32, (c, h, w), 16 * c * n),
         depth=view(block, wp.float32, (c, h, w) if depths else (c, 0, 0), 3 * plane),
         expected_depth=view(block, wp.float32, (c, h, w) if depths else (c, 0, 0), 4 * plane),
-        means2d=view(projected, wp.vec2, (c, n)), radii=view(projected, wp.vec2i, (c, n), 8 * c * n))
+        means2d=view(projected, wp.vec2, (c, n)), radii=view(projected, wp.vec2i, (c, n), 8 * c * n)))
     state = renderer.new_state(context.allocate)
     planes = None
     if surfaces is not None:
@@ -380,7 +429,7 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     if surfaces is not None:  # the backward reads both
         saved += tuple(t.detach() for t in surfaces)
         inputs += (surfaces[0],)
-    out = _RenderGaussians.apply((returned, renderer, state, saved), sink, sink_tensor, *inputs)
+    out = _RenderGaussians.apply((returned, context, renderer, state, saved), sink, sink_tensor, *inputs)
     if not depths:
         out = (*out, None, None)
     return BatchRender(*out, means2d, radii, status)

@@ -86,10 +86,11 @@ def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane
         vm, ks = (t.to(torch.float32).contiguous() for t in (viewmats, Ks))
         cams = DeviceCameras(view(vm, wp.mat44, (c,)), view(ks, wp.mat33, (c,)), width, height, near_plane, far_plane)
         return cams, (vm, ks)  # the tensors the views read, kept alive by the caller
-    packed = torch.cat([viewmats.detach().reshape(c, 16).to("cpu", torch.float64),
-                        Ks.detach().reshape(c, 9).to("cpu", torch.float64)], dim=1).numpy()
+    # Camera reads them as float64 (numpy has no bfloat16)
+    vm, kk = (t.detach().cpu().numpy() if t.dtype in (torch.float32, torch.float64)
+              else t.detach().to("cpu", torch.float64).numpy() for t in (viewmats, Ks))
     cameras = []
-    for i, (v, k) in enumerate(zip(packed[:, :16].reshape(c, 4, 4), packed[:, 16:].reshape(c, 3, 3))):
+    for i, (v, k) in enumerate(zip(vm, kk)):
         try:
             cameras.append(Camera(float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2]), width, height,
                                   world_to_camera=v, near=near_plane, far=far_plane))

@@ -46,9 +46,10 @@ def count_intersections(launches: Launches, key, n: int, depth_keys: wp.array, o
     inclusive scan of the tile counts in that order. ``flags[0]`` receives the total
     (saturated at 2^31 - 1) and the overflow slot whether it exceeds ``capacity``."""
     # stable: equal depths keep index order; the positive keys need 31 bits
-    wp.utils.radix_sort_pairs(depth_keys, order, n, 0, 31)
+    launches.call(wp.utils.radix_sort_pairs, depth_keys, order, n, 0, 31)
     launches.launch(gather_counts, n, [order, tiles_per_gauss, cum_tiles], key=("gather_counts", key))
-    wp.utils.array_scan(cum_tiles, cum_tiles, inclusive=True)  # in place (cub and the CPU scan allow it)
+    # in place (cub and the CPU scan allow it)
+    launches.call(wp.utils.array_scan, cum_tiles, cum_tiles, inclusive=True)
     launches.launch(store_total, 1, [cum_tiles, capacity, flags, OVERFLOW_SLOT], key=("store_total", key))
 
 
@@ -65,7 +66,7 @@ def sort_intersections(launches: Launches, key, order: wp.array, splats: wp.arra
     (n_tiles,) vec2i receives each tile's [start, end) in ``gauss_ids``."""
     n_tiles = tiles_x * tiles_y
     if capacity == 0:
-        ranges.zero_()
+        launches.call(ranges.zero_)
         return
     n = order.shape[0] // 2
     args = [order, splats, radii, tiles_per_gauss, cum_tiles, tiles_x, tiles_y, capacity, tile_keys, gauss_ids]
@@ -76,5 +77,5 @@ def sort_intersections(launches: Launches, key, order: wp.array, splats: wp.arra
     else:
         launches.launch(write_keys, n, args, key=("write_keys", key))
     # tile ids and the filler tile n_tiles
-    wp.utils.radix_sort_pairs(tile_keys, gauss_ids, capacity, 0, n_tiles.bit_length())
+    launches.call(wp.utils.radix_sort_pairs, tile_keys, gauss_ids, capacity, 0, n_tiles.bit_length())
     launches.launch(tile_ranges, n_tiles + 1, [tile_keys, capacity, ranges], key=("tile_ranges", key))

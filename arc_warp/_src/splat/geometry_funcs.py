@@ -7,13 +7,14 @@ import functools
 
 import warp as wp
 
+from arc_warp._src.camera import CAMERA_MODELS, FOV_SLACK
+
 TILE_SIZE = 16
 BLOCK_PIXELS = TILE_SIZE * TILE_SIZE
 ALPHA_MIN = 1.0 / 255.0  # gsplat ALPHA_THRESHOLD: weaker alphas are skipped
 ALPHA_MAX = 0.999  # gsplat MAX_ALPHA
 T_MIN = 1e-4  # a Gaussian that would bring T to or below this ends the pixel
 EXTEND_MAX = 3.33  # bounding-box half-extent in standard deviations
-FOV_SLACK = 0.3  # Jacobian clamps camera x/z, y/z at 1.3x the half field of view
 RADIUS_MAX = float(2**30)  # px; screen radii are clamped here before any int cast
 # Binning threshold slack: the tile test uses Q <= t * (1 + BIN_SLACK) + BIN_SLACK, which
 # covers the raster's float32 (fast-math) evaluation of the power near the 1/255 cut.
@@ -44,9 +45,16 @@ class Splat2D:
     conic: wp.vec4  # inverse 2D covariance (a, b, c) = [[a, b], [b, c]], and 0
 
 
+# CameraParams.model: the index in camera.CAMERA_MODELS
+MODEL_PINHOLE = CAMERA_MODELS.index("pinhole")
+MODEL_ORTHO = CAMERA_MODELS.index("ortho")
+MODEL_FISHEYE = CAMERA_MODELS.index("fisheye")
+
+
 @wp.struct
 class CameraParams:
-    """One camera as kernel argument (float32 copy of :class:`Camera`)."""
+    """One camera as kernel argument (float32 copy of :class:`Camera`). A default-made
+    struct is an undistorted pinhole (model 0, distorted 0); see ``camera_funcs``."""
 
     rot: wp.mat33  # world -> camera rotation
     trans: wp.vec3  # world -> camera translation
@@ -59,6 +67,12 @@ class CameraParams:
     height: int
     near: float
     far: float
+    model: int  # MODEL_PINHOLE / MODEL_ORTHO / MODEL_FISHEYE
+    distorted: int  # 1: the lens terms below apply and centres beyond r2_max are culled
+    radial: wp.vec4  # rho(s) numerator 1 + a1 s + .. + a4 s^4: pinhole (k1, k2, k3, 0), fisheye (k1..k4)
+    radial_den: wp.vec3  # rho(s) denominator 1 + b1 s + b2 s^2 + b3 s^3: pinhole (k4, k5, k6)
+    tangential: wp.vec2  # (p1, p2), pinhole
+    r2_max: float  # distorted: culls centres whose undistorted |n|^2 exceeds it (camera.radial_limit)
 
 
 @wp.func_native("union { float f; int i; } u; u.f = x; return u.i;")

@@ -15,14 +15,12 @@ from arc_warp._src.splat.geometry_funcs import (
     G_OPACITY,
     G_RGB,
     G_XY,
+    MODEL_FISHEYE,
     CameraParams,
     Splat2D,
     float_bits,
     footprint,
-    fov_limits,
     grad_vector,
-    persp_jacobian,
-    persp_jacobian_vjp,
     quat_to_rotmat,
     quat_to_rotmat_vjp,
     scale_columns,
@@ -30,8 +28,12 @@ from arc_warp._src.splat.geometry_funcs import (
     tile_bbox,
 )
 from arc_warp._src.splat.bin_kernels import INT32_MAX
+from arc_warp._src.splat.camera_funcs import camera_project, camera_vjp, pinhole_project, pinhole_vjp, radial_limit
 from arc_warp._src.splat.sh_kernels import make_clear_colors, make_color_vjp
 from arc_warp._src.splat.validate_kernels import nonfinite3
+
+coeffs8 = wp.types.vector(8, wp.float32)  # OpenCV's distortion coefficients, zero-padded
+
 
 @wp.func
 def count_tiles(geom: wp.vec4, conic: wp.vec4, radius: wp.vec2i, tiles_x: int, tiles_y: int) -> wp.int64:
@@ -79,10 +81,13 @@ def sigmoid_slope(x: float) -> float:
 
 
 @functools.cache
-def make_project_fwd(antialiased: bool, scale_activation: str = "none", opacity_activation: str = "none"):
+def make_project_fwd(antialiased: bool, scale_activation: str = "none", opacity_activation: str = "none",
+                     pinhole_only: bool = False):
     """Projection forward; ``antialiased`` scales each opacity by ``aa_compensation``;
     ``scale_activation`` "exp" / ``opacity_activation`` "sigmoid": the kernel reads
-    log-scales / logits and activates them (compile-time constants, as ``antialiased``)."""
+    log-scales / logits and activates them (compile-time constants, as ``antialiased``);
+    ``pinhole_only``: the kernel handles only undistorted pinhole cameras (no code, and no
+    registers, for the other models; see ``project_ops.is_plain_pinhole``)."""
 
     @wp.kernel(enable_backward=False, module="unique")
     def project_fwd(
@@ -105,7 +110,8 @@ def make_project_fwd(antialiased: bool, scale_activation: str = "none", opacity_
         # the camera is read from device memory, so cameras on the device need no host copy
         project_one(wp.tid(), means, quats, scales, opacities, cams[0], eps2d, tiles_x, tiles_y, means2d,
                     splats, radii, tiles_per_gauss, depth_keys, order, bad, wp.static(antialiased),
-                    wp.static(scale_activation == "exp"), wp.static(opacity_activation == "sigmoid"))
+                    wp.static(scale_activation == "exp"), wp.static(opacity_activation == "sigmoid"),
+                    wp.static(pinhole_only))
 
     return project_fwd
 
@@ -131,8 +137,11 @@ def project_one(
     antialiased: bool,  # a compile-time constant (wp.static) in each kernel variant
     exp_scales: bool,  # scales are log-scales (compile-time, as antialiased)
     sigmoid_opacities: bool,  # opacities are logits (compile-time, as antialiased)
+    pinhole_only: bool,  # the camera is an undistorted pinhole (compile-time, as antialiased)
 ):
-    """Culls (each test written so that NaN culls) and projects Gaussian ``i``.
+    """Culls (each test written so that NaN culls) and projects Gaussian ``i`` through the
+    camera's model (``camera_funcs.camera_project``; a distorted camera also culls centres
+    beyond its ``r2_max``).
 
     With ``exp_scales`` / ``sigmoid_opacities`` every use below (culling, compensation,
     extent, splat) sees the activated values; a log-scale whose exp overflows is flagged
@@ -178,9 +187,14 @@ def project_one(
     if not (p[2] >= cam.near and p[2] <= cam.far and opacity >= ALPHA_MIN):
         return
 
+    if pinhole_only:
+        xy, jac, inside = pinhole_project(p, cam)
+    else:
+        xy, jac, inside = camera_project(p, cam)
+    if not inside:
+        return
     m = scale_columns(quat_to_rotmat(quat), scale)
     cov_c = cam.rot * (m * wp.transpose(m)) * wp.transpose(cam.rot)
-    jac = persp_jacobian(p, cam.fx, cam.fy, fov_limits(cam.fx, cam.fy, cam.cx, cam.cy, cam.width, cam.height))
     cov2d = jac * cov_c * wp.transpose(jac)
     a = cov2d[0, 0] + eps2d
     b = cov2d[0, 1]
@@ -212,8 +226,6 @@ def project_one(
     ry = wp.min(wp.ceil(extend * wp.sqrt(c)), RADIUS_MAX)
     if not (rx > 0.0 and ry > 0.0):
         return
-    rz = 1.0 / p[2]
-    xy = wp.vec2(cam.fx * p[0] * rz + cam.cx, cam.fy * p[1] * rz + cam.cy)
     if not (
         xy[0] + rx > 0.0
         and xy[0] - rx < float(cam.width)
@@ -237,7 +249,7 @@ def project_one(
 @functools.cache
 def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, overwrite: bool = False,
                      sh_apart: bool = False, scale_activation: str = "none", opacity_activation: str = "none",
-                     means2d: bool = True):
+                     means2d: bool = True, pinhole_only: bool = False):
     """Per-Gaussian backward of the projection stage, and of the colour stage unless
     ``sh_apart``.
 
@@ -257,6 +269,7 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
     it is added (or written).
     ``means2d`` False: nobody reads dL/dmeans2d, so ``v_means2d`` is not touched (it may be
     None).
+    ``pinhole_only``: as ``make_project_fwd``'s.
     """
     exp_scales = scale_activation == "exp"
     sigmoid_opacities = opacity_activation == "sigmoid"
@@ -339,8 +352,10 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
         m = scale_columns(rot, scale)
         cov_c = cam.rot * (m * wp.transpose(m)) * wp.transpose(cam.rot)
         p = cam.rot * mean + cam.trans
-        lim = fov_limits(cam.fx, cam.fy, cam.cx, cam.cy, cam.width, cam.height)
-        jac = persp_jacobian(p, cam.fx, cam.fy, lim)
+        if wp.static(pinhole_only):
+            xy, jac, inside = pinhole_project(p, cam)
+        else:
+            xy, jac, inside = camera_project(p, cam)
 
         if wp.static(antialiased):
             # opacity' = opacity * sqrt(r), r = det(S) / det(S + eps I), S = cov2d
@@ -367,13 +382,10 @@ def make_project_bwd(n_coeffs: int, absgrad: bool, antialiased: bool = False, ov
                     off, v_r * (cov2d[0, 0] * det - det_orig * (cov2d[0, 0] + eps2d)))
         v_cov_c = wp.transpose(jac) * v_cov2d * jac
         v_jac = (v_cov2d + wp.transpose(v_cov2d)) * jac * cov_c
-        rz = 1.0 / p[2]
-        v_p = wp.vec3(
-            cam.fx * rz * v_xy[0],
-            cam.fy * rz * v_xy[1],
-            -(cam.fx * p[0] * v_xy[0] + cam.fy * p[1] * v_xy[1]) * rz * rz + g[G_DEPTH],
-        )
-        v_p += persp_jacobian_vjp(p, cam.fx, cam.fy, lim, v_jac)
+        if wp.static(pinhole_only):
+            v_p = pinhole_vjp(p, cam, v_xy, g[G_DEPTH], v_jac)
+        else:
+            v_p = camera_vjp(p, cam, v_xy, g[G_DEPTH], v_jac)
 
         # cov = M M^T with M = rot diag(scale)
         v_cov = wp.transpose(cam.rot) * v_cov_c * cam.rot
@@ -419,12 +431,18 @@ def camera_from_matrices(
     height: int,
     near: float,
     far: float,
+    model: int,
+    distortion: wp.array2d(dtype=float),
     cams: wp.array(dtype=CameraParams),
     bad: wp.array(dtype=wp.int32),
     slot: int,
+    distortion_slot: int,
 ):
-    """``cams[0]`` = camera ``index`` of device-side matrices. An invalid camera (non-finite,
-    focal length <= 0, last row not (0, 0, 0, 1)) sets ``bad[slot]`` and gets an empty
+    """``cams[0]`` = camera ``index`` of device-side matrices, of camera model ``model``
+    (``CameraParams.model``) with ``distortion`` (C, K) OpenCV coefficients (K = 0: none).
+    An invalid camera (non-finite, focal length <= 0, last row not (0, 0, 0, 1)) sets
+    ``bad[slot]``, an invalid distortion (non-finite, or a radial map that folds inside the
+    image: ``camera_funcs.radial_limit``) ``bad[distortion_slot]``; either gets an empty
     depth range, so every Gaussian is culled."""
     m = viewmats[index]
     k = intrinsics[index]
@@ -440,6 +458,7 @@ def camera_from_matrices(
     cam.height = height
     cam.near = near
     cam.far = far
+    cam.model = model
     finite = True
     for r in range(4):
         for c in range(4):
@@ -448,8 +467,32 @@ def camera_from_matrices(
         for c in range(3):
             finite = finite and wp.isfinite(k[r, c])
     last_row = m[3, 0] == 0.0 and m[3, 1] == 0.0 and m[3, 2] == 0.0 and m[3, 3] == 1.0
-    if not (finite and last_row and cam.fx > 0.0 and cam.fy > 0.0):
+    valid = finite and last_row and cam.fx > 0.0 and cam.fy > 0.0
+    if not valid:
         bad[slot] = 1
+    elif distortion.shape[1] > 0:
+        d = coeffs8()
+        lens_ok = bool(True)
+        for j in range(distortion.shape[1]):
+            d[j] = distortion[index, j]
+            lens_ok = lens_ok and wp.isfinite(d[j])
+            if d[j] != 0.0:
+                cam.distorted = 1
+        if model == MODEL_FISHEYE:
+            cam.radial = wp.vec4(d[0], d[1], d[2], d[3])
+        else:  # OpenCV's order: k1, k2, p1, p2, k3, k4, k5, k6
+            cam.radial = wp.vec4(d[0], d[1], d[4], 0.0)
+            cam.radial_den = wp.vec3(d[5], d[6], d[7])
+            cam.tangential = wp.vec2(d[2], d[3])
+        if lens_ok and cam.distorted != 0:
+            dx = wp.max(wp.abs(cam.cx), wp.abs(float(width) - cam.cx)) / cam.fx
+            dy = wp.max(wp.abs(cam.cy), wp.abs(float(height) - cam.cy)) / cam.fy
+            cam.r2_max = radial_limit(cam, wp.sqrt(dx * dx + dy * dy))
+            lens_ok = cam.r2_max >= 0.0
+        if not lens_ok:
+            bad[distortion_slot] = 1
+            valid = False
+    if not valid:
         cam.near = 1.0
         cam.far = 0.0
     cams[0] = cam

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import warp as wp
 
-from arc_warp._src.camera import Camera, DeviceCameras
+from arc_warp._src.camera import CAMERA_MODELS, Camera, DeviceCameras
 from arc_warp._src.launches import Launches
 from arc_warp._src.splat.geometry_funcs import CameraParams
 from arc_warp._src.splat.project_kernels import camera_from_matrices, make_project_bwd, make_project_fwd
@@ -13,48 +13,75 @@ from arc_warp._src.splat.records import GaussianGrads, Gaussians, RenderSettings
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS
 
 
-def camera_params(cameras: list[Camera]) -> np.ndarray:
-    """(C,) numpy records of ``CameraParams`` for host cameras: their float64 values
-    rounded once to float32, as the kernels read them."""
-    params = np.zeros(len(cameras), dtype=CameraParams.numpy_dtype())
-    for p, camera in zip(params, cameras):
+CAMERA_RECORD = CameraParams.numpy_dtype()  # numpy's layout of one CameraParams (made once: it parses)
+
+
+def camera_params(cameras: list[Camera], out: np.ndarray | None = None) -> np.ndarray:
+    """(C,) numpy records of ``CameraParams`` for host cameras (into ``out`` if given): their
+    float64 values rounded once to float32, as the kernels read them."""
+    params = np.zeros(len(cameras), dtype=CAMERA_RECORD) if out is None else out
+    for i, camera in enumerate(cameras):
         w2c = camera.world_to_camera
-        p["rot"] = w2c[:3, :3].astype(np.float32)
-        p["trans"] = w2c[:3, 3].astype(np.float32)
-        p["center"] = camera.center.astype(np.float32)
+        params["rot"][i] = w2c[:3, :3]
+        params["trans"][i] = w2c[:3, 3]
+        params["center"][i] = camera.center
         for name in ("fx", "fy", "cx", "cy", "width", "height", "near", "far"):
-            p[name] = getattr(camera, name)
+            params[name][i] = getattr(camera, name)
+        params["model"][i] = CAMERA_MODELS.index(camera.model)
+        lens = camera.distortion
+        params["distorted"][i] = lens is not None
+        if lens is not None:
+            num, den = lens.radial(camera.model)
+            params["radial"][i] = tuple(num[1:]) + (0.0,) * (5 - len(num))
+            params["radial_den"][i] = tuple(den[1:]) + (0.0,) * (4 - len(den))
+            params["tangential"][i] = (lens.p1, lens.p2)
+            params["r2_max"][i] = camera.r2_max
+        else:
+            for name in ("radial", "radial_den", "tangential", "r2_max"):
+                params[name][i] = 0
     return params
 
 
-def write_cameras(launches: Launches, cameras, cams: wp.array, flags: wp.array, staging: wp.array) -> None:
+def is_plain_pinhole(cameras) -> bool:
+    """True for undistorted pinhole cameras (a sequence of Camera, or DeviceCameras): the
+    projection may then use kernels without the other models' code (``pinhole_only``)."""
+    if isinstance(cameras, DeviceCameras):
+        return cameras.model == "pinhole" and cameras.distortion is None
+    return all(cam.model == "pinhole" and cam.distortion is None for cam in cameras)
+
+
+def write_cameras(launches: Launches, cameras, cams: wp.array, flags: wp.array, staging: wp.array,
+                  records: np.ndarray) -> None:
     """Fill the (C,) ``CameraParams`` ``cams``: host :class:`Camera` values written into the
-    (C,) host ``staging`` records (page-locked on CUDA, so the copy queues without a wait)
-    and copied over, or :class:`DeviceCameras` read on the device (an invalid camera sets
+    (C,) host ``staging`` records (page-locked on CUDA, so the copy queues without a wait;
+    ``records`` is their numpy view) and copied over, or :class:`DeviceCameras` read on the device (an invalid camera sets
     its row of the (C, FLAG_SLOTS) ``flags``). The caller makes sure the device has read
     ``staging``'s previous values."""
     if isinstance(cameras, DeviceCameras):
-        slot = 1 + BAD_SLOTS.index("cameras")
+        slots = (1 + BAD_SLOTS.index("cameras"), 1 + BAD_SLOTS.index("camera distortion"))
         for c in range(len(cameras)):
             launches.launch(camera_from_matrices, 1,
                             [cameras.viewmats, cameras.intrinsics, c, cameras.width, cameras.height,
-                             float(cameras.near), float(cameras.far), cams[c:c + 1], flags[c], slot],
-                            key=("camera", c))
+                             float(cameras.near), float(cameras.far), CAMERA_MODELS.index(cameras.model),
+                             cameras.distortion, cams[c:c + 1], flags[c], *slots], key=("camera", c))
         return
-    staging.numpy()[:] = camera_params(cameras)
+    camera_params(cameras, records)
     wp.copy(cams, staging)
 
 
 def project(launches: Launches, key, g: Gaussians, cam: wp.array, settings: RenderSettings, tiles_x: int,
             tiles_y: int, flags: wp.array, means2d: wp.array, radii: wp.array, splats: wp.array,
-            tiles_per_gauss: wp.array, depth_keys: wp.array, order: wp.array) -> None:
+            tiles_per_gauss: wp.array, depth_keys: wp.array, order: wp.array, pinhole_only: bool = False) -> None:
     """Screen-space splats (N,) ``Splat2D``, ``means2d`` (N,) vec2 pixels, ``radii`` (N,)
     vec2i, the (N,) int32 tile counts, and the depth sort's keys and identity order (the
     first N entries of ``depth_keys`` and ``order``); flags non-finite inputs in ``flags``.
     ``cam`` is one camera's (1,) ``CameraParams``. From ``settings``: ``eps2d``,
-    ``antialiased`` and the scale / opacity activations (compile-time variants)."""
+    ``antialiased`` and the scale / opacity activations (compile-time variants).
+    ``pinhole_only``: the kernel without the other camera models' code (fewer registers;
+    :func:`is_plain_pinhole`)."""
     launches.launch(
-        make_project_fwd(settings.antialiased, settings.scale_activation, settings.opacity_activation), g.count,
+        make_project_fwd(settings.antialiased, settings.scale_activation, settings.opacity_activation, pinhole_only),
+        g.count,
         [g.means, g.quats, g.scales, g.opacities, cam, settings.eps2d, tiles_x, tiles_y, means2d, splats, radii,
          tiles_per_gauss, depth_keys, order, flags],
         key=("project", key))
@@ -63,7 +90,7 @@ def project(launches: Launches, key, g: Gaussians, cam: wp.array, settings: Rend
 def project_backward(launches: Launches, key, g: Gaussians, cam: wp.array, settings: RenderSettings,
                      radii: wp.array, splats: wp.array, rgb: wp.array, raster_grads: wp.array, grads: GaussianGrads,
                      means2d_grad: wp.array | None, means2d_absgrad: wp.array | None, accumulate: bool,
-                     sh_v_means: wp.array | None) -> None:
+                     sh_v_means: wp.array | None, pinhole_only: bool = False) -> None:
     """Adds the projection's and the colour stage's shares of the gradients into ``grads``
     (and the 2D mean gradients), in one pass over the Gaussians; ``accumulate`` False writes
     them instead (every entry, 0 for culled Gaussians: nothing needs zeroing first).
@@ -72,11 +99,12 @@ def project_backward(launches: Launches, key, g: Gaussians, cam: wp.array, setti
     gradients; this adds its view-direction share of dL/dmeans (it may be ``grads.means``
     itself when not ``accumulate``: each entry is read before it is written). None: the
     colour backward runs here, per Gaussian. With the activations set, the scale / opacity
-    gradients are w.r.t. the raw log-scales / logits."""
+    gradients are w.r.t. the raw log-scales / logits. ``pinhole_only``: as :func:`project`'s
+    (the forward's value)."""
     launches.launch(
         make_project_bwd(g.sh_coeffs, settings.absgrad, settings.antialiased, not accumulate,
                          sh_v_means is not None, settings.scale_activation, settings.opacity_activation,
-                         means2d_grad is not None),
+                         means2d_grad is not None, pinhole_only),
         g.count,
         [g.means, g.quats, g.scales, g.colors, g.opacities, cam, settings.eps2d, radii, splats, rgb, raster_grads,
          grads.means, grads.quats, grads.scales, grads.opacities, grads.colors, means2d_grad, means2d_absgrad,

@@ -61,4 +61,4 @@ def raster_backward(launches: Launches, key, tiles_x: int, tiles_y: int, backgro
              entry_grads if det else raster_grads, grad_surface_colors, None],
             block_dim=BLOCK_PIXELS, key=("raster_bwd", key))
     if det:
-        ordered_scatter_add(raster_grads, gauss_ids[:n_isects], entry_grads[:n_isects])
+        launches.call(ordered_scatter_add, raster_grads, gauss_ids[:n_isects], entry_grads[:n_isects])

@@ -120,7 +120,9 @@ class Gaussians:
     ``RenderSettings.scale_activation="exp"``); ``opacities`` (N,) float32 (in [0, 1], or
     logits with ``opacity_activation="sigmoid"``); ``colors`` (N, K) wp.vec3 SH
     coefficients or (N,) wp.vec3 RGB. ``sh_coeffs``: the coefficients evaluated,
-    (degree + 1)^2, or 0 for RGB. All on one device, contiguous."""
+    (degree + 1)^2, or 0 for RGB. All on one device, contiguous. ``coeff_rows``: the SH
+    coefficients' memory as (N,) vectors of 3K floats, which the SH kernels load whole
+    (None for RGB)."""
 
     means: wp.array
     quats: wp.array
@@ -128,6 +130,7 @@ class Gaussians:
     opacities: wp.array
     colors: wp.array
     sh_coeffs: int
+    coeff_rows: wp.array | None = None
 
     @property
     def count(self) -> int:
@@ -169,6 +172,23 @@ class RenderImages:
     expected_depth: wp.array
     means2d: wp.array
     radii: wp.array
+    planes: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        # each camera's (color, alpha, depth, expected_depth, means2d, radii), as the kernels take them
+        arrays = (self.color, self.alpha, self.depth, self.expected_depth, self.means2d, self.radii)
+        object.__setattr__(self, "planes", tuple(tuple(camera_plane(a, c) for a in arrays)
+                                                 for c in range(self.color.shape[0])))
+
+
+def camera_plane(a: wp.array, c: int) -> wp.array:
+    """Camera ``c``'s part of a contiguous batched (C, ...) array, made from its pointer
+    (cheaper than Warp's indexing; Warp cannot index an empty array at all), keeping ``a``
+    alive as Warp's own views do."""
+    view = wp.array(ptr=a.ptr + c * a.strides[0] if a.size else None, dtype=a.dtype, shape=a.shape[1:],
+                    device=a.device)
+    view._ref = a
+    return view
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import warp as wp
 
 from arc_warp._src.camera import Camera, DeviceCameras
 from arc_warp._src.splat.records import GaussianGrads, ImageGrads, RenderImages, RenderOutput, RenderSettings
-from arc_warp._src.splat.renderer import GaussianRenderer, plane
+from arc_warp._src.splat.renderer import GaussianRenderer
 from arc_warp._src.splat.surface_ops import check_surfaces
 from arc_warp._src.splat.validate import check_gaussians, check_grads
 from arc_warp._src.splat.workspace import Workspace
@@ -147,7 +147,7 @@ def render_gaussians(
     status = renderer.forward(g, cameras, state, images, check=True, surfaces=surfaces)
     outs = []
     for i, mine in enumerate(given):
-        views = {name: plane(getattr(images, name), i) for name in (*IMAGE_OUTPUTS, "means2d", "radii")}
+        views = dict(zip((*IMAGE_OUTPUTS, "means2d", "radii"), images.planes[i]))
         for name, array in mine.items():  # the caller's arrays get the camera's results
             wp.copy(array, views[name])
             views[name] = array

@@ -24,6 +24,7 @@ being able to know it first.
 
 from __future__ import annotations
 
+import collections
 import warnings
 
 import numpy as np
@@ -31,13 +32,13 @@ import warp as wp
 
 from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD, resolve_threshold
 from arc_warp._src.camera import Camera, DeviceCameras
-from arc_warp._src.launches import Launches
+from arc_warp._src.launches import Launches, Plan
 from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
 from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D, grad_vector
-from arc_warp._src.splat.project_ops import project, project_backward, write_cameras
+from arc_warp._src.splat.project_ops import is_plain_pinhole, project, project_backward, write_cameras
 from arc_warp._src.splat.raster_ops import raster_backward, rasterize
 from arc_warp._src.splat.records import GaussianGrads, Gaussians, ImageGrads, RenderImages, RenderSettings, Surface
-from arc_warp._src.splat.sh_ops import coefficient_rows, color_backward, compute_colors
+from arc_warp._src.splat.sh_ops import color_backward, compute_colors
 from arc_warp._src.splat.status import RenderStatus
 from arc_warp._src.splat.surface_ops import flag_surface
 from arc_warp._src.splat.validate import check_intersections
@@ -45,6 +46,7 @@ from arc_warp._src.splat.validate_kernels import FLAG_SLOTS
 from arc_warp._src.validate import check_array
 
 SORT_SLACK = 4096  # entries added to every capacity, so small scenes rarely overflow
+BINDINGS = 64  # views and plans a renderer keeps (see GaussianRenderer.bound): a few steps' worth
 ALIGN = 256  # byte alignment of each part carved from one allocation
 
 
@@ -59,34 +61,59 @@ class _Block:
     """Typed views carved from one allocation of ``allocator(nbytes) -> (pointer, owner)``
     (None: a Warp byte array, which each view keeps alive, as Warp's own views do), each
     part ``ALIGN``-aligned. With an allocator the views do not keep the ``owner`` alive:
-    its caller does (torch frees a render's memory when its backward is done)."""
+    its caller does (torch frees a render's memory when its backward is done), and they
+    come from ``renderer.bound`` (made once per pointer and layout)."""
 
-    def __init__(self, device, parts: list[tuple], allocator=None):
+    def __init__(self, renderer: GaussianRenderer, parts: list[tuple], allocator=None):
         offsets, total = [], 0
         for shape, dtype in parts:
             offsets.append(total)
             total += -(-_nbytes(shape, dtype) // ALIGN) * ALIGN
+        device = renderer.device
         if allocator is None:
             self.owner = wp.empty(max(total, 1), dtype=wp.uint8, device=device)
             base = self.owner.ptr
         else:
             base, self.owner = allocator(max(total, 1))
-        self.views = [wp.array(ptr=base + offset, dtype=dtype, shape=shape, device=device)
-                      for offset, (shape, dtype) in zip(offsets, parts)]
+
+        def views():
+            return [wp.array(ptr=base + offset, dtype=dtype, shape=shape, device=device)
+                    for offset, (shape, dtype) in zip(offsets, parts)]
+
         if allocator is None:
+            self.views = views()
             for view in self.views:
                 view._ref = self.owner
+        else:
+            self.views = renderer.bound(("block", base, tuple(parts)), views)
 
 
-def plane(a: wp.array, c: int) -> wp.array:
-    """Camera ``c``'s part of a batched (C, ...) array (Warp cannot index an empty one)."""
-    return a[c] if a.size else wp.empty(a.shape[1:], dtype=a.dtype, device=a.device)
+def _ptr(a: wp.array | None) -> int:
+    """An optional array's pointer for a plan's key (0: none)."""
+    return 0 if a is None else a.ptr
 
 
 class _CameraState:
     """One camera's part of a :class:`RenderState` (views into its allocations)."""
 
     __slots__ = ("cam", "splats", "rgb", "ranges", "final_t", "last_ids", "absgrad", "sort_ids")
+
+
+def _camera_parts(renderer: GaussianRenderer, views: list, per_camera: int, absgrad: bool) -> tuple:
+    """Each camera's :class:`_CameraState` over a state's views (``per_camera`` of them per
+    camera), and the (C,) CameraParams of all cameras, which are evenly spaced."""
+    cameras = []
+    for i in range(len(views) // per_camera):
+        cs = _CameraState()
+        cs.cam, cs.splats, cs.rgb, cs.ranges, cs.final_t, cs.last_ids, cs.absgrad = \
+            views[i * per_camera:(i + 1) * per_camera]
+        cs.absgrad = cs.absgrad if absgrad else None
+        cs.sort_ids = None
+        cameras.append(cs)
+    first, last, c = cameras[0].cam, cameras[-1].cam, len(cameras)
+    cams = first if c == 1 else wp.array(ptr=first.ptr, dtype=CameraParams, shape=(c,),
+                                         strides=((last.ptr - first.ptr) // (c - 1),), device=renderer.device)
+    return cameras, cams
 
 
 class RenderState:
@@ -110,21 +137,13 @@ class RenderState:
         per_camera = [((1,), CameraParams), ((n,), Splat2D), ((n if sh else 0,), wp.vec3),
                       ((renderer.tiles_x * renderer.tiles_y,), wp.vec2i), (shape, wp.float32), (shape, wp.int32),
                       ((n if absgrad else 0,), wp.vec2)]
-        block = _Block(renderer.device, per_camera * c, allocator)
+        block = _Block(renderer, per_camera * c, allocator)
         self.owners = [block.owner]
-        self.cameras = []
-        for i in range(c):
-            cs = _CameraState()
-            (cs.cam, cs.splats, cs.rgb, cs.ranges, cs.final_t, cs.last_ids,
-             cs.absgrad) = block.views[i * len(per_camera):(i + 1) * len(per_camera)]
-            cs.absgrad = cs.absgrad if absgrad else None
-            cs.sort_ids = None
-            self.cameras.append(cs)
-        # the (C,) CameraParams are consecutive: every camera's first part is one record
-        self.cams = wp.array(ptr=self.cameras[0].cam.ptr, dtype=CameraParams, shape=(c,),
-                             strides=(self.cameras[1].cam.ptr - self.cameras[0].cam.ptr if c > 1 else 1,),
-                             device=renderer.device) if c > 1 else self.cameras[0].cam
+        self.cameras, self.cams = _camera_parts(renderer, block.views, len(per_camera), absgrad) if allocator is None \
+            else renderer.bound(("camera parts", block.views[0].ptr, n, c, sh, absgrad),
+                                lambda: _camera_parts(renderer, block.views, len(per_camera), absgrad))
         self.capacity = 0
+        self.pinhole_only = False  # the forward's cameras were all plain pinholes (its kernel variant)
         self.surfaces: list[Surface] | None = None
         self.gaussians: Gaussians | None = None
         self.images: RenderImages | None = None
@@ -135,7 +154,7 @@ class RenderState:
         int32: the radix sort's room)."""
         if capacity <= self.capacity:
             return
-        block = _Block(self.renderer.device, [((2 * capacity,), wp.int32)] * len(self.cameras), self.allocator)
+        block = _Block(self.renderer, [((2 * capacity,), wp.int32)] * len(self.cameras), self.allocator)
         self.owners.append(block.owner)
         for cs, ids in zip(self.cameras, block.views):
             cs.sort_ids = ids
@@ -207,8 +226,11 @@ class GaussianRenderer:
         self._event = wp.Event(self.device) if self.device.is_cuda else None
         # host cameras' records on their way to the device, and an event after their last copy
         self._staging = wp.empty(cameras, dtype=CameraParams, device="cpu", pinned=self.device.is_cuda)
+        self._staged_records = self._staging.numpy()
         self._staged = wp.Event(self.device) if self.device.is_cuda else None
         self._pending: RenderStatus | None = None  # the last forward's status, unread
+        self._bindings: collections.OrderedDict = collections.OrderedDict()  # see bound() and _run()
+        self._capture = None  # the stream plans are captured on (CUDA)
         self._forward_scratch = self._backward_scratch = None  # owned scratch (no allocator)
         self.capturing = False  # set by CapturedRenders: no waits, no growth
         self.num_gaussians = 0
@@ -264,21 +286,38 @@ class GaussianRenderer:
                     "GaussianRenderer: host cameras inside a CUDA graph capture would be copied from memory the "
                     "replays no longer hold; pass DeviceCameras (arc_warp_torch: viewmats and Ks on the GPU)")
         state.gaussians, state.images, state.surfaces = gaussians, images, surfaces
-        self._flags.zero_()
-        if self._staged is not None and not isinstance(cameras, DeviceCameras):
-            # the previous forward's copy has read the staging records: waits only if the
-            # device is a whole step behind
-            wp.synchronize_event(self._staged)
-        write_cameras(self._launches, cameras, state.cams, self._flags, self._staging)
-        if self._staged is not None and not isinstance(cameras, DeviceCameras):
-            self.device.stream.record_event(self._staged)
-        rows = coefficient_rows(gaussians)
+        state.pinhole_only = is_plain_pinhole(cameras)
+        device_cameras = isinstance(cameras, DeviceCameras)
+        if not device_cameras:  # host values, new each call: written outside any plan
+            if self._staged is not None:
+                # the previous forward's copy has read the staging records: waits only if the
+                # device is a whole step behind
+                wp.synchronize_event(self._staged)
+            write_cameras(self._launches, cameras, state.cams, self._flags, self._staging, self._staged_records)
+            if self._staged is not None:
+                self.device.stream.record_event(self._staged)
+        rows = gaussians.coeff_rows
         if self.capacity is None:
             measuring = self._scratch(False)  # held until the work is queued
-            self._measure(gaussians, state, rows, measuring.views)
+            self._measure(gaussians, cameras, state, rows, measuring.views)
         scratch = self._scratch(False)  # held until the work is queued (an allocator's memory)
         state.sort_room(self.capacity)
-        status = self._render(gaussians, state, images, rows, scratch.views, range(self.num_cameras))
+        cameras_key = ((cameras.viewmats.ptr, cameras.intrinsics.ptr, _ptr(cameras.distortion), cameras.model)
+                       if device_cameras else None)
+        key = ("forward", self.capacity, state.pinhole_only, cameras_key, *(a.ptr for a in gaussians.arrays),
+               *(a.ptr for a in (images.color, images.alpha, images.depth, images.expected_depth, images.means2d,
+                                 images.radii)),
+               state.cams.ptr, state.cameras[0].sort_ids.ptr, scratch.views[0].ptr,
+               *(p for surface in surfaces or () for p in (surface.colors.ptr, surface.depths.ptr)))
+
+        def body():
+            self._launches.call(self._flags.zero_)
+            if device_cameras:
+                write_cameras(self._launches, cameras, state.cams, self._flags, self._staging, self._staged_records)
+            self._render(gaussians, state, images, rows, scratch.views, range(self.num_cameras))
+
+        self._run(key, body)
+        status = state.status = self._status()
         if check:
             self._settle(status, gaussians, state, images, rows)
         else:
@@ -319,8 +358,9 @@ class GaussianRenderer:
                                     ("expected_depth", wp.float32, [(c, h, w), (c, 0, 0)]),
                                     ("means2d", wp.vec2, [(c, n)]), ("radii", wp.vec2i, [(c, n)])):
             a = getattr(images, name)
-            check_array(a, f"images.{name}", dtype, a.ndim if isinstance(a, wp.array) else 0, None, self.device)
-            if a.shape not in shapes:
+            if not (isinstance(a, wp.array) and a.dtype is dtype and a.shape in shapes and a.is_contiguous
+                    and a.device == self.device):  # the common case first: a call's host time
+                check_array(a, f"images.{name}", dtype, a.ndim if isinstance(a, wp.array) else 0, None, self.device)
                 raise ValueError(f"images.{name} must have shape {' or '.join(map(str, shapes))}, got {a.shape}")
         if surfaces is not None:
             if len(surfaces) != c or not all(isinstance(s, Surface) for s in surfaces):
@@ -344,29 +384,33 @@ class GaussianRenderer:
         else:
             parts = [((n,), wp.int32), ((2 * n,), wp.int32), ((n,), wp.int64), ((2 * max(n, cap),), wp.int32)]
         if self.allocator is not None:  # the caller holds the block until its work is queued
-            return _Block(self.device, parts, self.allocator)
+            return _Block(self, parts, self.allocator)
         attr = "_backward_scratch" if backward else "_forward_scratch"
         block = getattr(self, attr)
         if block is None or any(v.shape != shape for v, (shape, _) in zip(block.views, parts)):
-            block = _Block(self.device, parts)
+            block = _Block(self, parts)
             setattr(self, attr, block)
         return block
 
-    def _measure(self, gaussians: Gaussians, state: RenderState, rows, scratch) -> None:
+    def _measure(self, gaussians: Gaussians, cameras, state: RenderState, rows, scratch) -> None:
         """Sets the capacity from the cameras' totals, read back (the one wait of a first
         forward): 1.25x the largest plus ``SORT_SLACK``."""
         tiles_per_gauss, order, cum_tiles, keys = scratch
         n = gaussians.count
+        self._flags.zero_()
+        if isinstance(cameras, DeviceCameras):
+            write_cameras(self._launches, cameras, state.cams, self._flags, self._staging, self._staged_records)
         for c, cs in enumerate(state.cameras):
             flags = self._flags[c]
-            images = state.images
+            *_, means2d, radii = state.images.planes[c]
             project(self._launches, c, gaussians, cs.cam, self.settings, self.tiles_x, self.tiles_y, flags,
-                    plane(images.means2d, c), plane(images.radii, c), cs.splats, tiles_per_gauss, keys, order)
+                    means2d, radii, cs.splats, tiles_per_gauss, keys, order, state.pinhole_only)
             if n:
-                compute_colors(self._launches, c, gaussians, rows, cs.cam, plane(images.radii, c), cs.rgb, flags)
+                compute_colors(self._launches, c, gaussians, rows, cs.cam, radii, cs.rgb, flags)
                 count_intersections(self._launches, c, n, keys, order, tiles_per_gauss, cum_tiles, 2**31 - 1, flags)
         wp.copy(self._host_flags, self._flags)
-        status = self._recorded_status()
+        self._record_event()
+        status = self._status()
         status.check_inputs()
         for total in status.totals:
             check_intersections(total, lambda: int(cum_tiles[-1:].numpy()[0]), n, self.tiles_x, self.tiles_y)
@@ -377,48 +421,71 @@ class GaussianRenderer:
                 cameras) -> RenderStatus:
         """Queues the renders of ``cameras`` (indices), one after another through the shared
         scratch, each copying its flags to the host after its count (the event follows the
-        last copy, so a wait for it ends before the last sort and rasteriser); returns the
-        status."""
+        last copy, so a wait for it ends before the last sort and rasteriser)."""
         tiles_per_gauss, order, cum_tiles, keys = scratch
         n, cap, settings = gaussians.count, self.capacity, self.settings
         launches = self._launches
-        status = None
         for c in cameras:
             cs = state.cameras[c]
             flags = self._flags[c]
             if cs.absgrad is not None:
-                cs.absgrad.zero_()  # backwards add into it
+                launches.call(cs.absgrad.zero_)  # backwards add into it
             rgb = cs.rgb if gaussians.sh_coeffs else gaussians.colors
-            project(launches, c, gaussians, cs.cam, settings, self.tiles_x, self.tiles_y, flags, plane(images.means2d, c),
-                    plane(images.radii, c), cs.splats, tiles_per_gauss, keys, order)
+            color, alpha, depth, expected_depth, means2d, radii = images.planes[c]
+            project(launches, c, gaussians, cs.cam, settings, self.tiles_x, self.tiles_y, flags, means2d, radii,
+                    cs.splats, tiles_per_gauss, keys, order, state.pinhole_only)
             surface = None if state.surfaces is None else state.surfaces[c]
             if surface is not None:
                 flag_surface(launches, c, surface, flags)
             if n:
-                compute_colors(launches, c, gaussians, rows, cs.cam, plane(images.radii, c), cs.rgb, flags)
+                compute_colors(launches, c, gaussians, rows, cs.cam, radii, cs.rgb, flags)
                 count_intersections(launches, c, n, keys, order, tiles_per_gauss, cum_tiles, cap, flags)
-                sort_intersections(launches, c, order, cs.splats, plane(images.radii, c), tiles_per_gauss, cum_tiles,
+                sort_intersections(launches, c, order, cs.splats, radii, tiles_per_gauss, cum_tiles,
                                    self.tiles_x, self.tiles_y, cap, keys, cs.sort_ids, cs.ranges)
             else:
-                cs.ranges.zero_()
-            wp.copy(self._host_flags, self._flags, dest_offset=c * FLAG_SLOTS, src_offset=c * FLAG_SLOTS,
-                    count=FLAG_SLOTS)
+                launches.call(cs.ranges.zero_)
+            launches.call(wp.copy, self._host_flags, self._flags, dest_offset=c * FLAG_SLOTS,
+                          src_offset=c * FLAG_SLOTS, count=FLAG_SLOTS)
             if c == cameras[-1]:
-                status = self._recorded_status()
+                launches.call(self._record_event)
             rasterize(launches, c, self.tiles_x, self.tiles_y, settings.background, cs.sort_ids, cs.ranges,
-                      cs.splats, rgb, plane(images.color, c), plane(images.alpha, c), plane(images.depth, c),
-                      plane(images.expected_depth, c), cs.final_t, cs.last_ids, surface)
-        state.status = status
-        return status
+                      cs.splats, rgb, color, alpha, depth, expected_depth, cs.final_t, cs.last_ids, surface)
 
-    def _recorded_status(self) -> RenderStatus:
-        """The status whose host copies are queued: the event is recorded after them (not
-        inside a capture, whose replays the caller synchronises with)."""
-        if self.capturing:
-            return RenderStatus(self._flags, self._host, None, self.capacity or 0)
+    def _record_event(self) -> None:
+        """The event after the flags' host copies (an event node of the graph, inside one)."""
         if self._event is not None:
-            self.device.stream.record_event(self._event)
-        return RenderStatus(self._flags, self._host, self._event, self.capacity or 0)
+            self.device.stream.record_event(self._event, external=self.device.is_capturing)
+
+    def _status(self) -> RenderStatus:
+        """The status of the forward just queued (read without a wait inside a capture of
+        the caller's, whose replays the caller synchronises with)."""
+        return RenderStatus(self._flags, self._host, None if self.capturing else self._event, self.capacity or 0)
+
+    def _run(self, key: tuple, body) -> None:
+        """``body()``, the device work of a call on the memory ``key`` names: run as it is
+        the first time the key is seen, recorded into a :class:`Plan` the second, and
+        replayed from the plan after (on CUDA a graph, unless a capture of the caller's is
+        recording this renderer); the plans are kept with the views (:meth:`bound`)."""
+        if not self._launches.record:
+            body()
+            return
+        plan = self._bindings.get(key)
+        if plan is None:  # seen once: remembered, not recorded (most keys of a one-off call never repeat)
+            self.bound(key, lambda: False)
+            body()
+        elif plan is False:
+            with self._launches.recording() as steps:
+                body()
+            self._bindings[key] = Plan(steps, self.device)
+        else:
+            self._bindings.move_to_end(key)
+            plan.run(None if self.capturing or self.device.is_cpu else self._capture_stream())
+
+    def _capture_stream(self) -> wp.Stream:
+        """The stream plans are captured on (made on first use)."""
+        if self._capture is None:
+            self._capture = wp.Stream(self.device)
+        return self._capture
 
     def _settle(self, status: RenderStatus, gaussians, state, images, rows) -> None:
         """Reads ``status`` now: ValueError for bad inputs; the cameras that overflowed are
@@ -431,7 +498,8 @@ class GaussianRenderer:
             scratch = self._scratch(False)
             for c in over:
                 self._flags[c].zero_()
-            redone = self._render(gaussians, state, images, rows, scratch.views, over)
+            self._render(gaussians, state, images, rows, scratch.views, over)
+            redone = self._status()
             redone.check_inputs()
             merged = status.read().copy()
             merged[over] = redone.read()[over]
@@ -443,6 +511,22 @@ class GaussianRenderer:
         total = max(status.totals)
         check_intersections(total, lambda: total, self.num_gaussians, self.tiles_x, self.tiles_y)
         self.capacity = max(self.capacity or 0, total * 5 // 4 + SORT_SLACK)
+
+    def bound(self, key: tuple, make):
+        """What ``make()`` builds (Warp views, for one) of the memory ``key`` names by its
+        pointers and layout: made once and returned again while the same memory comes
+        back, as a training loop's steady state gets it from torch's caching allocator
+        (a Warp view costs about 4 us of host time; its launches then repack nothing).
+        The one place where a call's pointers are kept: ``BINDINGS`` of them, the least
+        recently used dropped first. The caller keeps the memory alive while it uses them."""
+        entry = self._bindings.get(key)
+        if entry is None:
+            entry = self._bindings[key] = make()
+            if len(self._bindings) > BINDINGS:
+                self._bindings.popitem(last=False)
+        else:
+            self._bindings.move_to_end(key)
+        return entry
 
     def host_status(self, capacity: int | None = None) -> RenderStatus:
         """The status that the host copy of the flags holds now, read without a wait: for a
@@ -504,36 +588,53 @@ class GaussianRenderer:
         settings, launches = self.settings, self._launches
         det = settings.reduce == "deterministic"
         totals = state.status.totals if (det or state.status.is_read) else None
-        first = True
         # sized by the state's render (the renderer may have been resized since); held until
         # the work is queued (an allocator's memory)
         scratch = self._scratch(True, g.count, state.capacity)
         raster_grads, sh_share, entry_grads = scratch.views
-        for c, cot in enumerate(cotangents):
-            if cot is None:
-                continue
-            cs = state.cameras[c]
-            raster_grads.zero_()
-            rgb = cs.rgb if g.sh_coeffs else g.colors
-            surface = None if state.surfaces is None else state.surfaces[c]
-            if (g.count and (totals is None or totals[c] > 0)) or surface is not None:
-                if det:
-                    entry_grads.zero_()
-                raster_backward(launches, c, self.tiles_x, self.tiles_y, settings.background, cs.sort_ids, cs.ranges,
-                                cs.splats, rgb, cs.final_t, cs.last_ids, plane(state.images.depth, c), cot.color, cot.alpha,
-                                cot.depth, cot.expected_depth, settings.reduce, settings.absgrad, self.threshold,
-                                raster_grads, entry_grads if det else None,
-                                min(totals[c], state.status.capacity) if det else 0, surface,
-                                None if grad_surface_colors is None else grad_surface_colors[c])
-            add = accumulate or not first
-            if add and not accumulate:  # this camera's own outputs are written, but the kernel adds
-                for own in (means2d_grads[c], cs.absgrad):
-                    if own is not None:
-                        own.zero_()
-            # a backward that writes dL/dmeans holds the SH share there (read before it is written)
-            share = sh_share if add else grads.means
-            shared = color_backward(launches, c, g, cs.cam, plane(state.images.radii, c), rgb, raster_grads,
-                                    settings.absgrad, grads.colors, settings.reduce, self.threshold, add, share)
-            project_backward(launches, c, g, cs.cam, settings, plane(state.images.radii, c), cs.splats, rgb, raster_grads,
-                             grads, means2d_grads[c], cs.absgrad, add, share if shared else None)
-            first = False
+        surfaces = state.surfaces or [None] * self.num_cameras
+        surface_grads = grad_surface_colors or [None] * self.num_cameras
+        # a camera skips the rasteriser backward when its render has no intersections (known
+        # once its status is read) and no surface
+        rastered = [cot is not None and ((g.count and (totals is None or totals[c] > 0)) or surfaces[c] is not None)
+                    for c, cot in enumerate(cotangents)]
+        key = ("backward", accumulate, tuple(rastered), tuple(totals) if det else None, state.cams.ptr,
+               state.cameras[0].sort_ids.ptr, scratch.views[0].ptr, *(a.ptr for a in g.arrays),
+               *(a.ptr for a in grads.arrays),
+               *(_ptr(a) for cot in cotangents for a in ((cot.color, cot.alpha, cot.depth, cot.expected_depth)
+                                                         if cot is not None else (None,))),
+               *(_ptr(a) for a in means2d_grads), *(_ptr(a) for a in surface_grads),
+               *(_ptr(s.colors) for s in surfaces if s is not None))
+
+        def body():
+            first = True
+            for c, cot in enumerate(cotangents):
+                if cot is None:
+                    continue
+                cs = state.cameras[c]
+                _, _, depth, _, _, radii = state.images.planes[c]
+                launches.call(raster_grads.zero_)
+                rgb = cs.rgb if g.sh_coeffs else g.colors
+                if rastered[c]:
+                    if det:
+                        launches.call(entry_grads.zero_)
+                    raster_backward(launches, c, self.tiles_x, self.tiles_y, settings.background, cs.sort_ids,
+                                    cs.ranges, cs.splats, rgb, cs.final_t, cs.last_ids, depth, cot.color, cot.alpha,
+                                    cot.depth, cot.expected_depth, settings.reduce, settings.absgrad, self.threshold,
+                                    raster_grads, entry_grads if det else None,
+                                    min(totals[c], state.status.capacity) if det else 0, surfaces[c],
+                                    surface_grads[c])
+                add = accumulate or not first
+                if add and not accumulate:  # this camera's own outputs are written, but the kernel adds
+                    for own in (means2d_grads[c], cs.absgrad):
+                        if own is not None:
+                            launches.call(own.zero_)
+                # a backward that writes dL/dmeans holds the SH share there (read before it is written)
+                share = sh_share if add else grads.means
+                shared = color_backward(launches, c, g, cs.cam, radii, rgb, raster_grads,
+                                        settings.absgrad, grads.colors, settings.reduce, self.threshold, add, share)
+                project_backward(launches, c, g, cs.cam, settings, radii, cs.splats, rgb, raster_grads, grads,
+                                 means2d_grads[c], cs.absgrad, add, share if shared else None, state.pinhole_only)
+                first = False
+
+        self._run(key, body)

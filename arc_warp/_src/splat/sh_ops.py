@@ -22,16 +22,6 @@ accumulator (and ``wp.config.enable_cpu_blocks`` emulates them on the CPU)."""
 COLOR_SLOT = 1 + BAD_SLOTS.index("colors")
 
 
-def coefficient_rows(g: Gaussians) -> wp.array:
-    """The (N, K) SH coefficients as (N,) vectors of 3K floats (the same memory), which the
-    SH kernels load whole; None for plain RGB."""
-    if g.sh_coeffs == 0:
-        return None
-    rows = g.colors.shape[1]
-    return wp.array(ptr=g.colors.ptr, dtype=wp.types.vector(3 * rows, wp.float32), shape=(g.count,),
-                    device=g.colors.device)
-
-
 def compute_colors(launches: Launches, key, g: Gaussians, coeff_rows: wp.array | None, cam: wp.array,
                    radii: wp.array, rgb: wp.array, flags: wp.array) -> None:
     """Fills ``rgb`` (N,) vec3 from the SH coefficients (``coeff_rows``) and flags
@@ -71,7 +61,7 @@ def color_backward(launches: Launches, key, g: Gaussians, cam: wp.array, radii: 
     n, rows = g.colors.shape
     lanes = sh_lanes(g.sh_coeffs, rows, not accumulate)
     if g.sh_coeffs > 1:
-        v_means.zero_()
+        launches.call(v_means.zero_)
     dim = -(-n * lanes // SH_BWD_BLOCK) * SH_BWD_BLOCK
     with cpu_launch_guard(launches.device):
         launches.launch(make_sh_bwd(g.sh_coeffs, lanes, absgrad, mode, not accumulate), dim,

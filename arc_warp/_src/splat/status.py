@@ -9,6 +9,7 @@ from arc_warp._src.splat.validate_kernels import BAD_SLOTS, OVERFLOW_SLOT
 
 _ZERO_QUAT_SLOT = BAD_SLOTS.index("quats (zero norm)") + 1
 _CAMERA_SLOT = BAD_SLOTS.index("cameras") + 1
+_DISTORTION_SLOT = BAD_SLOTS.index("camera distortion") + 1
 _SURFACE_DEPTH_SLOT = BAD_SLOTS.index("surface_depths (NaN)") + 1
 
 
@@ -18,10 +19,10 @@ def raise_on_flags(flags, context: str = "render_gaussians") -> None:
     FLAG_SLOTS) array or a list of rows (slot 0, the total, and the overflow slot are not
     input checks)."""
     rows = np.atleast_2d(np.asarray(flags))
-    seen = rows[:, 1:OVERFLOW_SLOT].any(axis=0)
-    if not seen.any():
+    if not rows[:, 1:OVERFLOW_SLOT].any():
         return
-    special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT, _SURFACE_DEPTH_SLOT)
+    seen = rows[:, 1:OVERFLOW_SLOT].any(axis=0)
+    special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT, _DISTORTION_SLOT, _SURFACE_DEPTH_SLOT)
     bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if seen[slot - 1] and slot not in special]
     problems = [f"non-finite (NaN/Inf) values in {', '.join(bad)}"] if bad else []
     if seen[_ZERO_QUAT_SLOT - 1]:
@@ -32,6 +33,11 @@ def raise_on_flags(flags, context: str = "render_gaussians") -> None:
         problems.append(
             "a camera's viewmat/K (DeviceCameras) is non-finite, has a focal length <= 0 or a viewmat "
             "whose last row is not (0, 0, 0, 1); check the camera matrices")
+    if seen[_DISTORTION_SLOT - 1]:
+        problems.append(
+            "a camera's distortion coefficients (DeviceCameras.distortion) are non-finite or make the lens "
+            "mapping non-monotonic inside the image (the distorted radius stops increasing before the image "
+            "corner); check the coefficients and their order (Camera(..., distortion=...) names the values)")
     if seen[_SURFACE_DEPTH_SLOT - 1]:
         problems.append("surface_depths has NaN values; give +inf where a pixel has no surface")
     raise ValueError(f"{context}: " + "; ".join(problems))
@@ -77,13 +83,13 @@ class RenderStatus:
     @property
     def totals(self) -> list[int]:
         """Each camera's tile intersections (saturated at 2^31 - 1)."""
-        return [int(t) for t in self.read()[:, 0]]
+        return self.read()[:, 0].tolist()
 
     @property
     def overflowed(self) -> list[int]:
         """Indices of the cameras whose total exceeded ``capacity``: their images left out
         the farthest Gaussians of some tiles."""
-        return [int(c) for c in np.flatnonzero(self.read()[:, OVERFLOW_SLOT])]
+        return [c for c, flag in enumerate(self.read()[:, OVERFLOW_SLOT].tolist()) if flag]
 
     def check_inputs(self, context: str = "render_gaussians") -> None:
         """Raise ValueError if the device found bad inputs (:func:`raise_on_flags`)."""

@@ -32,7 +32,9 @@ def check_gaussians(means, quats, scales, opacities, colors, sh_degree: int | No
     degree = math.isqrt(k) - 1 if sh_degree is None else sh_degree
     if (degree + 1) ** 2 > k:
         raise ValueError(f"sh_degree {degree} needs {(degree + 1) ** 2} SH coefficients, colors has {k}")
-    return Gaussians(means, quats, scales, opacities, colors, (degree + 1) ** 2)
+    rows = wp.array(ptr=colors.ptr if n else None, dtype=wp.types.vector(3 * k, wp.float32), shape=(n,), device=device)
+    rows._ref = colors
+    return Gaussians(means, quats, scales, opacities, colors, (degree + 1) ** 2, rows)
 
 
 def check_grads(grads: GaussianGrads, gaussians: Gaussians) -> GaussianGrads:

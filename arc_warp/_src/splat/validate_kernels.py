@@ -10,8 +10,8 @@ its update when any slot past 0 is set.
 import warp as wp
 
 # Slots 1.. of the flags (slot 0 holds the intersection total).
-BAD_SLOTS = ("means", "quats", "scales", "opacities", "colors", "quats (zero norm)", "cameras", "surface_colors",
-             "surface_depths (NaN)")
+BAD_SLOTS = ("means", "quats", "scales", "opacities", "colors", "quats (zero norm)", "cameras", "camera distortion",
+             "surface_colors", "surface_depths (NaN)")
 OVERFLOW_SLOT = 1 + len(BAD_SLOTS)
 FLAG_SLOTS = OVERFLOW_SLOT + 1
 
