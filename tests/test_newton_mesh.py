@@ -105,9 +105,9 @@ def test_model_mesh_shapes_says_what_it_cannot_draw():
     model = builder.finalize(device="cpu")
     with pytest.raises(ValueError, match="model has no mesh shapes to render"):
         awn.model_mesh_shapes(model, primitives=False)
-    builder.add_shape_capsule(body, radius=0.1, half_height=0.2)
+    builder.add_shape_cylinder(body, radius=0.1, half_height=0.2)
     model = builder.finalize(device="cpu")
-    with pytest.raises(ValueError, match="type CAPSULE.*skip_unsupported=True"):
+    with pytest.raises(ValueError, match="type CYLINDER.*skip_unsupported=True"):
         awn.model_mesh_shapes(model)
     assert awn.model_mesh_shapes(model, skip_unsupported=True).num_vertices == 8
     with pytest.raises(TypeError, match="newton.Model"):

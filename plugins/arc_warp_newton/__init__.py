@@ -9,9 +9,14 @@ Or render rigid bodies' triangle meshes with ``arc_warp.mesh``
 (:func:`render_body_meshes` of :class:`BodyMeshes` at ``State.body_q``, gathered from a
 model by :func:`model_mesh_shapes`): image losses then give the body poses gradients.
 
+Or let :class:`SensorHybridCamera` render a model's meshes, primitives and Gaussian shapes
+together, every world and camera in one ``update(state, camera_transforms)`` (newton's
+``SensorCamera`` conventions), differentiable in the bodies, shapes, Gaussians and cameras.
+
 The conversions, the mesh renderer and the minimal Warp integrator
 (:class:`ParticleIntegrator`) need only warp and numpy. :class:`NewtonRollout`,
-:func:`shape_surface_samples` and :func:`model_mesh_shapes` need newton (the checkout's
+:func:`shape_surface_samples`, :func:`model_mesh_shapes` and :class:`SensorHybridCamera`
+need newton (the checkout's
 ``newton`` extra); they are imported on first use.
 """
 
@@ -30,7 +35,8 @@ from .mesh_render_ops import BodyMeshes, MeshRender, body_meshes_to_clip, camera
 
 # name -> module that needs newton
 _NEWTON_NAMES = {"NewtonRollout": "newton_bridge", "shape_surface_samples": "newton_bridge",
-                 "model_mesh_shapes": "mesh_shapes"}
+                 "model_mesh_shapes": "mesh_shapes", "SensorHybridCamera": "sensor", "SensorGaussians": "sensor_tables",
+                 "look_at_transform": "sensor"}
 NEWTON_HINT = "pip install -e '.[newton]' (from the arc_warp checkout)"
 
 
@@ -64,6 +70,8 @@ __all__ = [
     "MeshRender",
     "NewtonRollout",
     "ParticleIntegrator",
+    "SensorGaussians",
+    "SensorHybridCamera",
     "SimGaussians",
     "SurfaceSamples",
     "bodies_to_gaussians",
@@ -72,6 +80,7 @@ __all__ = [
     "box_surface_samples",
     "camera_clip_matrix",
     "model_mesh_shapes",
+    "look_at_transform",
     "newton_available",
     "particles_to_gaussians",
     "render_body_meshes",

@@ -24,6 +24,7 @@ import warp as wp
 
 from arc_warp import (Camera, DeviceCameras, GaussianGrads, GaussianRenderer, ImageGrads, RenderImages,
                       RenderSettings, RenderStatus, Workspace, check_gaussians)
+from arc_warp.splat import Surface
 
 # Warp element types of (means, quats, scales, opacities, colors), vectors on the last axis.
 INPUT_DTYPES = (wp.vec3, wp.vec4, wp.vec3, wp.float32, wp.vec3)
@@ -245,7 +246,7 @@ class _RenderGaussians(torch.autograd.Function):
     add."""
 
     @staticmethod
-    def forward(ctx, queued, sink, sink_tensor, means, quats, scales, opacities, colors):
+    def forward(ctx, queued, sink, sink_tensor, means, quats, scales, opacities, colors, surface_colors=None):
         ctx.set_materialize_grads(False)
         returned, context, renderer, state, saved = queued
         ctx.save_for_backward(means, quats, scales, opacities, colors, *saved)
@@ -258,10 +259,11 @@ class _RenderGaussians(torch.autograd.Function):
         # gradients handed back then raise, naming this renderer, if differentiated again
         guard = torch.is_grad_enabled() and any(g is not None and g.requires_grad for g in output_grads)
         inputs = ctx.saved_tensors[:5]
-        with torch.no_grad():
-            grads, means2d_grad = _backward(ctx.context, ctx.renderer, ctx.state, inputs, ctx.sink,
-                                            (*output_grads, None, None)[:4])
         needed = ctx.needs_input_grad
+        with torch.no_grad():
+            grads, means2d_grad, surface_grad = _backward(ctx.context, ctx.renderer, ctx.state, inputs, ctx.sink,
+                                                          (*output_grads, None, None)[:4],
+                                                          len(needed) > 8 and needed[8])
         target = None if ctx.sink is None else ctx.sink.tensor
         result = [None, None, None]  # queued, sink, sink_tensor
         if means2d_grad is not None and ctx.sink.attached:
@@ -272,6 +274,8 @@ class _RenderGaussians(torch.autograd.Function):
         elif means2d_grad is not None and needed[2]:
             result[2] = means2d_grad
         grads = [_RaiseOnDoubleBackward.apply(g.detach().requires_grad_(True)) if guard else g for g in grads]
+        if surface_grad is not None:  # the surface colours, an input when the render has a surface
+            grads.append(_RaiseOnDoubleBackward.apply(surface_grad.requires_grad_(True)) if guard else surface_grad)
         return (*result, *(g if needed[3 + i] else None for i, g in enumerate(grads)))
 
 
@@ -290,10 +294,12 @@ class _RaiseOnDoubleBackward(torch.autograd.Function):
             "images again)")
 
 
-def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs, sink, output_grads):
+def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs, sink, output_grads,
+              surface: bool = False):
     """The renderer's backward from torch cotangents ([C, ...]); torch gradients shaped
-    like ``inputs`` and the sink's means2d gradient (None without a sink, or once an
-    attached sink's tensor died: then none is computed)."""
+    like ``inputs``, the sink's means2d gradient (None without a sink, or once an
+    attached sink's tensor died: then none is computed) and, with ``surface``, the
+    [C, H, W, 3] gradient of the surface colours (else None)."""
     c, n = renderer.num_cameras, inputs[0].shape[0]
     h, w = renderer.height, renderer.width
     target = None if sink is None else sink.tensor
@@ -317,10 +323,14 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
     # Warp views of the call's tensors, made once per memory (GaussianRenderer.bound)
     key = ("backward views", n, *(0 if g is None else g.data_ptr() for g in (*dense, *grads, m2d)))
     cotangents, wgrads, wm2d = renderer.bound(key, views)
+    # the renderer adds T_final * dL/dcolor into the surface colours' gradient
+    surface_grad = torch.zeros((c, h, w, 3), dtype=torch.float32, device=inputs[0].device) if surface else None
     with state_context(renderer):
-        renderer.backward(state, cotangents, wgrads, False, wm2d)
+        renderer.backward(state, cotangents, wgrads, False, wm2d,
+                          None if surface_grad is None else
+                          [view(surface_grad, wp.vec3, (h, w), i * h * w * 12) for i in range(c)])
     if target is None:
-        return grads, None
+        return grads, None, surface_grad
     if target.shape[-1] != 2:
         m2d = torch.nn.functional.pad(m2d, (0, target.shape[-1] - 2))
     m2d = m2d.view(target.shape)
@@ -336,7 +346,7 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
             part = wp.to_torch(cs.absgrad, requires_grad=False)
             for axis in (0, 1):
                 absgrad[i, :, axis] += part[:, axis] * sink.scale[axis]
-    return grads, m2d
+    return grads, m2d, surface_grad
 
 
 def state_context(renderer: GaussianRenderer):
@@ -355,10 +365,15 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
                  settings: RenderSettings,
                  sink: Optional[Means2dSink] = None,
                  context: Optional[RenderContext] = None, depths: bool = True,
-                 means2d_grad: bool = False) -> BatchRender:
+                 means2d_grad: bool = False,
+                 surfaces: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> BatchRender:
     """Differentiable render of C cameras of one image size in one autograd node; inputs
     must be float32, contiguous, on one cpu/cuda device (use `check_tensor`).
     `depths` False leaves the depth images out (`depth`, `expected_depth` None).
+    `surfaces`: None, or (colours [C, H, W, 3], camera depths [C, H, W]) float32 contiguous
+    on that device, an opaque surface per pixel composited behind the Gaussians
+    (`arc_warp.GaussianRenderer.forward(surfaces=)`); the colours are an input of the node
+    (their gradient is the renderer's `grad_surface_colors`), the depths get none.
 
     The projected means (`BatchRender.means2d`) are not differentiable; their gradient
     goes to `sink`, or, with `means2d_grad` (and no `sink`), to the returned means2d
@@ -391,8 +406,12 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
         expected_depth=view(block, wp.float32, (c, h, w) if depths else (c, 0, 0), 4 * plane),
         means2d=view(projected, wp.vec2, (c, n)), radii=view(projected, wp.vec2i, (c, n), 8 * c * n)))
     state = renderer.new_state(context.allocate)
+    planes = None
+    if surfaces is not None:
+        planes = [Surface(view(surfaces[0], wp.vec3, (h, w), i * h * w * 12),
+                          view(surfaces[1], wp.float32, (h, w), i * h * w * 4)) for i in range(c)]
     with state_context(renderer):
-        status = renderer.forward(g, cameras, state, images, context.check)
+        status = renderer.forward(g, cameras, state, images, context.check, planes)
     means2d = projected.as_strided((c, n, 2), (2 * n, 2, 1))
     radii = projected.view(torch.int32).as_strided((c, n, 2), (2 * n, 2, 1), 2 * c * n)
     alpha = projected.as_strided((c, h, w, 1), (h * w, w, 1, 1), 4 * c * n)
@@ -407,6 +426,9 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     # saved by the node: the state's memory, the radii (in `projected`), the depth image
     # the expected depth's backward reads
     saved = (projected.detach(), *state.owners) + ((block.detach(),) if depths else ())
+    if surfaces is not None:  # the backward reads both
+        saved += tuple(t.detach() for t in surfaces)
+        inputs += (surfaces[0],)
     out = _RenderGaussians.apply((returned, context, renderer, state, saved), sink, sink_tensor, *inputs)
     if not depths:
         out = (*out, None, None)

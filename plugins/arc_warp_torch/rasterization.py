@@ -164,6 +164,8 @@ def rasterization(
     context: Optional[RenderContext] = None,
     scales_activation: Optional[str] = None,
     opacities_activation: Optional[str] = None,
+    surface_colors: Optional[torch.Tensor] = None,  # [C, H, W, 3]
+    surface_depths: Optional[torch.Tensor] = None,  # [C, H, W] camera z, +inf: no surface
 ) -> Tuple[torch.Tensor, torch.Tensor, dict]:
     """Differentiable 3D Gaussian splatting of N Gaussians into C cameras, with gsplat
     1.5.3's signature (its keywords, in its order) and conventions: camera +x right, +y
@@ -224,6 +226,16 @@ def rasterization(
         scales_activation: (arc_warp) None or "exp": exp applied inside the projection (the
             gradient lands on the raw tensor).
         opacities_activation: (arc_warp) None or "sigmoid", likewise.
+        surface_colors, surface_depths: (arc_warp) an opaque surface behind the Gaussians
+            (a mesh: `arc_warp_torch.surface_from_mesh` makes both from the
+            `arc_warp_torch.mesh` ops' outputs), both or neither: per camera and pixel an
+            RGB colour and the camera depth (z, world units, the depth the Gaussians are
+            sorted by; +inf where there is no surface). At a pixel every Gaussian whose
+            centre is not in front of the surface is hidden, and the surface colour shows
+            through the transmittance the others leave, in place of the background, which
+            shows only where the depth is +inf. `render_alphas` and the depth channels
+            stay the visible Gaussians' own. The colours get a gradient, the depths none.
+            On the device of `means`; NaN depths raise ValueError as non-finite means do.
 
     Inputs may be float16/32/64 on "cpu" or "cuda" (all Gaussian tensors on one device);
     they are cast to float32 only when needed, and gradients come back in their dtype.
@@ -254,7 +266,7 @@ def rasterization(
             invalid CUDA cameras, found by the device (see "status" above).
         NotImplementedError: a gsplat keyword at a value arc_warp does not support.
 
-    Gradients flow to means, quats, scales, opacities, colors and backgrounds (to the raw
+    Gradients flow to means, quats, scales, opacities, colors, backgrounds and surface_colors (to the raw
     tensors passed, whatever the activations). Double backward raises RuntimeError.
     """
     passed = {"radius_clip": radius_clip, "tile_size": tile_size, "sparse_grad": sparse_grad,
@@ -294,6 +306,13 @@ def rasterization(
             got = list(backgrounds.shape) if isinstance(backgrounds, torch.Tensor) else type(backgrounds).__name__
             raise ValueError(f"backgrounds: expected a [3] or [{c}, 3] tensor, got {got}")
         backgrounds = check_tensor("backgrounds", backgrounds.expand(c, 3), (c, 3), device)
+    surfaces = None
+    if surface_colors is not None or surface_depths is not None:
+        if surface_colors is None or surface_depths is None:
+            raise ValueError("surface_colors and surface_depths go together: give both (+inf depth where a pixel has "
+                             "no surface) or neither")
+        surfaces = (check_tensor("surface_colors", surface_colors, (c, height, width, 3), device),
+                    check_tensor("surface_depths", surface_depths.detach(), (c, height, width), device))
     if context is None:
         context = default_context(device)
     elif context.device != device:
@@ -306,13 +325,16 @@ def rasterization(
         opacity_activation=_option("opacities_activation", opacities_activation, OPACITIES_ACTIVATIONS))
 
     r = render_batch(means, quats, scales, opacities, colors, cameras, settings, None, context,
-                     depths=render_mode != "RGB", means2d_grad=need_grad)
+                     depths=render_mode != "RGB", means2d_grad=need_grad, surfaces=surfaces)
     del camera_tensors  # read by the queued projection: torch frees them in stream order
     channels = []
     if render_mode.startswith("RGB"):
         rgb = r.color
         if backgrounds is not None:
-            rgb = rgb + (1.0 - r.alpha) * backgrounds[:, None, None, :]
+            shown = 1.0 - r.alpha  # the background shows where the surface does not
+            if surfaces is not None:
+                shown = shown * torch.isposinf(surfaces[1])[..., None]
+            rgb = rgb + shown * backgrounds[:, None, None, :]
         channels.append(rgb)
     if render_mode.endswith("ED"):
         channels.append(r.expected_depth[..., None])
