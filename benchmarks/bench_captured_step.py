@@ -9,8 +9,7 @@ regime, medians after warm-up:
   L1 + backward in another (``fwd+bwd``), and the same + Adam in another (``step``):
   ``torch.optim.Adam(capturable=True, fused=True)`` and arc_warp's
   ``SparseGaussianAdam(capturable=True, bias_correction=True)`` (dense), whose step counts
-  stay on the device, as a replayed graph needs; all with
-  ``RenderContext(graphs=False, release_workspace=False)``. Each graph is replayed;
+  stay on the device, as a replayed graph needs; all on one ``RenderContext``. Each graph is replayed;
   ``captured.check()`` runs after the timed replays;
 - ``arc_fused``, ``gsplat``, ``fastergs``: bench_train_step's eager figures
   (``bench_library``), each library with its own optimizer: arc_warp's fused
@@ -55,7 +54,7 @@ def bench_captured(raw, viewmats, ks, target, device, width, height, reps):
     from arc_warp_torch import RenderContext, SparseGaussianAdam, capture_step, rasterization
 
     params = bts._params(raw, device)
-    context = RenderContext(device, graphs=False, release_workspace=False)
+    context = RenderContext(device)
 
     def groups():  # a list per optimizer: torch's fills its options into the dicts
         return [{"params": [v], "lr": bts.LRS[k]} for k, v in params.items()]
@@ -107,7 +106,6 @@ def bench_captured(raw, viewmats, ks, target, device, width, height, reps):
             row[name.replace("step", "loop")] = loop.device_ms() / reps
             row[name.replace("step", "loop") + "_host_ms"] = float(np.median(hosts))
         captured.check()
-        captured.release()
         del graph
     return row
 

@@ -42,12 +42,9 @@ it reports, as medians after warm-up:
   never coincide).
 
 Libraries are imported if available and skipped otherwise: ``arc`` (arc_warp_torch;
-``arc_nograph`` the same with ``RenderContext(graphs=False)``: no CUDA graph replay;
 ``arc_fused`` the same as ``arc`` on the raw parameters: raw quaternions, log-scales and
 logit-opacities passed with ``scales_activation="exp"``, ``opacities_activation="sigmoid"``,
-so the projection kernel applies exp / sigmoid / normalisation and torch runs none of them;
-``arc_fused_keep`` the same with ``RenderContext(release_workspace=False)``: the
-workspace keeps its buffers in Warp's pool between steps),
+so the projection kernel applies exp / sigmoid / normalisation and torch runs none of them),
 ``gsplat`` and ``gsplat_packed`` (gsplat's ``rasterization``; rows are labelled with its
 version, e.g. ``gsplat-1.6.0``; 1.5.3 and 1.6.0 share the module name, so each runs in
 its own process with its own PYTHONPATH) and ``fastergs`` (Faster-GS's
@@ -143,16 +140,15 @@ class Library(NamedTuple):
 def _renderers(libs, width, height):
     """({label: Library}, notes); labels carry peer versions, e.g. ``gsplat-1.6.0``."""
     out, notes = {}, []
-    for label, graphs, fused, release in (("arc", True, False, None), ("arc_nograph", False, False, None),
-                                          ("arc_fused", True, True, None), ("arc_fused_keep", True, True, False)):
+    for label, fused in (("arc", False), ("arc_fused", True)):
         if label not in libs:
             continue
         from arc_warp_torch import RenderContext, rasterization
 
-        def arc(p, viewmats, ks, graphs=graphs, fused=fused, release=release, contexts={}):  # noqa: B006 - per device
+        def arc(p, viewmats, ks, fused=fused, contexts={}):  # noqa: B006 - per device
             dev = p["means"].device
             if dev not in contexts:  # made once, outside the timed steps (calibrates here)
-                contexts[dev] = RenderContext(dev, graphs=graphs, release_workspace=release)
+                contexts[dev] = RenderContext(dev)
             if fused:  # raw parameters: exp / sigmoid / normalisation in the projection kernel
                 args, options = (p["means"], p["quats"], p["log_scales"], p["logit_opacities"], p["sh"]), FUSED
             else:
@@ -565,8 +561,7 @@ def main(argv=None) -> int:
     ap.add_argument("--regimes", nargs="+", choices=sorted(REGIMES), default=["small", "large"])
     ap.add_argument("--cameras", type=int, nargs="+", default=[1, 4])
     ap.add_argument("--libs", nargs="+", default=["arc", "gsplat", "gsplat_packed", "fastergs"],
-                    choices=["arc", "arc_nograph", "arc_fused", "arc_fused_keep", "gsplat", "gsplat_packed",
-                             "fastergs"])
+                    choices=["arc", "arc_fused", "gsplat", "gsplat_packed", "fastergs"])
     ap.add_argument("--width", type=int, default=1920)
     ap.add_argument("--height", type=int, default=1080)
     ap.add_argument("--reps", type=int, default=10)
