@@ -92,6 +92,10 @@ def device(request):
     return request.param
 
 
+# GPU tests that compare with Warp's CPU kernels (the accelerator's Warp may lack the CPU backend)
+needs_cpu_kernels = pytest.mark.skipif(not wp.is_cpu_available(), reason="this Warp has no CPU (LLVM) backend")
+
+
 @pytest.fixture
 def rng(request):
     """numpy Generator seeded from the test id, so every test is reproducible alone."""

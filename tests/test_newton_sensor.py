@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import pytest
 import warp as wp
+from conftest import needs_cpu_kernels
 
 import arc_warp_newton as awn
 from arc_warp_newton.examples import fit_throw_pose
@@ -445,6 +446,7 @@ def test_bad_input_raises_before_launching(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not wp.is_cuda_available(), reason="needs a CUDA device")
+@needs_cpu_kernels
 def test_cuda_matches_cpu_and_checks_devices(rng):
     cot = rng.normal(size=(3, H, W, 3)).astype(np.float32)
     results = []

@@ -6,6 +6,7 @@ Warp tape and finite differences, and bad input."""
 
 import numpy as np
 import pytest
+from conftest import needs_cpu_kernels
 
 torch = pytest.importorskip("torch", reason="arc_warp_torch needs torch")
 wp = pytest.importorskip("warp")
@@ -201,6 +202,7 @@ def test_bad_surfaces_raise(rng):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@needs_cpu_kernels
 def test_surface_on_another_device_raises(rng):
     scene, surface = robust_hybrid(rng, n=10, width=12, height=8)
     p = {k: v.cuda() for k, v in tensors(scene, requires_grad=False).items()}

@@ -473,11 +473,12 @@ def test_cuda_cameras_stay_on_the_device(rng):
     np.testing.assert_allclose(results[0][1], results[1][1], rtol=1e-3, atol=1e-4 * np.abs(results[1][1]).max())
     viewmats, ks = cameras_of(scene, device="cuda")
     viewmats[0, 0, 0] = float("nan")
-    with pytest.raises(ValueError, match="viewmat/K"):
-        colors, _, _ = render(params_of(scene, device="cuda"), scene, viewmats, ks)
-        colors.sum().backward()
+    colors, _, _ = render(params_of(scene, device="cuda"), scene, viewmats, ks)  # queued, not waited for
+    colors.sum().backward()
+    with pytest.raises(ValueError, match="viewmat/K.*previous render"):
+        render(params_of(scene, device="cuda"), scene)
     with pytest.raises(ValueError, match="viewmat/K"), torch.no_grad():
-        render(params_of(scene, device="cuda"), scene, viewmats, ks)
+        render(params_of(scene, device="cuda"), scene, viewmats, ks, context=RenderContext("cuda", check=True))
 
 
 @pytest.mark.gpu

@@ -71,6 +71,7 @@ class RenderContext:
         self.workspace = Workspace(self.wp_device, threshold, allocator=self.allocate)
         self.check = check
         self._host_blocks = _HostBlocks() if self.device.type == "cpu" else None
+        self._stream = None  # see warp_stream
 
     def empty(self, shape, dtype=torch.float32) -> torch.Tensor:
         """A new tensor on this device for a call's memory: from torch's caching allocator
@@ -87,11 +88,21 @@ class RenderContext:
         t = self.empty(nbytes, torch.uint8)
         return t.data_ptr(), t
 
+    def warp_stream(self) -> wp.Stream:
+        """The Warp stream over torch's current stream (CUDA only): the one this context
+        made for that stream, made again when torch's current stream changes. One object
+        per stream, held: Warp forgets a stream's record (its capture among them) when any
+        Warp stream object over it is collected."""
+        current = torch.cuda.current_stream(self.device)
+        if self._stream is None or self._stream.cuda_stream != current.cuda_stream:
+            self._stream = wp.stream_from_torch(current)
+        return self._stream
+
     def stream(self):
         """Context in which Warp launches on torch's current stream (no-op on the CPU)."""
         if self.wp_device.is_cpu:
             return _NoStream
-        return _TorchStream(self.wp_device, torch.cuda.current_stream(self.device))
+        return _TorchStream(self.wp_device, self.warp_stream())
 
 
 class _HostBlocks:
@@ -134,8 +145,8 @@ class _TorchStream:
     """Makes a Warp stream over torch's current stream the device's current stream for a
     block, without a wait (torch orders everything the bridge touches on that stream)."""
 
-    def __init__(self, device, stream: torch.cuda.Stream):
-        self.device, self.stream = device, wp.stream_from_torch(stream)
+    def __init__(self, device, stream: wp.Stream):
+        self.device, self.stream = device, stream
 
     def __enter__(self):
         self.saved = self.device.stream
@@ -325,7 +336,7 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
     cotangents, wgrads, wm2d = renderer.bound(key, views)
     # the renderer adds T_final * dL/dcolor into the surface colours' gradient
     surface_grad = torch.zeros((c, h, w, 3), dtype=torch.float32, device=inputs[0].device) if surface else None
-    with state_context(renderer):
+    with context.stream():
         renderer.backward(state, cotangents, wgrads, False, wm2d,
                           None if surface_grad is None else
                           [view(surface_grad, wp.vec3, (h, w), i * h * w * 12) for i in range(c)])
@@ -347,13 +358,6 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
             for axis in (0, 1):
                 absgrad[i, :, axis] += part[:, axis] * sink.scale[axis]
     return grads, m2d, surface_grad
-
-
-def state_context(renderer: GaussianRenderer):
-    """Warp launches of ``renderer`` on torch's current stream (no-op on the CPU)."""
-    if renderer.device.is_cpu:
-        return _NoStream
-    return _TorchStream(renderer.device, torch.cuda.current_stream(wp.device_to_torch(renderer.device)))
 
 
 def render_batch(means: torch.Tensor,  # [N, 3] float32
@@ -410,7 +414,7 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     if surfaces is not None:
         planes = [Surface(view(surfaces[0], wp.vec3, (h, w), i * h * w * 12),
                           view(surfaces[1], wp.float32, (h, w), i * h * w * 4)) for i in range(c)]
-    with state_context(renderer):
+    with context.stream():
         status = renderer.forward(g, cameras, state, images, context.check, planes)
     means2d = projected.as_strided((c, n, 2), (2 * n, 2, 1))
     radii = projected.view(torch.int32).as_strided((c, n, 2), (2 * n, 2, 1), 2 * c * n)

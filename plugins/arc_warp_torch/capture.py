@@ -78,7 +78,7 @@ class CapturedStep:
         self._renderers = list(self.context.workspace.renderers.values())
         for renderer in self._renderers:
             renderer.capturing = True
-        self._stream = wp.stream_from_torch(torch.cuda.current_stream(self.context.device))
+        self._stream = self.context.warp_stream()
         wp.capture_begin(self.context.wp_device, stream=self._stream, external=True, capture_mode=self._mode)
         return self
 

@@ -71,7 +71,8 @@ class _Block:
             total += -(-_nbytes(shape, dtype) // ALIGN) * ALIGN
         device = renderer.device
         if allocator is None:
-            self.owner = wp.empty(max(total, 1), dtype=wp.uint8, device=device)
+            # 16-byte elements: a byte array stops at 2 GiB (Warp's int32 shapes)
+            self.owner = wp.empty(max(-(-total // 16), 1), dtype=wp.vec4i, device=device)
             base = self.owner.ptr
         else:
             base, self.owner = allocator(max(total, 1))
@@ -373,8 +374,8 @@ class GaussianRenderer:
         """This call's scratch: the forward's (N-sized counts, depth order and scan, then
         keys that the depth sort and, with twice the capacity's room, the tile sort use in
         turn) or the backward's (the packed rasteriser gradients, the SH stage's share of
-        dL/dmeans, and ``deterministic``'s per-entry partials). Owned and grown, or fresh
-        from the allocator."""
+        dL/dmeans, and ``deterministic``'s per-entry partials, ``capacity`` of them: the
+        largest camera's intersections). Owned and grown, or fresh from the allocator."""
         n = self.num_gaussians if n is None else n
         cap = (self.capacity or 0) if capacity is None else capacity
         if backward:
@@ -590,7 +591,8 @@ class GaussianRenderer:
         totals = state.status.totals if (det or state.status.is_read) else None
         # sized by the state's render (the renderer may have been resized since); held until
         # the work is queued (an allocator's memory)
-        scratch = self._scratch(True, g.count, state.capacity)
+        entries = max(min(t, state.status.capacity) for t in totals) if det else 0
+        scratch = self._scratch(True, g.count, entries)
         raster_grads, sh_share, entry_grads = scratch.views
         surfaces = state.surfaces or [None] * self.num_cameras
         surface_grads = grad_surface_colors or [None] * self.num_cameras
