@@ -47,3 +47,21 @@ def test_nan_quaternion_is_non_finite(device):
     arrays["quats"][2, 1] = np.nan
     with pytest.raises(ValueError, match=r"non-finite \(NaN/Inf\) values in quats$"):
         render(arrays, cam, device)
+
+
+def test_camera_matrix_errors_and_center():
+    """Camera checks its world_to_camera (finite 4x4, last row (0, 0, 0, 1), invertible) and
+    places itself at the inverse's translation, which the SH view directions read."""
+    rng = np.random.default_rng(5)
+    q, _ = np.linalg.qr(rng.normal(size=(3, 3)))
+    w2c = np.eye(4)
+    w2c[:3, :3], w2c[:3, 3] = q * np.array([1.0, 2.0, 0.5]), rng.normal(size=3)  # affine, not only rigid
+    cam = Camera(20.0, 20.0, 8.0, 8.0, 16, 16, world_to_camera=w2c)
+    np.testing.assert_allclose(cam.center, np.linalg.inv(w2c)[:3, 3], rtol=1e-12, atol=1e-12)
+    bad = {"finite": w2c.copy(), "last row": w2c.copy(), "singular": w2c.copy()}
+    bad["finite"][1, 2] = np.nan
+    bad["last row"][3, 0] = 0.5
+    bad["singular"][2, :3] = 0.0
+    for match, matrix in bad.items():
+        with pytest.raises(ValueError, match=match):
+            Camera(20.0, 20.0, 8.0, 8.0, 16, 16, world_to_camera=matrix)

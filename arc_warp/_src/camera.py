@@ -52,6 +52,19 @@ def _check_size_and_range(record) -> None:
         raise ValueError(f"{kind} needs 0 < near < far, got near={record.near!r}, far={record.far!r}")
 
 
+def _center_of(rows: list) -> tuple:
+    """-A^-1 t of a world-to-camera ``[[A, t], [0, 1]]`` given as nested lists: the camera's
+    position in world space (A's inverse by its adjugate); ValueError if A is singular."""
+    (a, b, c, x), (d, e, f, y), (g, h, i, z) = rows[:3]
+    inverse = ((e * i - f * h, c * h - b * i, b * f - c * e),
+               (f * g - d * i, a * i - c * g, c * d - a * f),
+               (d * h - e * g, b * g - a * h, a * e - b * d))
+    det = a * inverse[0][0] + b * inverse[1][0] + c * inverse[2][0]
+    if det == 0.0:
+        raise ValueError("Camera.world_to_camera is singular (its 3x3 part has determinant 0); pass a rigid transform")
+    return tuple(-(r0 * x + r1 * y + r2 * z) / det for r0, r1, r2 in inverse)
+
+
 def _as_vec3(value, name: str) -> np.ndarray:
     arr = np.asarray(value, dtype=np.float64)
     if arr.shape != (3,) or not np.all(np.isfinite(arr)):
@@ -256,16 +269,17 @@ class Camera:
                 raise ValueError(f"Camera.{name} must be a finite number, got {value!r}")
         _check_size_and_range(self)
         w2c = np.array(self.world_to_camera, dtype=np.float64)
-        if w2c.shape != (4, 4) or not np.all(np.isfinite(w2c)):
-            raise ValueError(f"Camera.world_to_camera must be a finite (4, 4) matrix, got shape {w2c.shape}")
-        last = w2c[3].tolist()  # as np.allclose(w2c[3], (0, 0, 0, 1)), without its array machinery
-        if not all(abs(v - w) <= 1e-8 + 1e-5 * abs(w) for v, w in zip(last, (0.0, 0.0, 0.0, 1.0))):
+        # checked on Python floats: numpy's machinery costs more than a Camera's arithmetic
+        rows = w2c.tolist() if w2c.shape == (4, 4) else None
+        if rows is None or not all(math.isfinite(v) for row in rows for v in row):
+            raise ValueError(f"Camera.world_to_camera must be a finite (4, 4) matrix, got {w2c.tolist()}")
+        if not all(abs(v - w) <= 1e-8 + 1e-5 * abs(w) for v, w in zip(rows[3], (0.0, 0.0, 0.0, 1.0))):
             raise ValueError(f"Camera.world_to_camera last row must be (0, 0, 0, 1), got {w2c[3]}")
         w2c.setflags(write=False)
         object.__setattr__(self, "world_to_camera", w2c)
         for name in ("fx", "fy", "cx", "cy", "near", "far"):
             object.__setattr__(self, name, float(getattr(self, name)))
-        center = np.linalg.inv(w2c)[:3, 3]
+        center = np.array(_center_of(rows))
         center.setflags(write=False)
         object.__setattr__(self, "_center", center)
         distortion = _check_model(self, self.distortion)

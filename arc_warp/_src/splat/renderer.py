@@ -102,7 +102,8 @@ class _CameraState:
 
 def _camera_parts(renderer: GaussianRenderer, views: list, per_camera: int, absgrad: bool) -> tuple:
     """Each camera's :class:`_CameraState` over a state's views (``per_camera`` of them per
-    camera), and the (C,) CameraParams of all cameras, which are evenly spaced."""
+    camera), the (C,) CameraParams of all cameras, which are evenly spaced, and on the CPU
+    their numpy records (written in place), else None."""
     cameras = []
     for i in range(len(views) // per_camera):
         cs = _CameraState()
@@ -114,7 +115,7 @@ def _camera_parts(renderer: GaussianRenderer, views: list, per_camera: int, absg
     first, last, c = cameras[0].cam, cameras[-1].cam, len(cameras)
     cams = first if c == 1 else wp.array(ptr=first.ptr, dtype=CameraParams, shape=(c,),
                                          strides=((last.ptr - first.ptr) // (c - 1),), device=renderer.device)
-    return cameras, cams
+    return cameras, cams, cams.numpy() if renderer.device.is_cpu else None
 
 
 class RenderState:
@@ -140,7 +141,7 @@ class RenderState:
                       ((n if absgrad else 0,), wp.vec2)]
         block = _Block(renderer, per_camera * c, allocator)
         self.owners = [block.owner]
-        self.cameras, self.cams = _camera_parts(renderer, block.views, len(per_camera), absgrad) if allocator is None \
+        self.cameras, self.cams, self.cam_records = _camera_parts(renderer, block.views, len(per_camera), absgrad) if allocator is None \
             else renderer.bound(("camera parts", block.views[0].ptr, n, c, sh, absgrad),
                                 lambda: _camera_parts(renderer, block.views, len(per_camera), absgrad))
         self.capacity = 0
@@ -219,10 +220,11 @@ class GaussianRenderer:
             self.threshold = resolve_threshold(self.device, threshold)
         self.allocator = allocator
         self._launches = Launches(self.device, record)
-        # the device status of the last forward, and its host copy (pinned: copied without a wait)
+        # the device status of the last forward, and its host copy (pinned: copied without a
+        # wait; on the CPU the flags themselves)
         self._flags = wp.zeros((cameras, FLAG_SLOTS), dtype=wp.int32, device=self.device)
-        self._host_flags = wp.zeros((cameras, FLAG_SLOTS), dtype=wp.int32, device="cpu",
-                                    pinned=self.device.is_cuda)
+        self._host_flags = (self._flags if self.device.is_cpu else
+                            wp.zeros((cameras, FLAG_SLOTS), dtype=wp.int32, device="cpu", pinned=True))
         self._host = self._host_flags.numpy()
         self._event = wp.Event(self.device) if self.device.is_cuda else None
         # host cameras' records on their way to the device, and an event after their last copy
@@ -294,7 +296,7 @@ class GaussianRenderer:
                 # the previous forward's copy has read the staging records: waits only if the
                 # device is a whole step behind
                 wp.synchronize_event(self._staged)
-            write_cameras(self._launches, cameras, state.cams, self._flags, self._staging, self._staged_records)
+            self._write_cameras(cameras, state)
             if self._staged is not None:
                 self.device.stream.record_event(self._staged)
         rows = gaussians.coeff_rows
@@ -314,7 +316,7 @@ class GaussianRenderer:
         def body():
             self._launches.call(self._flags.zero_)
             if device_cameras:
-                write_cameras(self._launches, cameras, state.cams, self._flags, self._staging, self._staged_records)
+                self._write_cameras(cameras, state)
             self._render(gaussians, state, images, rows, scratch.views, range(self.num_cameras))
 
         self._run(key, body)
@@ -400,7 +402,7 @@ class GaussianRenderer:
         n = gaussians.count
         self._flags.zero_()
         if isinstance(cameras, DeviceCameras):
-            write_cameras(self._launches, cameras, state.cams, self._flags, self._staging, self._staged_records)
+            self._write_cameras(cameras, state)
         for c, cs in enumerate(state.cameras):
             flags = self._flags[c]
             *_, means2d, radii = state.images.planes[c]
@@ -409,7 +411,8 @@ class GaussianRenderer:
             if n:
                 compute_colors(self._launches, c, gaussians, rows, cs.cam, radii, cs.rgb, flags)
                 count_intersections(self._launches, c, n, keys, order, tiles_per_gauss, cum_tiles, 2**31 - 1, flags)
-        wp.copy(self._host_flags, self._flags)
+        if self._host_flags is not self._flags:
+            wp.copy(self._host_flags, self._flags)
         self._record_event()
         status = self._status()
         status.check_inputs()
@@ -445,12 +448,21 @@ class GaussianRenderer:
                                    self.tiles_x, self.tiles_y, cap, keys, cs.sort_ids, cs.ranges)
             else:
                 launches.call(cs.ranges.zero_)
-            launches.call(wp.copy, self._host_flags, self._flags, dest_offset=c * FLAG_SLOTS,
-                          src_offset=c * FLAG_SLOTS, count=FLAG_SLOTS)
+            if self._host_flags is not self._flags:
+                launches.call(wp.copy, self._host_flags, self._flags, dest_offset=c * FLAG_SLOTS,
+                              src_offset=c * FLAG_SLOTS, count=FLAG_SLOTS)
             if c == cameras[-1]:
                 launches.call(self._record_event)
             rasterize(launches, c, self.tiles_x, self.tiles_y, settings.background, cs.sort_ids, cs.ranges,
                       cs.splats, rgb, color, alpha, depth, expected_depth, cs.final_t, cs.last_ids, surface)
+
+    def _write_cameras(self, cameras, state: RenderState) -> None:
+        """``state.cams`` from ``cameras``: host values through the staging records (on the
+        CPU in place), device cameras by a kernel."""
+        if state.cam_records is not None:
+            write_cameras(self._launches, cameras, state.cams, self._flags, None, state.cam_records)
+        else:
+            write_cameras(self._launches, cameras, state.cams, self._flags, self._staging, self._staged_records)
 
     def _record_event(self) -> None:
         """The event after the flags' host copies (an event node of the graph, inside one)."""
