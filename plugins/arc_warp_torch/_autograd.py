@@ -39,10 +39,11 @@ def view(t: torch.Tensor, dtype, shape: tuple, offset: int = 0) -> wp.array:
 
 class RenderContext:
     """What the bridge keeps on one torch device: an :class:`arc_warp.Workspace` (one
-    :class:`arc_warp.GaussianRenderer` per image size, camera count and settings, its
-    ARC threshold resolved here, never inside a training step) whose renderers take their
-    per-call scratch from torch's caching allocator, so it goes back to torch between
-    calls for the rest of the step (an optimizer's temporaries, say).
+    :class:`arc_warp.GaussianRenderer` per image size, camera count and settings, and the
+    nvdiffrast drop-in's mesh op objects by size; its ARC threshold resolved here, never
+    inside a training step) whose renderers take their per-call scratch from torch's
+    caching allocator, so it goes back to torch between calls for the rest of the step
+    (an optimizer's temporaries, say).
 
     A render's checks follow the renderers' overflow rule (``arc_warp.GaussianRenderer``):
     on the CPU they run before ``rasterization`` returns; on CUDA a render does not wait
@@ -150,8 +151,8 @@ _contexts = threading.local()  # per thread: torch device -> its default RenderC
 
 
 def default_context(device: torch.device) -> RenderContext:
-    """The RenderContext used when none is passed: one per device and thread, made on
-    first use."""
+    """The RenderContext used when none is passed (and by the nvdiffrast drop-in, whose
+    op objects live in its workspace): one per device and thread, made on first use."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
