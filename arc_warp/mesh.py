@@ -37,8 +37,9 @@ Op objects. Each op is an object that owns what one size needs: :class:`Rasteriz
 :class:`Antialiaser`; each made for its sizes and options, with ``forward`` and
 ``backward`` methods that take the function's arguments less those (and write into
 ``out=`` / ``grad_*=`` arrays where given), and its launches prepared on the first call
-and reused (only arguments whose pointers moved are repacked). Another size needs
-another object. The functions above sit on them: with
+and reused: a call on memory the object saw before replays the launches it recorded
+for that memory (its bindings: ``MeshOp``'s notes), other calls repack only the
+arguments whose pointers moved. Another size needs another object. The functions above sit on them: with
 ``workspace=arc_warp.Workspace(device)`` they reuse the workspace's object of the call's
 sizes and options (``Rasterizer.of(workspace, ...)``; made on first use), and with
 ``out=`` arrays (``build_mip(out=)``, sized by ``mip_shape``; they must not overlap the

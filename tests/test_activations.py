@@ -258,7 +258,7 @@ def test_workspace_renders_follow_activation_changes(rng):
     assert np.abs(want[0][0] - want[2][0]).max() > 1e-3  # the two settings render differently
     ws = Workspace("cpu")
     got = loop(ws)
-    assert len(ws.renderers) == 2
+    assert len(ws.renderers()) == 2
     for step, (g, w) in enumerate(zip(got, want)):
         for i, (a, b) in enumerate(zip(g, w)):
             np.testing.assert_array_equal(a, b, err_msg=f"step {step}, result {i}")

@@ -57,7 +57,7 @@ def test_a_capturing_renderer_leaves_its_checks_and_reads_earlier_ones_without_a
     p, step = _setup(rng, "cpu", size_px_range=(0.3, 1.0))
     context = RenderContext("cpu", check=False)
     step(context)
-    renderer = next(iter(context.workspace.renderers.values()))
+    renderer = context.workspace.renderers()[0]
     assert renderer._pending is not None  # left for the next render
     renderer.capturing = True
     pending = renderer._pending
@@ -128,7 +128,7 @@ def test_a_forward_captured_after_forward_only_warm_ups_replays_as_an_eager_rend
     p, step = _setup(rng, "cuda", n=400)
     context = RenderContext("cuda")
     _warm_up_on_a_side_stream(lambda: step(context), *[lambda: step.forward(context)] * 2)
-    assert any(r._pending is not None for r in context.workspace.renderers.values())
+    assert any(r._pending is not None for r in context.workspace.renderers())
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), capture_step(context) as captured:
         image = step.forward(context)

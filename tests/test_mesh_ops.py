@@ -10,7 +10,7 @@ import warp as wp
 
 import arc_warp.mesh as mesh
 from arc_warp import Workspace
-from arc_warp._src.launches import Launches
+from arc_warp._src.launches import BINDINGS, Launches, Plan
 from mesh_scenes import wa
 
 wp.config.log_level = wp.LOG_WARNING
@@ -83,6 +83,7 @@ def test_repeated_calls_allocate_nothing_and_reuse_launches(rng, counted):
     gives what the same calls without a workspace give. Another size makes other
     objects; the first size's are there when it comes back."""
     ws = Workspace("cpu")
+    held = []  # every chain's arrays stay alive: each call is on new memory (no plan of an earlier one applies)
     # per size a Rasterizer, Interpolator, TextureSampler and Antialiaser; one MipBuilder (one texture size)
     for size, objects in [((20, 24), 5), ((16, 16), 9), ((20, 24), 9)]:
         for i in range(2):
@@ -95,11 +96,12 @@ def test_repeated_calls_allocate_nothing_and_reuse_launches(rng, counted):
                 assert counted["allocations"] == [] and counted["launches"] == [], counted
             else:
                 assert counted["launches"], "a new object records its launches"
-            assert len(ws.mesh_ops) == objects
+            assert len(ws.objects()) == objects
             want = chain(arrays(np.random.default_rng(seed), size))
             assert (want[0][..., 3] > 0).any() and np.abs(want[-1]).max() > 0
             for k, (x, y) in enumerate(zip(got, want)):
                 np.testing.assert_array_equal(x, y, err_msg=f"size {size} call {i} result {k}")
+            held.append(a)
 
 
 def test_objects_own_their_sizes(rng):
@@ -120,7 +122,7 @@ def test_objects_own_their_sizes(rng):
     ws = Workspace("cpu")
     for reduce in ("arc", "atomic", "arc"):
         mesh.rasterize(wa(pos), wa(f, wp.int32), (8, 8), reduce=reduce, workspace=ws)
-    assert len(ws.mesh_ops) == 2
+    assert len(ws.objects()) == 2
     with pytest.raises(TypeError, match="workspace: expected an arc_warp.Workspace"):
         mesh.rasterize(wa(pos), wa(f, wp.int32), (8, 8), workspace="cpu")
 
@@ -219,20 +221,81 @@ def test_a_check_left_on_the_device_raises_later(rng):
         op.forward(wa(pos), wa(bad, wp.int32))  # None on the CPU: read before returning
 
 
-def test_alternating_buffers_are_not_repacked(rng, monkeypatch):
+def test_alternating_buffers_replay_their_plans(rng, monkeypatch):
     """Outputs that alternate between two buffers (a loop whose previous results are
-    still held) reuse the packing before the last: no argument is packed again."""
+    still held): each buffer's second call records a plan, and from then on the calls
+    replay them, packing no argument and recording no launch, with the same results."""
     pos, _, f = sphere(rng)
     op = mesh.Rasterizer((8, 8), 2, len(f), device="cpu")
     outs = [(wp.empty((2, 8, 8, 4)), wp.empty((2, 8, 8, 4))) for _ in range(2)]
     p, t = wa(pos), wa(f, wp.int32)
-    for out in outs:
+    want = mesh.rasterize(p, t, (8, 8))[0].numpy()
+    for out in outs * 2:
         op.forward(p, t, out=out)
-    packed = []
+    packed, launched = [], []
     for cmd, *_ in op._launches._sites.values():
         monkeypatch.setattr(cmd, "set_param_at_index", lambda i, value, _set=cmd.set_param_at_index:
                             packed.append(i) or _set(i, value))
+    launch = wp.launch
+    monkeypatch.setattr(wp, "launch", lambda *a, **k: launched.append(a) or launch(*a, **k))
     for out in outs * 2:
-        want = mesh.rasterize(p, t, (8, 8))[0].numpy()
+        out[0].zero_()
         np.testing.assert_array_equal(op.forward(p, t, out=out)[0].numpy(), want)
-    assert packed == [6, 5] * 4  # only raster_depth's and raster_big's tile (a vector: always packed)
+    assert packed == [] and launched == []
+    assert sum(isinstance(b, Plan) for b in op._bindings.values()) == 2
+
+
+def test_plans_replay_on_the_memory_they_were_bound_to(rng):
+    """An op object's bindings replay a call's recorded launches only on the memory it was
+    recorded on. Chains on one set of arrays alternate with chains where one array, each
+    in turn, is at other memory (an input with other values, or an output), so that each
+    memory's first call launches, its second records and the later ones replay, right
+    after a call on other memory: each gives what a fresh chain without a workspace
+    gives (every output starts as 7s, so a read or write of the other memory shows), also after new
+    values are written into the inputs' memory; and the bindings stay bounded."""
+    ws = Workspace("cpu")
+    size = (12, 16)
+    inputs = ("pos", "uv", "tri", "tex", "g")
+
+    def arrays_of(seed) -> dict:  # arrays() with the triangles permuted and the uvs moved
+        r = np.random.default_rng(seed)
+        a = arrays(r, size)
+        a["tri"] = wa(a["tri"].numpy()[r.permutation(a["tri"].shape[0])], wp.int32)
+        a["uv"] = wa(a["uv"].numpy() + r.normal(0, 0.1, a["uv"].shape).astype(np.float32))
+        return dict(a, topo=mesh.antialias_construct_topology_hash(a["tri"]))
+
+    def fresh(a) -> list:  # the chain of a's input values on new arrays, without a workspace
+        return chain({**arrays(np.random.default_rng(0), size), "topo": a["topo"],
+                      **{k: wa(a[k].numpy(), a[k].dtype) for k in inputs}})
+
+    def check(a, want, what):
+        for x in (d[k] for d in (base, other) for k in d if k not in (*inputs, "topo")):
+            x.fill_(7.0)  # every output and gradient of both sets: a read or write of the other memory shows
+        for name, x in a.items():
+            if name.startswith("g_"):
+                x.zero_()  # the backwards add into the gradients
+        for k, (x, y) in enumerate(zip(chain(a, ws), want)):
+            np.testing.assert_array_equal(x, y, err_msg=f"{what}: result {k}")
+
+    base, other = arrays_of(1), arrays_of(2)
+    want = fresh(base)
+    for swapped in [("pos",), ("uv",), ("tex",), ("g",), ("tri", "topo")] + [
+            (k,) for k in base if k not in (*inputs, "topo")]:
+        a = {**base, **{k: other[k] for k in swapped}}
+        want_a = fresh(a) if swapped[0] in inputs else want
+        for call in range(3):
+            check(base, want, f"base after {swapped}")
+            check(a, want_a, f"{swapped} at other memory, call {call}")
+    for k in ("pos", "uv", "tex", "g"):  # new values in the same memory
+        wp.copy(base[k], arrays_of(3)[k])
+    want = fresh(base)
+    for call in range(2):
+        check(base, want, f"new values, call {call}")
+    assert all(any(isinstance(b, Plan) for b in op._bindings.values()) for op in ws.objects())
+
+    pos, _, f = sphere(rng)
+    op = mesh.Rasterizer((4, 4), 2, len(f), device="cpu")
+    outs = [(wp.empty((2, 4, 4, 4)), wp.empty((2, 4, 4, 4))) for _ in range(BINDINGS + 8)]  # held: new memory
+    for out in outs:
+        op.forward(wa(pos), wa(f, wp.int32), out=out)
+    assert len(op._bindings) == BINDINGS

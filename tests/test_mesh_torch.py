@@ -172,14 +172,14 @@ def test_upstream_gradient_layouts(op, layout, monkeypatch):
     `out.sum().backward()` gave inf, NaN or wrong gradients)."""
     import threading
 
-    import arc_warp_torch._mesh_autograd as bridge
+    import arc_warp_torch._autograd as bridge
 
     for seed in range(3):  # a freed copy is reused by a later allocation some of the time
         pos, _, uv, tex = scene(seed)
         grads = []
         for dense in (False, True):
             # new op objects: their first backward allocates scratch, where a freed copy goes
-            monkeypatch.setattr(bridge, "_local", threading.local())
+            monkeypatch.setattr(bridge, "_contexts", threading.local())
             leaves = [x.clone().requires_grad_(True) for x in (pos, uv, tex)]
             out, wanted = _op_output(op, *leaves, seed)
             g = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed))
@@ -211,22 +211,32 @@ def test_out_of_range_triangles_raise():
         dr.antialias(torch.zeros(1, H, W, 3), rast, pos, bad)
 
 
-def test_threads_use_their_own_workspaces():
-    """Ops issued from another thread use that thread's workspace (and op objects), with
-    the same results."""
+def test_one_workspace_per_thread_and_device():
+    """The drop-in's op objects live in the workspace of the thread's default
+    RenderContext, the one the splat path renders with (one registry: each thread and
+    device has one workspace, holding renderers and mesh ops by size); another thread
+    gets its own workspace and objects, with the same results."""
     import threading
 
-    import arc_warp_torch._mesh_autograd as bridge
+    from arc_warp import GaussianRenderer
+    from arc_warp_torch import rasterization
+    from arc_warp_torch._autograd import default_context
 
     pos, tri, uv, tex = scene()
+    n = 8
+    gauss = [torch.tensor(a, dtype=torch.float32) for a in (
+        np.random.default_rng(0).normal(size=(n, 3)) * 0.3 + [0, 0, 3], np.tile([1.0, 0, 0, 0], (n, 1)),
+        np.full((n, 3), 0.1), np.full(n, 0.5), np.random.default_rng(1).uniform(size=(n, 3)))]
+    ks = torch.tensor([[[20.0, 0, W / 2], [0, 20.0, H / 2], [0, 0, 1]]])
     results, spaces = [], []
 
     def run():
         p = pos.clone().requires_grad_(True)
         out, _ = chain(p, tri, uv, tex)
         (out * out).sum().backward()
+        rasterization(*gauss, torch.eye(4)[None], ks, W, H)
         results.append((out.detach(), p.grad))
-        spaces.append(bridge.workspace(pos.device))
+        spaces.append(default_context(pos.device).workspace)
 
     run()
     threads = [threading.Thread(target=run) for _ in range(2)]
@@ -235,5 +245,10 @@ def test_threads_use_their_own_workspaces():
     for t in threads:
         t.join()
     assert len(results) == 3 and len({id(ws) for ws in spaces}) == 3
+    for ws in spaces:  # the splat renderer and the four mesh ops (and the mip builder's sampler) in one workspace
+        kinds = {type(o) for o in ws.objects()}
+        assert kinds == {GaussianRenderer, core.Rasterizer, core.Interpolator, core.TextureSampler, core.Antialiaser}
+    mine = {id(o) for o in spaces[0].objects()}
+    assert not mine & {id(o) for ws in spaces[1:] for o in ws.objects()}
     for out, grad in results[1:]:
         assert torch.equal(out, results[0][0]) and torch.equal(grad, results[0][1])

@@ -195,11 +195,11 @@ def test_functional_calls_with_a_workspace_reuse_one_renderer_per_size(rng):
     ws = Workspace("cpu")
     out = render_gaussians(*_arrays(scene), _camera(scene), workspace=ws)
     render_gaussians(*_arrays(scene), _camera(scene), workspace=ws)
-    assert len(ws.renderers) == 1
-    renderer = next(iter(ws.renderers.values()))
+    assert len(ws.renderers()) == 1
+    renderer = ws.renderers()[0]
     smaller = random_scene(rng, n=12, width=20, height=16, sh_degree=1)
     render_gaussians(*_arrays(smaller), _camera(smaller), workspace=ws)  # a new N: resized
-    assert len(ws.renderers) == 1 and renderer.num_gaussians == 12
+    assert len(ws.renderers()) == 1 and renderer.num_gaussians == 12
     grads = render_gaussians_backward(out, wp.ones((16, 20), dtype=wp.vec3))  # the first render's state
     assert np.abs(grads.means.numpy()).max() > 0
 

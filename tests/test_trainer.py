@@ -405,6 +405,6 @@ def test_checks_left_on_the_device_train_as_checked_renders(tiny_dataset, tmp_pa
         warnings.simplefilter("always")
         run.train()
     assert not [w for w in caught if "tile intersections" in str(w.message)]
-    assert any(r._pending is not None for r in context.workspace.renderers.values())  # left unread
+    assert any(r._pending is not None for r in context.workspace.renderers())  # left unread
     for name in checked.params:
         assert torch.equal(checked.params[name], run.params[name]), name

@@ -12,11 +12,13 @@ array's memory as another dtype and shape, as the mesh ops read nvdiffrast's flo
 layouts) is made into a Warp array only when it is packed, so a call on the memory of
 one of the two calls before makes none. A call repeated on the same memory (a training
 loop's steady state) need not even run its Python: :meth:`Launches.recording` records
-its device work into a :class:`Plan` that replays it.
+its device work into a :class:`Plan` that replays it, and :class:`Bindings` keeps the
+plans (and Warp views) of an object's calls by the memory they run on.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 from typing import NamedTuple
@@ -24,6 +26,9 @@ from typing import NamedTuple
 import warp as wp
 
 _REPACK = object()  # the signature of an argument that is always repacked (structs, vectors)
+
+BINDINGS = 64
+"""Entries a :class:`Bindings` keeps: views and plans of a few training steps' memory."""
 
 
 class View(NamedTuple):
@@ -160,3 +165,65 @@ class Plan:
                 step()
         self.graph = capture.graph
         wp.capture_launch(self.graph)
+
+
+class Bindings:
+    """What one object (a renderer, a mesh op) keeps by the memory of its calls: values made
+    of that memory (:meth:`bound`: Warp views, say) and the plans of calls on it
+    (:meth:`run`). The one place where the object's calls' pointers are kept.
+
+    Key: a tuple naming the memory (pointers, and the shapes and values the value or plan
+    depends on). Owner: the object, for its whole life. Dropped: the least recently used
+    entry once more than ``limit`` are held (a training loop's memory comes back from
+    torch's caching allocator, so a few steps' worth are enough). The caller keeps the
+    memory alive while it uses what is bound to it.
+
+    Args:
+        launches: the owner's :class:`Launches`, which records the plans.
+        limit: entries kept (default :data:`BINDINGS`).
+    """
+
+    def __init__(self, launches: Launches, limit: int = BINDINGS):
+        self._launches, self.limit = launches, limit
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def values(self):
+        """The values and plans held, least recently used first."""
+        return self._entries.values()
+
+    def bound(self, key: tuple, make):
+        """What ``make()`` builds of the memory ``key`` names: made once and returned again
+        while the same memory comes back (a Warp view costs about 4 us of host time; the
+        launches that take it then repack nothing)."""
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = make()
+            if len(self._entries) > self.limit:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(key)
+        return entry
+
+    def run(self, key: tuple, body, capture_stream: wp.Stream | None = None) -> None:
+        """``body()``, the device work of a call on the memory ``key`` names (everything its
+        launches depend on): run as it is the first time the key is seen, recorded into a
+        :class:`Plan` the second, and replayed from the plan after (``capture_stream``:
+        :meth:`Plan.run`'s). Without recording launches (``Launches(record=False)``) it
+        always runs ``body()``."""
+        if not self._launches.record:
+            body()
+            return
+        plan = self._entries.get(key)
+        if plan is None:  # seen once: remembered, not recorded (most keys of a one-off call never repeat)
+            self.bound(key, lambda: False)
+            body()
+        elif plan is False:
+            with self._launches.recording() as steps:
+                body()
+            self._entries[key] = Plan(steps, self._launches.device)
+        else:
+            self._entries.move_to_end(key)
+            plan.run(capture_stream)

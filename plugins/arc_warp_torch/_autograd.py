@@ -39,10 +39,11 @@ def view(t: torch.Tensor, dtype, shape: tuple, offset: int = 0) -> wp.array:
 
 class RenderContext:
     """What the bridge keeps on one torch device: an :class:`arc_warp.Workspace` (one
-    :class:`arc_warp.GaussianRenderer` per image size, camera count and settings, its
-    ARC threshold resolved here, never inside a training step) whose renderers take their
-    per-call scratch from torch's caching allocator, so it goes back to torch between
-    calls for the rest of the step (an optimizer's temporaries, say).
+    :class:`arc_warp.GaussianRenderer` per image size, camera count and settings, and the
+    nvdiffrast drop-in's mesh op objects by size; its ARC threshold resolved here, never
+    inside a training step) whose renderers take their per-call scratch from torch's
+    caching allocator, so it goes back to torch between calls for the rest of the step
+    (an optimizer's temporaries, say).
 
     A render's checks follow the renderers' overflow rule (``arc_warp.GaussianRenderer``):
     on the CPU they run before ``rasterization`` returns; on CUDA a render does not wait
@@ -109,25 +110,25 @@ class _HostBlocks:
     """CPU memory for the tensors of a call, kept by size for the next call's once freed, as
     torch's CUDA caching allocator keeps device memory. A block is free again when nothing
     holds it: its numpy array is referenced only by this pool (a tensor made from it holds
-    a reference until its memory is released)."""
+    a typed numpy view of it, whose base it is, until its memory is released)."""
 
-    ITEMSIZE = {torch.float32: 4, torch.int32: 4, torch.uint8: 1}
+    DTYPES = {torch.float32: (np.float32, 4), torch.int32: (np.int32, 4), torch.uint8: (np.uint8, 1)}
 
     def __init__(self):
         self._blocks = collections.defaultdict(list)  # nbytes -> numpy byte arrays
 
     def empty(self, shape, dtype) -> torch.Tensor:
-        shape = (shape,) if isinstance(shape, int) else tuple(shape)
-        nbytes = math.prod(shape) * self.ITEMSIZE[dtype]
+        shape = (shape,) if isinstance(shape, int) else shape
+        np_dtype, itemsize = self.DTYPES[dtype]
+        nbytes = math.prod(shape) * itemsize
         blocks = self._blocks[nbytes]
         for block in blocks:
             if sys.getrefcount(block) == 3:  # the list's, the loop's and getrefcount's own
                 break
         else:
-            block = np.empty(max(nbytes, 4), dtype=np.uint8)[:nbytes]
+            block = np.empty(max(nbytes, 4), dtype=np.uint8)
             blocks.append(block)
-        t = torch.from_numpy(block)
-        return (t if dtype is torch.uint8 else t.view(dtype)).view(shape)
+        return torch.from_numpy(block[:nbytes].view(np_dtype).reshape(shape))
 
 
 class _NoStreamScope:
@@ -161,8 +162,8 @@ _contexts = threading.local()  # per thread: torch device -> its default RenderC
 
 
 def default_context(device: torch.device) -> RenderContext:
-    """The RenderContext used when none is passed: one per device and thread, made on
-    first use."""
+    """The RenderContext used when none is passed (and by the nvdiffrast drop-in, whose
+    op objects live in its workspace): one per device and thread, made on first use."""
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())

@@ -75,7 +75,7 @@ class CapturedStep:
         if not torch.cuda.is_current_stream_capturing():
             raise RuntimeError("capture_step: enter it inside torch.cuda.graph(...), after the graph: "
                                "`with torch.cuda.graph(g), capture_step(context) as captured:`")
-        self._renderers = list(self.context.workspace.renderers.values())
+        self._renderers = self.context.workspace.renderers()
         for renderer in self._renderers:
             renderer.capturing = True
         self._stream = self.context.warp_stream()

@@ -29,9 +29,10 @@ What differs from nvdiffrast:
 - a vertex index of ``tri`` out of range raises ValueError (nvdiffrast leaves it
   undefined); the check runs on the device: on the CPU the op raises, on CUDA (no
   wait) the next call of the same op and sizes does, naming the previous call;
-- scratch buffers and prepared launches are kept per thread and device (an
-  ``arc_warp.Workspace`` and its mesh op objects), so ops from several threads each use
-  their own; within a thread, issue the ops from one CUDA stream at a time.
+- scratch buffers and prepared launches are kept per thread and device, in the mesh op
+  objects of the workspace of the thread's default ``RenderContext`` (the one
+  ``rasterization`` renders with), so ops from several threads each use their own;
+  within a thread, issue the ops from one CUDA stream at a time.
 """
 
 from __future__ import annotations

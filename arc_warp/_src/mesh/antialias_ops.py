@@ -94,11 +94,15 @@ class Antialiaser(MeshOp):
         :meth:`Rasterizer.forward`."""
         pos_v, instanced, tri, rast_v = self._inputs(color, rast, pos, tri, topology_hash)
         out = output(out, "out", color.shape, self.device)
-        check = self._check_triangles(tri, pos_v.shape[1], "pos", check)
-        # aa_fwd adds the blends into the copy
-        self._launches.launch(copy_into, color.size, [self._flat(color, wp.float32), self._flat(out, wp.float32)])
-        self._launches.launch(aa_fwd, (self.batch, self.height, self.width),
-                              [color, rast_v, pos_v, tri, topology_hash.opposite, instanced, out])
+
+        def body():
+            # aa_fwd adds the blends into the copy
+            self._launches.launch(copy_into, color.size, [self._flat(color, wp.float32), self._flat(out, wp.float32)])
+            self._launches.launch(aa_fwd, (self.batch, self.height, self.width),
+                                  [color, rast_v, pos_v, tri, topology_hash.opposite, instanced, out])
+
+        check = self._checked(("forward", color.ptr, rast.ptr, pos.ptr, pos_v.shape, topology_hash.opposite.ptr,
+                               out.ptr), tri, pos_v.shape[1], "pos", check, body)
         if check:
             self.check(previous=False)
         return out
@@ -111,10 +115,14 @@ class Antialiaser(MeshOp):
         grad_pos = output(grad_pos, "grad_pos", pos.shape, self.device, zero=True)
         if grad_out is not None:
             exact(grad_out, "grad_out", color.shape, self.device)
-            self._launches.launch(
-                make_aa_bwd(self.mode), tiled_dim(self.batch, self.height, self.width),
-                [color, rast_v, pos_v, tri, topology_hash.opposite, instanced, grad_out, float(pos_gradient_boost),
-                 self.threshold, grad_color, self._flat(grad_pos, wp.vec4)], block_dim=BLOCK)
+            boost = float(pos_gradient_boost)
+            self._bindings.run(
+                ("backward", color.ptr, rast.ptr, pos.ptr, pos_v.shape, tri.array.ptr, topology_hash.opposite.ptr,
+                 grad_out.ptr, boost, grad_color.ptr, grad_pos.ptr),
+                lambda: self._launches.launch(
+                    make_aa_bwd(self.mode), tiled_dim(self.batch, self.height, self.width),
+                    [color, rast_v, pos_v, tri, topology_hash.opposite, instanced, grad_out, boost, self.threshold,
+                     grad_color, self._flat(grad_pos, wp.vec4)], block_dim=BLOCK))
         return grad_color, grad_pos
 
 

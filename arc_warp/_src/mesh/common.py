@@ -1,6 +1,6 @@
 """What the mesh op objects share: the base class (device, accumulation mode, prepared
-launches, the device check of triangle indices, the workspace lookup), launch sizes,
-argument checks and tape recording."""
+launches and their bindings, the device check of triangle indices, the workspace
+lookup), launch sizes, argument checks and tape recording."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import warp as wp
 
 from arc_warp._src.arc.calibrate import kernel_mode, resolve_threshold
 from arc_warp._src.arc.reduce_funcs import check_mode
-from arc_warp._src.launches import Launches, View
+from arc_warp._src.launches import Bindings, Launches, View
 from arc_warp._src.mesh.util_kernels import first_bad_triangle
 from arc_warp._src.splat.workspace import Workspace
 from arc_warp._src.tape import active_tape
@@ -43,15 +43,25 @@ def chunking(n: int) -> tuple[int, int]:
 
 class MeshOp:
     """What every mesh op object holds: its device, the accumulation mode and ARC
-    threshold of its backward, its prepared launches and, for an op that reads triangles,
-    the device check of their indices (``arc_warp.mesh``'s notes: when it is read).
+    threshold of its backward, its prepared launches and their bindings and, for an op
+    that reads triangles, the device check of their indices (``arc_warp.mesh``'s notes:
+    when it is read).
+
+    Bindings: each call's device work runs through the object's one
+    :class:`~arc_warp._src.launches.Bindings`, keyed by the call's kind and the
+    pointers of its arrays (with the shapes and values its launches depend on that the
+    object's sizes do not fix): the first call on some memory launches as it is, the
+    second records a plan, later ones replay it (no Warp views made, nothing repacked;
+    step by step, on every device). A caller may bind its own views of that memory
+    there (:meth:`bound`, as the torch drop-in does). Owner: this object. Dropped: the
+    least recently used past ``launches.BINDINGS`` entries, and with the object.
 
     Args: ``reduce``, the backward's accumulation mode (``atomic`` / ``warp`` / ``serial`` /
     ``arc``; ``floor`` for benchmarks); ``threshold``, the ARC threshold (only ``arc``
     reads it; None: the device's keyed one, as the mesh backwards plan per pixel with
     ``keyed_plan``, which may calibrate a GPU once; at 33, which never reduces, ``arc`` is
     compiled as ``atomic``); ``device`` (None: the current one); ``record``: prepare the
-    launches for reuse (False for an object used for one call).
+    launches for reuse (False for an object used for one call: its calls run as they are).
     """
 
     def __init__(self, reduce: str | None, threshold: int | None, device, record: bool, name: str | None = None):
@@ -63,6 +73,7 @@ class MeshOp:
             self.threshold = resolve_threshold(self.device, threshold, keyed=True)
             self.mode = kernel_mode(reduce, self.threshold)
         self._launches = Launches(self.device, record)
+        self._bindings = Bindings(self._launches)
         self._empty: dict = {}  # dtype -> the empty array an optional argument not given is
         self.name, self._pending = name, None
         if name is not None:  # the first bad triangle, found on the device
@@ -86,8 +97,13 @@ class MeshOp:
                              "use one workspace per device")
         if "reduce" in options and options.get("threshold") is None:
             options["threshold"] = workspace.keyed_threshold
-        return workspace.mesh_op((cls, *sizes, *options.values()),
-                                 lambda: cls(*sizes, **options, device=workspace.device))
+        return workspace.get((cls, *sizes, *options.values()), lambda: cls(*sizes, **options, device=workspace.device))
+
+    def bound(self, key: tuple, make):
+        """What ``make()`` builds of the memory ``key`` names (a caller's Warp views of its
+        tensors, say), made once per memory in this object's bindings. The caller keeps
+        the memory alive while it uses them."""
+        return self._bindings.bound(key, make)
 
     def _flat(self, a: wp.array | None, dtype):
         """Contiguous ``a``'s memory as a flat array of ``dtype`` (a launch argument), or for
@@ -120,17 +136,24 @@ class MeshOp:
                 "vertices); such triangles are left out (not drawn, interpolated as 0). Fix tri, or pass the "
                 "vertices it indexes" + (" (found in the previous call on this object, read now)" if previous else ""))
 
-    def _check_triangles(self, tri: View, count: int, of: str, check: bool | None) -> bool:
-        """Queues the check of ``tri`` ((F,) vec3i) against ``count`` vertices (those of the
-        input ``of``), after reading the one an earlier forward left; returns whether the
-        forward reads it before returning (``check``; None: on the CPU, where it is free)."""
+    def _checked(self, key: tuple, tri: View, count: int, of: str, check: bool | None, body) -> bool:
+        """A forward's device work: after reading the check an earlier forward left, the
+        check of ``tri`` ((F,) vec3i) against ``count`` vertices (those of the input
+        ``of``), then ``body()``, both run through the bindings by ``key`` (with the
+        check's own arguments added). Returns whether the forward reads the check before
+        returning (``check``; None: on the CPU, where it is free)."""
         self.check()
         check = self.device.is_cpu if check is None else check
         if self.device.is_cpu:
             self._values[0] = NO_BAD_TRIANGLE
         else:
             self._first.fill_(NO_BAD_TRIANGLE)
-        self._launches.launch(first_bad_triangle, tri.shape[0], [tri, count, self._first])
+
+        def checked():
+            self._launches.launch(first_bad_triangle, tri.shape[0], [tri, count, self._first])
+            body()
+
+        self._bindings.run((*key, tri.array.ptr, tri.shape[0], count), checked)
         left = not (check or self.device.is_cpu)
         if left:
             if self._event is None:
@@ -190,6 +213,11 @@ def record(inputs: list, outputs: list, backward) -> None:
     for out in outputs:
         out.requires_grad = True
     tape.record_func(backward, [a for a in (*outputs, *inputs) if a is not None and a.requires_grad])
+
+
+def ptr(a) -> int:
+    """The pointer of an optional array (0: none) for a bindings key."""
+    return 0 if a is None else a.ptr
 
 
 def grad_of(a: wp.array | None) -> wp.array | None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import warp as wp
 
-from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, chunking, exact, given, grad_of, output, record, tiled_dim,
-                                       triangles)
+from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, chunking, exact, given, grad_of, output, ptr, record,
+                                       tiled_dim, triangles)
 from arc_warp._src.mesh.interp_kernels import make_interp_bwd, make_interp_fwd
 
 
@@ -85,13 +85,17 @@ class Interpolator(MeshOp):
         out = (None, None) if out is None else out
         out, out_da = (output(out[0], "out[0] (out)", (b, h, w, a), self.device),
                        output(out[1], "out[1] (out_da)", (b, h, w, 2 * self.num_diff), self.device))
-        check = self._check_triangles(tri, vertices, "attr", check)
-        if a and b * h * w:
-            self._launches.launch(
-                make_interp_fwd(self.k, self.chunks, self.num_diff > 0), b * h * w,
-                [self._flat(attr, self._vec), vertices, images, h * w, self._flat(rast, wp.vec4),
-                 self._flat(rast_db, wp.vec4), tri, self._links, self._flat(out, self._vec),
-                 self._flat(out_da if self.num_diff else None, wp.float32)])
+
+        def body():
+            if a and b * h * w:
+                self._launches.launch(
+                    make_interp_fwd(self.k, self.chunks, self.num_diff > 0), b * h * w,
+                    [self._flat(attr, self._vec), vertices, images, h * w, self._flat(rast, wp.vec4),
+                     self._flat(rast_db, wp.vec4), tri, self._links, self._flat(out, self._vec),
+                     self._flat(out_da if self.num_diff else None, wp.float32)])
+
+        check = self._checked(("forward", attr.ptr, attr.shape, rast.ptr, ptr(rast_db), out.ptr, out_da.ptr), tri,
+                              vertices, "attr", check, body)
         if check:
             self.check(previous=False)
         return out, out_da
@@ -116,13 +120,18 @@ class Interpolator(MeshOp):
                 self._zero = wp.zeros((b, h, w, a), dtype=wp.float32, device=self.device)
             go = self._zero
         da = gda is not None and self.num_diff > 0  # else no term of the derivatives: a kernel without them
-        self._launches.launch(
-            make_interp_bwd(self.mode, self.k, self.chunks, da), tiled_dim(b, h, w),
-            [self._flat(attr, self._vec), vertices, images, self._flat(rast, wp.vec4),
-             self._flat(rast_db_d if da else None, wp.vec4), tri, self._links if da else self._flat(None, wp.int32),
-             self._flat(go, self._vec), self._flat(gda if da else None, wp.float32), w, h, self.threshold,
-             self._flat(grad_attr, self._vec), self._flat(grad_rast, wp.vec4),
-             self._flat(grad_rast_db if da else None, wp.vec4)], block_dim=BLOCK)
+
+        def body():
+            self._launches.launch(
+                make_interp_bwd(self.mode, self.k, self.chunks, da), tiled_dim(b, h, w),
+                [self._flat(attr, self._vec), vertices, images, self._flat(rast, wp.vec4),
+                 self._flat(rast_db_d if da else None, wp.vec4), tri, self._links if da else self._flat(None, wp.int32),
+                 self._flat(go, self._vec), self._flat(gda if da else None, wp.float32), w, h, self.threshold,
+                 self._flat(grad_attr, self._vec), self._flat(grad_rast, wp.vec4),
+                 self._flat(grad_rast_db if da else None, wp.vec4)], block_dim=BLOCK)
+
+        self._bindings.run(("backward", attr.ptr, attr.shape, rast.ptr, tri.array.ptr, tri.shape[0], da,
+                            ptr(rast_db_d), go.ptr, ptr(gda), ptr(grad_attr), grad_rast.ptr, ptr(grad_rast_db)), body)
         return grad_attr, grad_rast, grad_rast_db
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import warp as wp
 
 from arc_warp._src.launches import View
-from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, exact, given, output, positions, record, tiled_dim,
-                                       triangles)
+from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, exact, given, output, positions, ptr, record,
+                                       tiled_dim, triangles)
 from arc_warp._src.mesh.raster_kernels import (EMPTY_KEY, make_raster_bwd, raster_big, raster_depth, raster_resolve,
                                                viewport_tile)
 from arc_warp._src.validate import check_resolution
@@ -77,7 +77,6 @@ class Rasterizer(MeshOp):
         shape, out = (batch, self.height, self.width, 4), (None, None) if out is None else out
         rast = output(out[0], "out[0] (rast)", shape, self.device)
         rast_db = output(out[1], "out[1] (rast_db)", shape, self.device)
-        check = self._check_triangles(tri, pos_v.shape[1], "pos", check)
         if table is not None and (self._host_ranges is None or not np.array_equal(table, self._host_ranges)):
             wp.copy(self._ranges, wp.array(table, dtype=wp.vec2i, device="cpu"))
             self._host_ranges = table
@@ -86,16 +85,21 @@ class Rasterizer(MeshOp):
             self._keys.fill_(EMPTY_KEY)
             self._big_count.zero_()
         h, w, launches = self.height, self.width, self._launches
+
+        def body():
+            if count > 0:
+                # triangles with big pixel boxes are queued and tested per pixel (no host readback)
+                launches.launch(raster_depth, (batch, count), [pos_v, tri, ranges, instanced, w, h, self._tile,
+                                                               self._keys, self._big, self._big_box, self._big_count])
+                launches.launch(raster_big, (batch, h, w), [pos_v, tri, instanced, w, h, self._tile, self._big,
+                                                            self._big_box, self._big_count, self._keys])
+            launches.launch(raster_resolve, (batch, h, w), [self._keys, pos_v, tri, instanced, *self._grid,
+                                                            View(rast, wp.vec4, shape[:3]),
+                                                            View(rast_db, wp.vec4, shape[:3]), self._big_count])
+
         self._cleared = False
-        if count > 0:
-            # triangles with big pixel boxes are queued and tested per pixel (no host readback)
-            launches.launch(raster_depth, (batch, count), [pos_v, tri, ranges, instanced, w, h, self._tile, self._keys,
-                                                           self._big, self._big_box, self._big_count])
-            launches.launch(raster_big, (batch, h, w), [pos_v, tri, instanced, w, h, self._tile, self._big,
-                                                        self._big_box, self._big_count, self._keys])
-        launches.launch(raster_resolve, (batch, h, w), [self._keys, pos_v, tri, instanced, *self._grid,
-                                                        View(rast, wp.vec4, shape[:3]),
-                                                        View(rast_db, wp.vec4, shape[:3]), self._big_count])
+        check = self._checked(("forward", pos.ptr, pos_v.shape, ranges.ptr, count, rast.ptr, rast_db.ptr), tri,
+                              pos_v.shape[1], "pos", check, body)
         self._cleared = True
         if check:
             self.check(previous=False)
@@ -116,10 +120,15 @@ class Rasterizer(MeshOp):
             if self._zero is None:
                 self._zero = wp.zeros(shape, dtype=wp.float32, device=self.device)
             g = self._zero
-        self._launches.launch(
-            make_raster_bwd(self.mode), tiled_dim(b, h, w),
-            [self._flat(rast, wp.vec4), self._flat(g, wp.vec4), self._flat(gdb, wp.vec4), pos_v, tri, instanced, w, h,
-             *self._grid, self.threshold, self._flat(grad_pos, wp.vec4)], block_dim=BLOCK)
+
+        def body():
+            self._launches.launch(make_raster_bwd(self.mode), tiled_dim(b, h, w),
+                                  [self._flat(rast, wp.vec4), self._flat(g, wp.vec4), self._flat(gdb, wp.vec4), pos_v,
+                                   tri, instanced, w, h, *self._grid, self.threshold, self._flat(grad_pos, wp.vec4)],
+                                  block_dim=BLOCK)
+
+        self._bindings.run(("backward", pos.ptr, pos_v.shape, tri.array.ptr, rast.ptr, g.ptr, ptr(gdb), grad_pos.ptr),
+                           body)
         return grad_pos
 
 

@@ -10,7 +10,8 @@ import numpy as np
 import warp as wp
 
 from arc_warp._src.launches import View
-from arc_warp._src.mesh.common import BLOCK, MeshOp, array, chunking, exact, given, grad_of, output, record, tiled_dim
+from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, chunking, exact, given, grad_of, output, ptr, record,
+                                       tiled_dim)
 from arc_warp._src.mesh.texture_kernels import (BOUNDARY_MODES, FILTER_MODES, NEAREST, make_mip_fold, make_tex_bwd,
                                                 make_tex_fwd, mip_build, mip_build2)
 from arc_warp._src.mesh.util_kernels import copy_into
@@ -90,19 +91,23 @@ class MipBuilder(MeshOp):
         exact(tex, "tex", self.tex_shape, self.device)
         out = output(out, "out", self.shape, self.device)
         b, n, sizes, offsets = self.tex_shape[0], tex.size, self.host_sizes, self._offsets
-        # every row is written (level 0 copied, the others built), so no zero fill
-        self._launches.launch(copy_into, n, [self._flat(tex, wp.float32), View(out, wp.float32, (n,))])
-        # two levels per launch, the last one alone if their count is odd
-        for level in range(1, len(sizes), 2):
-            src = [out, int(offsets[level - 1]), *sizes[level - 1]]
-            if level + 1 < len(sizes):
-                dw, dh = sizes[level + 1]
-                self._launches.launch(mip_build2, (b, dh, dw),
-                                      [*src, int(offsets[level]), *sizes[level], int(offsets[level + 1]), dw, dh],
-                                      key=level)
-            else:
-                dw, dh = sizes[level]
-                self._launches.launch(mip_build, (b, dh, dw), [*src, int(offsets[level]), dw, dh], key=level)
+
+        def body():
+            # every row is written (level 0 copied, the others built), so no zero fill
+            self._launches.launch(copy_into, n, [self._flat(tex, wp.float32), View(out, wp.float32, (n,))])
+            # two levels per launch, the last one alone if their count is odd
+            for level in range(1, len(sizes), 2):
+                src = [out, int(offsets[level - 1]), *sizes[level - 1]]
+                if level + 1 < len(sizes):
+                    dw, dh = sizes[level + 1]
+                    self._launches.launch(mip_build2, (b, dh, dw),
+                                          [*src, int(offsets[level]), *sizes[level], int(offsets[level + 1]), dw, dh],
+                                          key=level)
+                else:
+                    dw, dh = sizes[level]
+                    self._launches.launch(mip_build, (b, dh, dw), [*src, int(offsets[level]), dw, dh], key=level)
+
+        self._bindings.run(("build", tex.ptr, out.ptr), body)
         return MipStack(out, self.sizes, self.offsets, self.host_sizes, b, self.tex_shape[3])
 
 
@@ -167,12 +172,17 @@ class TextureSampler(MeshOp):
         data, sizes, offsets = self._inputs(tex, uv, uv_da, mip_level_bias, mip)
         b, h, w = self.batch, self.height, self.width
         out = output(out, "out", (b, h, w, self.tex_shape[3]), self.device)
-        if b * h * w:
+
+        def body():
             self._launches.launch(
                 make_tex_fwd(self._filter, self.k, self.chunks), b * h * w,
                 [self._flat(data, self._vec), sizes, offsets, self._flat(uv, wp.vec2), self._flat(uv_da, wp.vec4),
                  self._flat(mip_level_bias, wp.float32), h * w, self.tex_shape[0], self._boundary,
                  self._flat(out, self._vec)])
+
+        if b * h * w:
+            self._bindings.run(("forward", data.ptr, data.shape, sizes.ptr, offsets.ptr, uv.ptr, ptr(uv_da),
+                                ptr(mip_level_bias), out.ptr), body)
         return out
 
     def backward(self, tex, uv, grad_out, uv_da=None, mip_level_bias=None, mip: MipStack | None = None,
@@ -196,18 +206,25 @@ class TextureSampler(MeshOp):
             if self._gstack is None or self._gstack.size != data.size:
                 self._gstack = wp.empty(data.size, dtype=wp.float32, device=self.device)
             gstack = self._gstack
-            gstack.zero_()  # texel gradients of every level are summed into it
-        self._launches.launch(
-            make_tex_bwd(self.mode, self._filter, self.k, self.chunks), tiled_dim(b, h, w),
-            [self._flat(data, vec), sizes, offsets, self._flat(uv, wp.vec2), self._flat(uv_da, wp.vec4),
-             self._flat(mip_level_bias, wp.float32), self._flat(go, vec), w, h, self.tex_shape[0],
-             self._boundary, self.threshold, self._flat(gstack, vec),
-             self._flat(grad_uv if self._filter != NEAREST else None, wp.vec2),
-             self._flat(grad_uv_da, wp.vec4), self._flat(grad_bias, wp.float32)],
-            block_dim=BLOCK)
-        if tex_grad:
-            self._launches.launch(make_mip_fold(self.k, self.chunks), self.tex_shape[:3],
-                                  [self._flat(gstack, vec), sizes, offsets, self._flat(grad_tex, vec)])
+
+        def body():
+            if tex_grad:
+                self._launches.call(gstack.zero_)  # texel gradients of every level are summed into it
+            self._launches.launch(
+                make_tex_bwd(self.mode, self._filter, self.k, self.chunks), tiled_dim(b, h, w),
+                [self._flat(data, vec), sizes, offsets, self._flat(uv, wp.vec2), self._flat(uv_da, wp.vec4),
+                 self._flat(mip_level_bias, wp.float32), self._flat(go, vec), w, h, self.tex_shape[0],
+                 self._boundary, self.threshold, self._flat(gstack, vec),
+                 self._flat(grad_uv if self._filter != NEAREST else None, wp.vec2),
+                 self._flat(grad_uv_da, wp.vec4), self._flat(grad_bias, wp.float32)],
+                block_dim=BLOCK)
+            if tex_grad:
+                self._launches.launch(make_mip_fold(self.k, self.chunks), self.tex_shape[:3],
+                                      [self._flat(gstack, vec), sizes, offsets, self._flat(grad_tex, vec)])
+
+        self._bindings.run(("backward", data.ptr, data.shape, sizes.ptr, offsets.ptr, uv.ptr, ptr(uv_da),
+                            ptr(mip_level_bias), go.ptr, ptr(gstack), ptr(grad_tex), ptr(grad_uv), ptr(grad_uv_da),
+                            ptr(grad_bias)), body)
         return tuple(grads)
 
 

@@ -24,7 +24,6 @@ being able to know it first.
 
 from __future__ import annotations
 
-import collections
 import warnings
 
 import numpy as np
@@ -32,7 +31,7 @@ import warp as wp
 
 from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD, resolve_threshold
 from arc_warp._src.camera import Camera, DeviceCameras
-from arc_warp._src.launches import Launches, Plan
+from arc_warp._src.launches import Bindings, Launches
 from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
 from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D, grad_vector
 from arc_warp._src.splat.project_ops import is_plain_pinhole, project, project_backward, write_cameras
@@ -46,7 +45,6 @@ from arc_warp._src.splat.validate_kernels import FLAG_SLOTS
 from arc_warp._src.validate import check_array
 
 SORT_SLACK = 4096  # entries added to every capacity, so small scenes rarely overflow
-BINDINGS = 64  # views and plans a renderer keeps (see GaussianRenderer.bound): a few steps' worth
 ALIGN = 256  # byte alignment of each part carved from one allocation
 
 
@@ -232,7 +230,7 @@ class GaussianRenderer:
         self._staged_records = self._staging.numpy()
         self._staged = wp.Event(self.device) if self.device.is_cuda else None
         self._pending: RenderStatus | None = None  # the last forward's status, unread
-        self._bindings: collections.OrderedDict = collections.OrderedDict()  # see bound() and _run()
+        self._bindings = Bindings(self._launches)  # views and plans by memory: see bound() and _run()
         self._capture = None  # the stream plans are captured on (CUDA)
         self._forward_scratch = self._backward_scratch = None  # owned scratch (no allocator)
         self.capturing = False  # set by CapturedRenders: no waits, no growth
@@ -475,24 +473,10 @@ class GaussianRenderer:
         return RenderStatus(self._flags, self._host, None if self.capturing else self._event, self.capacity or 0)
 
     def _run(self, key: tuple, body) -> None:
-        """``body()``, the device work of a call on the memory ``key`` names: run as it is
-        the first time the key is seen, recorded into a :class:`Plan` the second, and
-        replayed from the plan after (on CUDA a graph, unless a capture of the caller's is
-        recording this renderer); the plans are kept with the views (:meth:`bound`)."""
-        if not self._launches.record:
-            body()
-            return
-        plan = self._bindings.get(key)
-        if plan is None:  # seen once: remembered, not recorded (most keys of a one-off call never repeat)
-            self.bound(key, lambda: False)
-            body()
-        elif plan is False:
-            with self._launches.recording() as steps:
-                body()
-            self._bindings[key] = Plan(steps, self.device)
-        else:
-            self._bindings.move_to_end(key)
-            plan.run(None if self.capturing or self.device.is_cpu else self._capture_stream())
+        """``body()``, the device work of a call on the memory ``key`` names, through the
+        bindings (:meth:`Bindings.run`: a plan from the second time; on CUDA a graph,
+        unless a capture of the caller's is recording this renderer)."""
+        self._bindings.run(key, body, None if self.capturing or self.device.is_cpu else self._capture_stream())
 
     def _capture_stream(self) -> wp.Stream:
         """The stream plans are captured on (made on first use)."""
@@ -527,19 +511,10 @@ class GaussianRenderer:
 
     def bound(self, key: tuple, make):
         """What ``make()`` builds (Warp views, for one) of the memory ``key`` names by its
-        pointers and layout: made once and returned again while the same memory comes
-        back, as a training loop's steady state gets it from torch's caching allocator
-        (a Warp view costs about 4 us of host time; its launches then repack nothing).
-        The one place where a call's pointers are kept: ``BINDINGS`` of them, the least
-        recently used dropped first. The caller keeps the memory alive while it uses them."""
-        entry = self._bindings.get(key)
-        if entry is None:
-            entry = self._bindings[key] = make()
-            if len(self._bindings) > BINDINGS:
-                self._bindings.popitem(last=False)
-        else:
-            self._bindings.move_to_end(key)
-        return entry
+        pointers and layout, made once per memory (:meth:`Bindings.bound`; the renderer's
+        bindings keep ``launches.BINDINGS`` views and plans, the least recently used
+        dropped first). The caller keeps the memory alive while it uses them."""
+        return self._bindings.bound(key, make)
 
     def host_status(self, capacity: int | None = None) -> RenderStatus:
         """The status that the host copy of the flags holds now, read without a wait: for a
