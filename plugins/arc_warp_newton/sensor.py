@@ -37,7 +37,7 @@ import warp as wp
 import arc_warp.mesh as dr
 import newton
 from arc_warp import Camera, RenderSettings, Workspace, render_gaussians
-from arc_warp._src.validate import check_array
+from arc_warp.validate import check_array
 from arc_warp.splat import surface_from_mesh
 
 from .mesh_render_ops import camera_clip_matrix
