@@ -187,10 +187,13 @@ def _train_rank(args) -> int:
                       file=sys.stderr)
         viewer = on_step = None
         if args.viewer and dist.is_main:
-            from arc_warp_train.viewer import GaussianSource, TrainingView, Viewer, serving_notice
+            from arc_warp_train.viewer import GaussianSource, Lens, TrainingView, Viewer, serving_notice
 
+            first = dataset.train[0]  # its lens in the "camera" menu, unless a plain pinhole
+            lenses = {"pinhole": None, **({f"capture ({first.lens})": Lens.of_view(first)}
+                                          if first.lens != "pinhole" else {})}
             viewer = Viewer(GaussianSource(), port=args.viewer_port, host=args.viewer_host,
-                            device=args.device, stats=("step", "PSNR", "Gaussians"))
+                            device=args.device, stats=("step", "PSNR", "Gaussians"), lenses=lenses)
             on_step = TrainingView(viewer)
             url, *warning = serving_notice(args.viewer_host, viewer.port, "--viewer-host")
             print(f"viewer: {url}", flush=True)
