@@ -242,6 +242,8 @@ def test_resume_with_another_undistort_is_one_line_before_training(fisheye_captu
             "--no-progress"]
     assert main(["train", fisheye_capture, "-o", str(tmp_path / "run")] + args) == 0
     capsys.readouterr()
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["undistort"] is False and {v["camera"] for v in metrics["views"]} == {"fisheye + distortion"}
     ckpt = str(tmp_path / "run" / "checkpoint.pt")
     code = main(["train", fisheye_capture, "-o", str(tmp_path / "o"), "--resume", ckpt, "--undistort",
                  "--steps", "3"] + args[2:])

@@ -241,6 +241,24 @@ def test_train_viewer_publishes_model_and_stats(tmp_path, monkeypatch):
     assert viewer._stats["PSNR"].value.endswith("dB (training view)")
 
 
+def test_train_viewer_offers_the_captures_lens(tmp_path, monkeypatch):
+    pytest.importorskip("torch", reason="arc-warp train needs torch")
+    pytest.importorskip("pycolmap", reason="COLMAP models need pycolmap (arc-warp[colmap])")
+    import arc_warp_train.viewer as viewer_module
+    from arc_warp.cli import main
+    from arc_warp_train.datasets import load_dataset
+    from arc_warp_train.synthetic import make_fisheye_capture
+
+    made, real = [], viewer_module.Viewer
+    monkeypatch.setattr(viewer_module, "Viewer", lambda *a, **kw: made.append(kw["lenses"]) or real(*a, **kw))
+    make_fisheye_capture(str(tmp_path / "d"), num_views=3, width=16, height=12, num_gaussians=60, device="cpu")
+    assert main(["train", str(tmp_path / "d"), "-o", str(tmp_path / "o"), "--steps", "1", "--sh-degree", "0",
+                 "--device", "cpu", "--threads", "1", "--no-progress", "--viewer", "--viewer-port",
+                 str(_free_port())]) == 0
+    first = load_dataset(str(tmp_path / "d")).train[0]
+    assert made == [{"pinhole": None, "capture (fisheye + distortion)": viewer_module.Lens.of_view(first)}]
+
+
 def test_view_command_checks_the_ply_before_serving(tmp_path):
     import argparse
 
