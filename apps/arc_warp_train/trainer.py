@@ -32,7 +32,8 @@ class TrainConfig:
     lr_means * lr_means_final_factor at `steps`. init_points is used when the dataset has
     no point cloud: random points in a cube of half-size init_extent * scene_scale.
     batch_size: training views per step, the global batch: the loss is the mean over these
-    views (all training images must then share one size); with data-parallel ranks each
+    views (all training images must then share one size and camera model: one render
+    call per step); with data-parallel ranks each
     renders batch_size / world_size of them (which must divide evenly).
     sh_degree grows by one every sh_degree_interval steps. device None picks cuda when
     available. Evaluation every eval_every steps, checkpoint every checkpoint_every
