@@ -202,8 +202,7 @@ def colmap_views(root, downscale, load_image, undistort=False):
                 check_lens(camera.calibration_matrix(), camera.width, camera.height, *lens,
                            f"{_cameras_file(model)}: camera {camera_id} ({camera.model_name} "
                            f"{camera.width}x{camera.height})")
-            elif not undistort and camera.model_name not in PINHOLE_MODELS \
-                    and not any(k[0] == camera_id for k in lenses):
+            elif not undistort and not any(k[0] == camera_id for k in lenses):
                 why = NOT_NATIVE.get(camera.model_name, "its lens model")
                 notes.append(f"camera {camera_id} ({camera.model_name}) is undistorted on load: "
                              f"the renderer does not draw {why}")
