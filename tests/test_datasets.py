@@ -1,6 +1,7 @@
 """Real-capture readers: COLMAP binary models with distorted cameras (written by pycolmap),
-images_N folders, the LLFF hold-out, nerfstudio / instant-ngp transforms.json with OPENCV
-distortion, and the load-time errors that name the file and frame."""
+kept as they are or undistorted (`undistort=True`), images_N folders, the LLFF hold-out,
+nerfstudio / instant-ngp transforms.json with OPENCV distortion, and the load-time errors
+that name the file and frame. test_capture_lenses.py checks each lens kept natively."""
 
 import json
 import os
@@ -76,19 +77,45 @@ def _colmap_scene(root, model="SIMPLE_RADIAL", params=(40.0, 24.0, 18.0, -0.15),
     return poses
 
 
+def arc_pixels(view, cam_points):
+    """arc_warp's pixels (M,2) of camera-space points (M,3) seen by `view` through its lens:
+    the projected centres of tiny Gaussians rendered by the trainer's `render_views`
+    (each view's lens passed to `rasterization` as the trainer passes it)."""
+    import torch
+
+    from arc_warp_train.model import render_views
+    from arc_warp_train.trainer import ViewTensors
+
+    c2w = np.linalg.inv(view.world_to_camera)
+    world = np.asarray(cam_points, np.float64) @ c2w[:3, :3].T + c2w[:3, 3]
+    n = len(world)
+    params = {"means": torch.tensor(world, dtype=torch.float32),
+              "quats": torch.tensor([[1.0, 0.0, 0.0, 0.0]] * n), "scales": torch.full((n, 3), -7.0),
+              "opacities": torch.zeros(n), "sh0": torch.zeros(n, 1, 3), "shN": torch.zeros(n, 0, 3)}
+    lens = ViewTensors.of(view, "cpu")
+    _, _, meta = render_views(params, lens.viewmat, lens.K, view.width, view.height, 0, (0.0, 0.0, 0.0),
+                              camera_model=lens.model, distortion=lens.distortion)
+    assert bool((meta["radii"][0] > 0).all()), "a point was culled"
+    return meta["means2d"][0].detach().double().numpy()
+
+
 def _check_dot(view, poses):
     R, t = poses[view.name]
     np.testing.assert_allclose(view.world_to_camera[:3, :3], R, atol=1e-9)
     np.testing.assert_allclose(view.world_to_camera[:3, 3], t, atol=1e-9)
-    uvw = view.K @ (R @ POINT + t)
-    # The dot is 3 px wide and resampled once: its centre moves by well under a pixel.
-    np.testing.assert_allclose(_bright_centre(view.image), uvw[:2] / uvw[2], atol=0.75)
+    if view.model == "pinhole" and view.distortion is None:
+        uvw = view.K @ (R @ POINT + t)
+        expected = uvw[:2] / uvw[2]
+    else:  # kept as captured: where arc_warp draws POINT through the lens
+        expected = arc_pixels(view, (R @ POINT + t)[None])[0]
+    # The dot is 3 px wide and resampled at most once: its centre moves by well under a pixel.
+    np.testing.assert_allclose(_bright_centre(view.image), expected, atol=0.75)
 
 
 @pytest.mark.parametrize("text", [False, True], ids=["binary", "text"])
 def test_colmap_simple_radial_undistorted_with_llff_holdout(tmp_path, text):
     poses = _colmap_scene(tmp_path, text=text)
-    data = load_dataset(str(tmp_path))
+    data = load_dataset(str(tmp_path), undistort=True)
     names = sorted(poses)
     assert [v.name for v in data.test] == [names[0], names[8]]  # every 8th by name
     assert [v.name for v in data.train] == names[1:8]
@@ -103,29 +130,33 @@ def test_colmap_simple_radial_undistorted_with_llff_holdout(tmp_path, text):
     ("OPENCV", (40.0, 42.0, 24.0, 18.0, -0.1, 0.02, 0.003, -0.002)),
     ("OPENCV_FISHEYE", (40.0, 40.0, 24.0, 18.0, 0.05, 0.01, 0.0, 0.0)),
     ("PINHOLE", (40.0, 42.0, 24.5, 17.5))])
-def test_colmap_camera_models(tmp_path, model, params):
+def test_colmap_camera_models_undistorted(tmp_path, model, params):
     poses = _colmap_scene(tmp_path, model, params, views=2)
-    data = load_dataset(str(tmp_path))
+    data = load_dataset(str(tmp_path), undistort=True)
     for view in data.train + data.test:
+        assert view.model == "pinhole" and view.distortion is None
         _check_dot(view, poses)
     if model == "PINHOLE":  # passed through untouched
         assert data.train[0].image.shape == (H, W, 3)
 
 
-def test_colmap_spherical_model_refused_by_name(tmp_path):
+@pytest.mark.parametrize("undistort", [False, True])
+def test_colmap_spherical_model_refused_by_name(tmp_path, undistort):
     _colmap_scene(tmp_path, "EQUIRECTANGULAR", (W, H), views=1)
     with pytest.raises(ValueError, match="camera model EQUIRECTANGULAR cannot be undistorted"):
-        load_dataset(str(tmp_path))
+        load_dataset(str(tmp_path), undistort=undistort)
 
 
-def test_colmap_images_n_folder_used_for_downscale(tmp_path):
+@pytest.mark.parametrize("undistort", [False, True])
+def test_colmap_images_n_folder_used_for_downscale(tmp_path, undistort):
     poses = _colmap_scene(tmp_path, views=2, downscaled=2)
     # Blank the full-size images: only images_2 can supply the dots.
     for name in poses:
         PIL_Image.fromarray(np.zeros((H, W, 3), np.uint8)).save(tmp_path / "images" / name)
-    data = load_dataset(str(tmp_path), downscale=2)
+    data = load_dataset(str(tmp_path), downscale=2, undistort=undistort)
     for view in data.train + data.test:
         assert view.image.shape[1] <= W // 2
+        assert (view.distortion is None) == undistort
         _check_dot(view, poses)
 
 
@@ -161,7 +192,7 @@ def _transforms_scene(root, per_frame=False, distortion=None, frames=3):
 def test_transforms_json_opencv_undistorted(tmp_path, per_frame):
     dist = {"k1": -0.12, "k2": 0.02, "p1": 0.002, "p2": -0.003}
     poses = _transforms_scene(tmp_path, per_frame, dist, frames=9)
-    data = load_dataset(str(tmp_path))
+    data = load_dataset(str(tmp_path), undistort=True)
     assert data.source.startswith("transforms:")
     assert [v.name for v in data.test] == ["images/frame_00000.png", "images/frame_00008.png"]
     for view in data.train + data.test:

@@ -21,7 +21,7 @@ import warp as wp  # noqa: E402
 from arc_warp_train.datasets import load_nerf_synthetic  # noqa: E402
 from arc_warp_train.densify import DensifyConfig  # noqa: E402
 from arc_warp_train.distributed import DistContext, init_distributed, launch  # noqa: E402
-from arc_warp_train.trainer import TrainConfig, Trainer  # noqa: E402
+from arc_warp_train.trainer import TrainConfig, Trainer, ViewTensors  # noqa: E402
 from arc_warp_train.losses import photometric_loss  # noqa: E402
 from arc_warp_train.model import PARAM_NAMES  # noqa: E402
 from arc_warp_train.synthetic import make_synthetic_dataset  # noqa: E402
@@ -50,7 +50,7 @@ def _batch_gradients(trainer, view_ids):
     image = torch.tensor(np.stack([v.image for v in views]))
     viewmats = torch.tensor(np.stack([v.world_to_camera for v in views]), dtype=torch.float32)
     Ks = torch.tensor(np.stack([v.K for v in views]), dtype=torch.float32)
-    colors, _, _ = trainer.render((image, viewmats, Ks), sh_degree=1)
+    colors, _, _ = trainer.render(ViewTensors(image, viewmats, Ks), sh_degree=1)
     photometric_loss(colors, image, trainer.cfg.ssim_lambda)[0].backward()
     trainer.dist.average_gradients(trainer.params, torch.zeros(1))
     grads = {k: p.grad.clone() for k, p in trainer.params.items()}

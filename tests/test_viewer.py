@@ -112,6 +112,59 @@ def test_camera_from_viser_matches_look_at():
     assert (cam.width, cam.height) == (64, 48) and cam.fy == pytest.approx(ref.fy)
 
 
+def test_viewer_lenses_place_the_focal_length():
+    from arc_warp import Distortion
+    from arc_warp_train.datasets import View
+    from arc_warp_train.viewer import Lens
+
+    q, position = (1.0, 0.0, 0.0, 0.0), (0.0, 0.0, -3.0)
+    cam = camera_from_viser(q, position, np.radians(50.0), 64 / 48, 64, Lens.fisheye(180.0))
+    # equidistant: the long side's half width is 90 degrees from the axis
+    assert cam.model == "fisheye" and cam.distortion is None and cam.fx == pytest.approx(32.0 / (np.pi / 2))
+    lens = Distortion(k1=0.03, k2=-0.01)
+    view = View("v", np.zeros((18, 24, 3), np.float32), np.array([[10.0, 0, 12], [0, 10, 9], [0, 0, 1]]),
+                np.eye(4), "fisheye", lens)
+    cam = camera_from_viser(q, position, np.radians(50.0), 4 / 3, 48, Lens.of_view(view))
+    assert (cam.model, cam.distortion, cam.fx, cam.width, cam.height) == ("fisheye", lens, 20.0, 48, 36)
+    with pytest.raises(ValueError, match="field of view"):
+        Lens.fisheye(0.0)
+
+
+def test_viewer_camera_menu_renders_the_chosen_lens(tmp_path, capsys):
+    """The side panel's camera menu switches the render to the lens; a lens that folds
+    inside the window's corners falls back to the pinhole with one note."""
+    from types import SimpleNamespace
+
+    from arc_warp import Distortion
+    from arc_warp.cli import load_gaussians
+    from arc_warp_train.viewer import GaussianSource, Lens, Viewer
+
+    _scene(tmp_path / "s.ply")
+    lenses = {"pinhole": None, "fisheye": Lens.fisheye(180.0), "folding": Lens("pinhole", Distortion(k1=-0.5), 0.5)}
+    viewer = Viewer(GaussianSource(load_gaussians(str(tmp_path / "s.ply"))), port=_free_port(), max_size=48,
+                    device="cpu", lenses=lenses, camera="fisheye")
+    try:
+        arrays = viewer._arrays(viewer.source.get()[0])
+        handle = SimpleNamespace(wxyz=(1.0, 0.0, 0.0, 0.0), position=(0.0, 0.3, -2.5), fov=np.radians(40.0),
+                                 aspect=1.0)
+        shots = {}
+        for name in lenses:
+            viewer.camera.value = name
+            shots[name] = viewer._render(arrays, handle)
+        # the bar (2 units wide at 2.5 away: 44 degrees) overfills the 40 degree pinhole and
+        # spans a quarter of the 180 degree fisheye, in its middle
+        columns = {name: np.nonzero(_red_mask(shot.astype(np.int16)).any(axis=0))[0] for name, shot in shots.items()}
+        assert columns["pinhole"].min() == 0 and columns["pinhole"].max() == 47
+        assert 14 <= columns["fisheye"].min() and columns["fisheye"].max() <= 33, columns["fisheye"]
+        np.testing.assert_array_equal(shots["folding"], shots["pinhole"])
+        viewer._render(arrays, handle)
+        assert capsys.readouterr().out.count("camera 'folding' cannot draw this window") == 1
+        with pytest.raises(ValueError, match="not one of the viewer's lenses"):
+            Viewer(GaussianSource(), port=_free_port(), lenses=lenses, camera="ortho")
+    finally:
+        viewer.close()
+
+
 @pytest.mark.skipif(CHROMIUM is None and not os.environ.get("CI"),
                     reason="Chromium is not installed (apt-get install chromium)")
 @pytest.mark.timeout(120)
@@ -186,6 +239,24 @@ def test_train_viewer_publishes_model_and_stats(tmp_path, monkeypatch):
     assert viewer._stats["step"].value == "4 / 4"
     assert viewer._stats["Gaussians"].value == str(len(final["means"]))
     assert viewer._stats["PSNR"].value.endswith("dB (training view)")
+
+
+def test_train_viewer_offers_the_captures_lens(tmp_path, monkeypatch):
+    pytest.importorskip("torch", reason="arc-warp train needs torch")
+    pytest.importorskip("pycolmap", reason="COLMAP models need pycolmap (arc-warp[colmap])")
+    import arc_warp_train.viewer as viewer_module
+    from arc_warp.cli import main
+    from arc_warp_train.datasets import load_dataset
+    from arc_warp_train.synthetic import make_fisheye_capture
+
+    made, real = [], viewer_module.Viewer
+    monkeypatch.setattr(viewer_module, "Viewer", lambda *a, **kw: made.append(kw["lenses"]) or real(*a, **kw))
+    make_fisheye_capture(str(tmp_path / "d"), num_views=3, width=16, height=12, num_gaussians=60, device="cpu")
+    assert main(["train", str(tmp_path / "d"), "-o", str(tmp_path / "o"), "--steps", "1", "--sh-degree", "0",
+                 "--device", "cpu", "--threads", "1", "--no-progress", "--viewer", "--viewer-port",
+                 str(_free_port())]) == 0
+    first = load_dataset(str(tmp_path / "d")).train[0]
+    assert made == [{"pinhole": None, "capture (fisheye + distortion)": viewer_module.Lens.of_view(first)}]
 
 
 def test_view_command_checks_the_ply_before_serving(tmp_path):

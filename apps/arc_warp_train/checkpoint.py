@@ -1,8 +1,9 @@
 """Checkpoint files: reading one safely and checking that it fits the run resuming it.
 
 Everything here runs before the first training step, so a wrong `--resume` costs seconds,
-not a run. A checkpoint records its dataset as a fingerprint (training view names and
-image sizes) besides the trainer state (see Trainer.state_dict).
+not a run. A checkpoint records its dataset as a fingerprint (training view names, image
+sizes and camera handling: each view's lens, and whether lenses were undistorted on
+load) besides the trainer state (see Trainer.state_dict).
 
 The Adam state is stored as the state dict of the trainer's one optimizer ("optimizer",
 one param group per parameter, in PARAM_NAMES order). Checkpoints written when the trainer
@@ -21,11 +22,15 @@ REQUIRED_KEYS = ("step", "params", "optimizer", "stats", "view_gen", "densify_ge
 
 
 def dataset_fingerprint(dataset) -> dict:
-    """What identifies a dataset for resuming: training view names and image sizes, and
-    the downscale factor the images were loaded at (None when the reader does not say)."""
+    """What identifies a dataset for resuming: training view names, image sizes and lenses
+    (`datasets.View.lens`: "pinhole", "fisheye + distortion", ...), the downscale factor
+    the images were loaded at and whether lenses were undistorted on load (None when the
+    reader does not say)."""
     return {"train": [v.name for v in dataset.train],
             "sizes": [list(v.image.shape[:2]) for v in dataset.train],
-            "downscale": dataset.extras.get("downscale")}
+            "lenses": [v.lens for v in dataset.train],
+            "downscale": dataset.extras.get("downscale"),
+            "undistort": dataset.extras.get("undistort")}
 
 
 def _merge_optimizer_states(per_name: dict) -> dict:
@@ -72,7 +77,8 @@ def read_checkpoint(path) -> dict:
 def check_checkpoint(state: dict, path, dataset, cfg) -> None:
     """ValueError (one line, naming `path`) unless `state` can resume a run of `cfg` on
     `dataset`: same SH degree, the trainer's parameter layout, a step not past cfg.steps,
-    the same training views at the same sizes (the error names the first that differs)."""
+    the same training views with the same lenses at the same sizes (the error names the
+    first that differs and the option to fix)."""
     where = f"--resume {path}"
     saved_sh = state["config"].get("sh_degree")
     if saved_sh != cfg.sh_degree:
@@ -122,6 +128,15 @@ def _check_same_views(saved: dict, current: dict, where: str) -> None:
                    f"it has {len(names)} training views, this one {len(now)}")
         raise ValueError(f"{where} was trained on another dataset ({differs}); pass the same "
                          "data folder (and --format), or drop --resume")
+    # checkpoints from before lenses were kept saw every view as a pinhole (undistorted)
+    saved_lenses = saved.get("lenses", ["pinhole"] * len(names))
+    for name, was, lens in zip(names, saved_lenses, current["lenses"]):
+        if was != lens:  # before the sizes: undistortion changes them too
+            undistorted = saved.get("undistort") if "lenses" in saved else True
+            hint = {True: "pass --undistort", False: "drop --undistort"}.get(
+                undistorted, "load it as it was trained (with or without --undistort)")
+            raise ValueError(f"{where} was trained on {name} as a {was} camera, this run loads it "
+                             f"as a {lens} camera; {hint} to resume it, or drop --resume")
     for name, was, size in zip(names, saved["sizes"], current["sizes"]):
         if list(was) != list(size):
             old, new = saved.get("downscale"), current.get("downscale")

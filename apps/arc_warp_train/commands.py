@@ -150,7 +150,7 @@ def _train_rank(args) -> int:
 
     dist = init_distributed(args.device)
     try:
-        kw = {"downscale": args.downscale}
+        kw = {"downscale": args.downscale, "undistort": args.undistort}
         if args.format != "colmap" and dataset_kind(args.data) == "nerf":
             kw["background"] = (1.0, 1.0, 1.0) if args.white_background else (0.0, 0.0, 0.0)
         dataset = load_dataset(args.data, args.format, **kw)
@@ -163,6 +163,9 @@ def _train_rank(args) -> int:
                           device=args.device, reduce=args.reduce, init_points=args.init_points,
                           cpu_threads=args.threads, progress=not args.no_progress,
                           check_sync=args.check_sync, optimizer=args.optimizer)
+        if dist.is_main:
+            for line in dataset.extras.get("camera_notes", []):
+                print(f"note: {line}", file=sys.stderr)
         skipped = dataset.extras.get("skipped_frames", [])
         if dist.is_main and skipped:
             print(f"note: {len(skipped)} frames have no image file and are left out, as "
@@ -184,10 +187,13 @@ def _train_rank(args) -> int:
                       file=sys.stderr)
         viewer = on_step = None
         if args.viewer and dist.is_main:
-            from arc_warp_train.viewer import GaussianSource, TrainingView, Viewer, serving_notice
+            from arc_warp_train.viewer import GaussianSource, Lens, TrainingView, Viewer, serving_notice
 
+            first = dataset.train[0]  # its lens in the "camera" menu, unless a plain pinhole
+            lenses = {"pinhole": None, **({f"capture ({first.lens})": Lens.of_view(first)}
+                                          if first.lens != "pinhole" else {})}
             viewer = Viewer(GaussianSource(), port=args.viewer_port, host=args.viewer_host,
-                            device=args.device, stats=("step", "PSNR", "Gaussians"))
+                            device=args.device, stats=("step", "PSNR", "Gaussians"), lenses=lenses)
             on_step = TrainingView(viewer)
             url, *warning = serving_notice(args.viewer_host, viewer.port, "--viewer-host")
             print(f"viewer: {url}", flush=True)
@@ -253,7 +259,9 @@ def add_train_parser(sub) -> None:
     """Entry point: adds `arc-warp train` to the core's subparsers."""
     p = sub.add_parser("train", help="train 3DGS on a dataset (needs torch)",
                        description="Train 3D Gaussians on a transforms.json "
-                       "(NeRF-synthetic, nerfstudio, instant-ngp) or COLMAP (binary or text, any camera model, undistorted on load) dataset; writes PLY, test-view PNGs, PSNR plot, "
+                       "(NeRF-synthetic, nerfstudio, instant-ngp) or COLMAP (binary or text) dataset, "
+                       "rendering each capture's own camera (pinhole, OpenCV distortion, fisheye) over "
+                       "the full frame; writes PLY, test-view PNGs, PSNR plot, "
                        f"checkpoint. Needs PyTorch ({INSTALL_HINT}). Multi-GPU: --gpus N, or "
                        "torchrun --nproc_per_node N -m arc_warp.cli train ...",
                        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -273,6 +281,10 @@ def add_train_parser(sub) -> None:
                    help="spherical-harmonics degree")
     p.add_argument("--downscale", type=positive_int, default=1,
                    help="image downscale factor; images_N folders are used when present")
+    p.add_argument("--undistort", action="store_true",
+                   help="resample the images of distorted and fisheye cameras to pinhole cameras on "
+                   "load (pycolmap; crops a fisheye's field of view) instead of rendering the "
+                   "capture's own lens; models the renderer cannot draw are undistorted anyway")
     p.add_argument("--white-background", action="store_true",
                    help="composite NeRF-synthetic RGBA images on white (default black)")
     p.add_argument("--init-points", type=positive_int, default=100_000,

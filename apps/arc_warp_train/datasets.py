@@ -3,7 +3,11 @@ and COLMAP models (binary or text, through pycolmap; see colmap.py).
 
 Cameras come out in the OpenCV/gsplat convention (x right, y down, z forward) as
 4x4 float64 world_to_camera matrices and 3x3 pixel intrinsics, each pose checked to be
-rigid (check_pose). Images of any bit depth and mode pillow reads become float32 RGB in
+rigid (check_pose), with the capture's own lens where the renderer draws it (an arc_warp
+camera model, "pinhole" or "fisheye", and its `arc_warp.Distortion`): images are used as
+they are, full frame. `undistort=True` (`arc-warp train --undistort`) resamples every
+distorted or fisheye image to a pinhole camera instead (pycolmap, as before lenses were
+rendered natively). Images of any bit depth and mode pillow reads become float32 RGB in
 [0, 1] (see _image_values: 8-bit / 255, 16-bit / 65535, float images taken as values in
 [0, 1]); RGBA images are composited over the dataset background.
 """
@@ -14,16 +18,33 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from arc_warp import Camera, Distortion
+
 
 @dataclass
 class View:
     """One posed image: image (H,W,3) float32 in [0,1], K (3,3) float64 pixels,
-    world_to_camera (4,4) float64 OpenCV axes."""
+    world_to_camera (4,4) float64 OpenCV axes, and the camera's lens: `model` ("pinhole"
+    or "fisheye", arc_warp's camera models) and `distortion` (`arc_warp.Distortion` in
+    OpenCV's conventions, or None)."""
 
     name: str
     image: np.ndarray
     K: np.ndarray
     world_to_camera: np.ndarray
+    model: str = "pinhole"
+    distortion: Distortion = None
+
+    @property
+    def lens(self) -> str:
+        """The camera's model, "+ distortion" when it has one ("pinhole", "fisheye + distortion", ...)."""
+        return self.model + (" + distortion" if self.distortion is not None else "")
+
+    def camera(self, near: float = 0.01, far: float = 1e10) -> Camera:
+        """This view's `arc_warp.Camera` (its size, intrinsics, pose and lens)."""
+        K = self.K
+        return Camera(K[0, 0], K[1, 1], K[0, 2], K[1, 2], self.width, self.height,
+                      self.world_to_camera, near, far, self.model, self.distortion)
 
     @property
     def width(self) -> int:
@@ -43,8 +64,9 @@ class View:
 class Dataset:
     """Train and held-out views, an optional sparse point cloud (points (M,3) float32 and
     point_colors (M,3) float32 in [0,1]) and the RGB background images were composited on.
-    extras: what the reader adds, e.g. "downscale" (the factor images were loaded at) and
-    "skipped_frames"."""
+    extras: what the reader adds, e.g. "downscale" (the factor images were loaded at),
+    "undistort" (whether lenses were resampled to pinholes), "camera_notes" (one line per
+    camera undistorted because the renderer cannot draw it) and "skipped_frames"."""
 
     train: list
     test: list
@@ -178,16 +200,36 @@ def check_pose(matrix: np.ndarray, where: str, what: str) -> None:
                          f"an axis is flipped); {fix}")
 
 
-def _checked_view(name, image, K, world_to_camera, where, what="the pose") -> View:
-    """View after checking that K has finite positive focal lengths and the pose is a
-    finite rigid transform (check_pose); `where` (file, frame) names the culprit."""
+def _check_focal(K, where) -> np.ndarray:
+    """K (3,3) as float64, after checking that its focal lengths are finite and > 0."""
     K = np.asarray(K, np.float64)
     if not np.all(np.isfinite(K)) or K[0, 0] <= 0 or K[1, 1] <= 0:
         raise ValueError(f"{where}: focal lengths must be finite and > 0, got fx={K[0, 0]:g}, "
                          f"fy={K[1, 1]:g}")
+    return K
+
+
+def check_lens(K, width: int, height: int, model: str, distortion, where: str) -> None:
+    """ValueError naming `where` (file, camera or frame) and `--undistort` when the renderer
+    refuses the lens: `arc_warp.Camera` raises for a distortion whose radial map folds
+    back inside the image (see `arc_warp.Camera`)."""
+    K = np.asarray(K, np.float64)
+    try:
+        Camera(K[0, 0], K[1, 1], K[0, 2], K[1, 2], width, height, model=model,
+               distortion=distortion)
+    except ValueError as exc:
+        raise ValueError(f"{where}: the renderer cannot draw this lens ({exc}); pass --undistort "
+                         "to resample its images to a pinhole camera instead") from None
+
+
+def _checked_view(name, image, K, world_to_camera, where, what="the pose", model="pinhole",
+                  distortion=None) -> View:
+    """View after checking that K has finite positive focal lengths and the pose is a
+    finite rigid transform (check_pose); `where` (file, frame) names the culprit."""
+    K = _check_focal(K, where)
     w2c = np.asarray(world_to_camera, np.float64)
     check_pose(w2c, where, what)
-    return View(name, image, K, w2c)
+    return View(name, image, K, w2c, model, distortion)
 
 
 def llff_split(views, test_every: int):
@@ -227,11 +269,17 @@ def _number(frame, meta, key, where, default=None):
     return float(value)
 
 
-_DISTORTION = {"OPENCV": ("k1", "k2", "p1", "p2"), "OPENCV_FISHEYE": ("k1", "k2", "k3", "k4")}
+# transforms.json camera_model -> (arc_warp camera model, its coefficients in the file).
+# OPENCV's k1, k2, k3 and p1, p2 are OpenCV's; nerfstudio reads a k4 there as an r^8 term,
+# which OpenCV's model has not (its k4 divides), so a non-zero k4 is refused.
+_LENSES = {"PINHOLE": ("pinhole", ()), "SIMPLE_PINHOLE": ("pinhole", ()),
+           "OPENCV": ("pinhole", ("k1", "k2", "p1", "p2", "k3")),
+           "OPENCV_FISHEYE": ("fisheye", ("k1", "k2", "k3", "k4"))}
 
 
-def _frame_camera(frame, meta, where, image_size, downscale):
-    """(pycolmap camera or None, K) of one frame at the size of its loaded image."""
+def _frame_camera(frame, meta, where, image_size, downscale, undistort):
+    """(K, arc_warp camera model, Distortion or None, pycolmap camera to undistort with or
+    None) of one frame at the size of its loaded image."""
     h, w = image_size
     src_w = _number(frame, meta, "w", where, w * downscale)
     src_h = _number(frame, meta, "h", where, h * downscale)
@@ -248,29 +296,44 @@ def _frame_camera(frame, meta, where, image_size, downscale):
     cx = _number(frame, meta, "cx", where, 0.5 * src_w)
     cy = _number(frame, meta, "cy", where, 0.5 * src_h)
     sx, sy = w / src_w, h / src_h
-    K = np.array([[fx * sx, 0.0, cx * sx], [0.0, fy * sy, cy * sy], [0.0, 0.0, 1.0]])
-    model = frame.get("camera_model", meta.get("camera_model", "OPENCV"))
-    if model not in _DISTORTION and model not in ("PINHOLE", "SIMPLE_PINHOLE"):
-        raise ValueError(f"{where}: camera_model {model!r} is not supported (OPENCV, "
-                         "OPENCV_FISHEYE or PINHOLE)")
-    coeffs = [_number(frame, meta, k, where, 0.0) for k in _DISTORTION.get(model, ())]
-    if not any(coeffs):
-        return None, K
+    K = _check_focal([[fx * sx, 0.0, cx * sx], [0.0, fy * sy, cy * sy], [0.0, 0.0, 1.0]], where)
+    name = frame.get("camera_model", meta.get("camera_model", "OPENCV"))
+    if name not in _LENSES:
+        raise ValueError(f"{where}: camera_model {name!r} is not supported ({', '.join(_LENSES)}; "
+                         "spherical cameras such as EQUIRECTANGULAR neither render nor undistort "
+                         "to a pinhole)")
+    model, fields = _LENSES[name]
+    if name == "OPENCV" and _number(frame, meta, "k4", where, 0.0):
+        raise ValueError(f"{where}: 'k4' with camera_model OPENCV is nerfstudio's r^8 radial term, "
+                         "which OpenCV's model (and so neither the renderer nor the undistortion) "
+                         "has; refit the camera without it")
+    coeffs = {k: _number(frame, meta, k, where, 0.0) for k in fields}
+    lens = Distortion(**coeffs)
+    if lens.is_zero:
+        return K, model, None, None
+    if not undistort:
+        check_lens(K, w, h, model, lens, where)
+        return K, model, lens, None
     from .colmap import pycolmap
 
     pc = pycolmap()
-    camera = pc.Camera.create_from_model_name(0, model, 1.0, w, h)
-    camera.params = [K[0, 0], K[1, 1], K[0, 2], K[1, 2], *coeffs]
-    return camera, K
+    # pycolmap's model of the same lens: FULL_OPENCV holds OPENCV's k3
+    colmap_name = "FULL_OPENCV" if name == "OPENCV" and lens.k3 else name
+    camera = pc.Camera.create_from_model_name(0, colmap_name, 1.0, w, h)
+    values = lens.coefficients(model)  # OpenCV's order, pycolmap's too
+    camera.params = [K[0, 0], K[1, 1], K[0, 2], K[1, 2],
+                     *values[:len(camera.params) - 4]]
+    return K, model, lens, camera
 
 
-def _transforms_views(path, root, background, downscale, skip_missing=False):
+def _transforms_views(path, root, background, downscale, undistort, skip_missing=False):
     """(views, skipped) of one transforms*.json file (camera-to-world in the Blender/OpenGL
-    axes). With `skip_missing`, frames whose image file does not exist are left out and
-    their paths returned in `skipped` (instant-ngp's rule: its captures list every frame
-    COLMAP posed, and blurry photos are deleted from images/ afterwards); otherwise a
-    missing image is an error."""
-    from .colmap import image_folder, undistort
+    axes), each view with its lens (resampled to a pinhole when `undistort`). With
+    `skip_missing`, frames whose image file does not exist are left out and their paths
+    returned in `skipped` (instant-ngp's rule: its captures list every frame COLMAP posed,
+    and blurry photos are deleted from images/ afterwards); otherwise a missing image is
+    an error."""
+    from .colmap import image_folder, undistort_image
 
     meta = _read_json(path)
     views, skipped = [], []
@@ -301,12 +364,14 @@ def _transforms_views(path, root, background, downscale, skip_missing=False):
             raise ValueError(f"{where}: transform_matrix must be 4x4, got shape {c2w.shape}")
         check_pose(c2w, where, "transform_matrix")  # before inverting it
         image = load_image(file, background, factor)
-        camera, K = _frame_camera(frame, meta, where, image.shape[:2], downscale)
+        K, model, lens, camera = _frame_camera(frame, meta, where, image.shape[:2], downscale,
+                                               undistort)
         if camera is not None:
-            image, K = undistort(image, camera, file)
+            image, K = undistort_image(image, camera, file)
+            model, lens = "pinhole", None
         c2w[:3, 1:3] *= -1.0  # OpenGL/Blender (y up, z back) -> OpenCV (y down, z forward)
         views.append(_checked_view(os.path.relpath(file, root), image, K, np.linalg.inv(c2w),
-                                   where, "transform_matrix"))
+                                   where, "transform_matrix", model, lens))
     if not views:
         raise FileNotFoundError(f"{path}: none of the {len(skipped)} frames' images exist "
                                 f"(first: {skipped[0]})")
@@ -314,7 +379,7 @@ def _transforms_views(path, root, background, downscale, skip_missing=False):
 
 
 def load_nerf_synthetic(root, background=(1.0, 1.0, 1.0), downscale: int = 1,
-                        test_every: int = 8) -> Dataset:
+                        test_every: int = 8, undistort: bool = False) -> Dataset:
     """Read a transforms.json dataset: NeRF-synthetic (`root`/transforms_train.json with
     transforms_test.json or transforms_val.json) or nerfstudio / instant-ngp (one
     `root`/transforms.json, every `test_every`-th frame by name held out; frames whose
@@ -324,8 +389,10 @@ def load_nerf_synthetic(root, background=(1.0, 1.0, 1.0), downscale: int = 1,
     Frames: 'file_path' (extension optional, '.png' assumed) and a camera-to-world
     'transform_matrix' in the Blender convention. Intrinsics: 'camera_angle_x' (and
     optional 'camera_angle_y'), or 'fl_x'/'fl_y'/'cx'/'cy'/'w'/'h', at top level or per
-    frame. Distortion 'k1','k2','p1','p2' (OPENCV, or 'k1'..'k4' with camera_model
-    OPENCV_FISHEYE) is undistorted on load with pycolmap. RGBA images are composited over
+    frame. 'camera_model' PINHOLE, OPENCV (the default: 'k1', 'k2', 'k3', 'p1', 'p2') or
+    OPENCV_FISHEYE ('k1'..'k4'): kept as the view's lens (rendered natively, full frame),
+    or with `undistort` resampled to a pinhole with pycolmap; a lens the renderer refuses
+    is an error naming the file and frame. RGBA images are composited over
     `background`. Paths under images/ use images_N when it exists for downscale N. No
     point cloud.
     """
@@ -334,24 +401,25 @@ def load_nerf_synthetic(root, background=(1.0, 1.0, 1.0), downscale: int = 1,
     single = os.path.join(root, "transforms.json")
     skipped = []
     if os.path.isfile(split):
-        train, _ = _transforms_views(split, root, background, downscale)
+        train, _ = _transforms_views(split, root, background, downscale, undistort)
         held = next((s for s in ("test", "val")
                      if os.path.isfile(os.path.join(root, f"transforms_{s}.json"))), None)
         if held is not None:
             test, _ = _transforms_views(os.path.join(root, f"transforms_{held}.json"), root,
-                                        background, downscale)
+                                        background, downscale, undistort)
         else:
             train, test = llff_split(train, test_every)
         source = f"nerf_synthetic:{root}"
     elif os.path.isfile(single):
-        views, skipped = _transforms_views(single, root, background, downscale,
+        views, skipped = _transforms_views(single, root, background, downscale, undistort,
                                            skip_missing=True)
         train, test = llff_split(views, test_every)
         source = f"transforms:{root}"
     else:
         raise FileNotFoundError(f"{root}: no transforms_train.json or transforms.json "
                                 "(not a NeRF-synthetic or nerfstudio layout)")
-    extras = {"downscale": downscale, **({"skipped_frames": skipped} if skipped else {})}
+    extras = {"downscale": downscale, "undistort": bool(undistort),
+              **({"skipped_frames": skipped} if skipped else {})}
     return Dataset(train, test, background=tuple(float(b) for b in background), source=source,
                    extras=extras)
 
@@ -360,23 +428,28 @@ def load_nerf_synthetic(root, background=(1.0, 1.0, 1.0), downscale: int = 1,
 # COLMAP
 
 
-def load_colmap(root, downscale: int = 1, test_every: int = 8) -> Dataset:
+def load_colmap(root, downscale: int = 1, test_every: int = 8,
+                undistort: bool = False) -> Dataset:
     """Read a COLMAP model, binary or text, from `root`/sparse/0, `root`/sparse or `root`,
     with images in `root`/images (or `root`/images_N for downscale N when that folder
-    exists; otherwise images are shrunk by a box filter). Any perspective or fisheye
-    camera model is undistorted on load (pycolmap). Images sorted by name; every
+    exists; otherwise images are shrunk by a box filter). Cameras the renderer draws
+    (colmap.NATIVE_MODELS) keep their lens and full frame; the other perspective and
+    fisheye models, and every model with `undistort`, are undistorted on load (pycolmap;
+    extras["camera_notes"] says which and why). Images sorted by name; every
     `test_every`-th from the first is held out (LLFF style, as INRIA and gsplat)."""
     from .colmap import colmap_views
 
     downscale = _check_downscale(downscale)
-    model, entries, points, colors = colmap_views(
-        root, downscale, lambda path, factor: load_image(path, (0.0, 0.0, 0.0), factor))
-    views = [_checked_view(name, image, K, w2c, f"{model}: image {name}", "its pose")
-             for name, image, K, w2c in entries]
+    model, entries, points, colors, notes = colmap_views(
+        root, downscale, lambda path, factor: load_image(path, (0.0, 0.0, 0.0), factor),
+        undistort)
+    views = [_checked_view(name, image, K, w2c, f"{model}: image {name}", "its pose", lens, dist)
+             for name, image, K, w2c, lens, dist in entries]
     train, test = llff_split(views, test_every)
+    extras = {"downscale": downscale, "undistort": bool(undistort),
+              **({"camera_notes": notes} if notes else {})}
     return Dataset(train, test, points if len(points) else None,
-                   colors if len(points) else None, source=f"colmap:{root}",
-                   extras={"downscale": downscale})
+                   colors if len(points) else None, source=f"colmap:{root}", extras=extras)
 
 
 def dataset_kind(root) -> str:

@@ -90,22 +90,32 @@ def make_optimizer(params: dict, lrs: dict, kind: str = "adam") -> torch.optim.O
 
 def render_views(params: dict, viewmats: torch.Tensor, Ks: torch.Tensor, width: int,
                  height: int, sh_degree: int, background, reduce: str = "arc",
-                 absgrad: bool = False):
+                 absgrad: bool = False, camera_model: str = "pinhole", distortion=None):
     """Render C cameras (viewmats (C,4,4), Ks (C,3,3); keep them on the host to spare a
     device round trip) with the active SH degree -> (colors (C,H,W,3), alphas (C,H,W,1),
     meta) from `arc_warp_torch.rasterization`. `background`: RGB, a tuple or a tensor
-    (pass a tensor on the parameters' device to avoid a copy per call)."""
+    (pass a tensor on the parameters' device to avoid a copy per call). The cameras are
+    of one `camera_model` ("pinhole" or "fisheye", arc_warp's / gsplat's names) with
+    `distortion` (C,K) float32 coefficients in OpenCV's order for it (pinhole k1, k2, p1,
+    p2, k3, k4, k5, k6; fisheye k1..k4; `arc_warp.Distortion.coefficients`) or None."""
     from arc_warp_torch.rasterization import rasterization
 
     k = (sh_degree + 1) ** 2
     sh = torch.cat([params["sh0"], params["shN"]], dim=1)[:, :k, :]
     c = viewmats.shape[0]
     bg = torch.as_tensor(background, dtype=torch.float32, device=params["means"].device)
+    lens = {}
+    if distortion is not None and camera_model == "fisheye":
+        lens["radial_coeffs"] = distortion
+    elif distortion is not None:  # gsplat's keywords split OpenCV's vector
+        lens["radial_coeffs"] = distortion[:, [0, 1, 4, 5, 6, 7]]
+        lens["tangential_coeffs"] = distortion[:, 2:4]
     # raw log-scales and logits: exp and sigmoid run inside the projection (no torch ops)
     return rasterization(
         params["means"], params["quats"], params["scales"], params["opacities"], sh, viewmats, Ks,
         width, height, sh_degree=sh_degree, backgrounds=bg.expand(c, 3).contiguous(), reduce=reduce,
-        absgrad=absgrad, scales_activation="exp", opacities_activation="sigmoid")
+        absgrad=absgrad, scales_activation="exp", opacities_activation="sigmoid",
+        camera_model=camera_model, **lens)
 
 
 def to_ply(params: dict) -> GaussianPly:

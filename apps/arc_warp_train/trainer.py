@@ -32,7 +32,8 @@ class TrainConfig:
     lr_means * lr_means_final_factor at `steps`. init_points is used when the dataset has
     no point cloud: random points in a cube of half-size init_extent * scene_scale.
     batch_size: training views per step, the global batch: the loss is the mean over these
-    views (all training images must then share one size); with data-parallel ranks each
+    views (all training images must then share one size and camera model: one render
+    call per step); with data-parallel ranks each
     renders batch_size / world_size of them (which must divide evenly).
     sh_degree grows by one every sh_degree_interval steps. device None picks cuda when
     available. Evaluation every eval_every steps, checkpoint every checkpoint_every
@@ -93,6 +94,43 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree!r}")
 
 
+@dataclass
+class ViewTensors:
+    """C views of one camera model as the renderer takes them: image (C,H,W,3) float32 on
+    the trainer's device; viewmat (C,4,4), K (C,3,3) and distortion (C,K) float32 on the
+    host (the renderer reads host cameras without a device sync); `model` "pinhole" or
+    "fisheye"; distortion in OpenCV's order for the model
+    (`arc_warp.Distortion.coefficients`), None when no view has one."""
+
+    image: torch.Tensor
+    viewmat: torch.Tensor
+    K: torch.Tensor
+    model: str = "pinhole"
+    distortion: torch.Tensor = None
+
+    @classmethod
+    def of(cls, view, device) -> "ViewTensors":
+        """One `datasets.View`."""
+        lens = None if view.distortion is None else torch.tensor(
+            [view.distortion.coefficients(view.model)], dtype=torch.float32)
+        return cls(torch.as_tensor(view.image, device=device)[None],
+                   torch.as_tensor(view.world_to_camera, dtype=torch.float32)[None],
+                   torch.as_tensor(view.K, dtype=torch.float32)[None], view.model, lens)
+
+    @staticmethod
+    def cat(items) -> "ViewTensors":
+        """One batch of views of one model (zero coefficients for views without distortion)."""
+        first = items[0]
+        if len(items) == 1:
+            return first
+        lenses = [v.distortion for v in items]
+        width = next((d.shape[1] for d in lenses if d is not None), 0)
+        return ViewTensors(torch.cat([v.image for v in items]), torch.cat([v.viewmat for v in items]),
+                           torch.cat([v.K for v in items]), first.model,
+                           None if not width else torch.cat([torch.zeros(1, width) if d is None else d
+                                                             for d in lenses]))
+
+
 class TrainingInterrupted(Exception):
     """Ctrl-C stopped training at `step`; a checkpoint to resume from was saved at `path`."""
 
@@ -138,6 +176,11 @@ class Trainer:
         if cfg.batch_size > 1 and len(sizes) > 1:
             raise ValueError(f"batch_size {cfg.batch_size} > 1 needs training images of one "
                              f"size, got {sorted(sizes)}")
+        models = {v.model for v in dataset.train}
+        if cfg.batch_size > 1 and len(models) > 1:  # one rasterization call per step
+            raise ValueError(f"batch_size {cfg.batch_size} > 1 needs training views of one camera "
+                             f"model, got {sorted(models)}; train with a batch of 1, or with "
+                             "--undistort (every view a pinhole)")
         self.device = torch.device(cfg.device or ("cuda" if torch.cuda.is_available() else "cpu"))
         if self.device.type == "cuda" and self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
@@ -167,14 +210,8 @@ class Trainer:
         self.on_step = None  # optional hook(trainer, train_step result) after each step (the viewer)
         self._perm = torch.empty(0, dtype=torch.long)
         self._cursor = 0
-        self._train = [self._tensors(v) for v in dataset.train]
-        self._test = [self._tensors(v) for v in dataset.test]
-
-    def _tensors(self, view):
-        # cameras stay on the host: the renderer reads them there without a device sync
-        return (torch.as_tensor(view.image, device=self.device)[None],
-                torch.as_tensor(view.world_to_camera, dtype=torch.float32)[None],
-                torch.as_tensor(view.K, dtype=torch.float32)[None])
+        self._train = [ViewTensors.of(v, self.device) for v in dataset.train]
+        self._test = [ViewTensors.of(v, self.device) for v in dataset.test]
 
     def _lrs(self, step: int) -> dict:
         c = self.cfg
@@ -186,10 +223,11 @@ class Trainer:
     def sh_degree_at(self, step: int) -> int:
         return min(step // self.cfg.sh_degree_interval, self.cfg.sh_degree)
 
-    def render(self, view_tensors, sh_degree: int, absgrad: bool = False):
-        image, viewmat, K = view_tensors
-        return render_views(self.params, viewmat, K, image.shape[2], image.shape[1],
-                            sh_degree, self._background, self.cfg.reduce, absgrad)
+    def render(self, views: ViewTensors, sh_degree: int, absgrad: bool = False):
+        """Render `views` (their size, cameras and lens) -> render_views' results."""
+        return render_views(self.params, views.viewmat, views.K, views.image.shape[2],
+                            views.image.shape[1], sh_degree, self._background, self.cfg.reduce,
+                            absgrad, views.model, views.distortion)
 
     def _next_views(self, count: int) -> list:
         """The next `count` training-view indices: an endless sequence of random
@@ -211,13 +249,13 @@ class Trainer:
         cfg = self.cfg
         views = self._next_views(cfg.batch_size)
         start = self.dist.rank * self.local_batch
-        image, viewmat, K = (torch.cat(t) for t in zip(
-            *(self._train[i] for i in views[start:start + self.local_batch])))
+        batch = ViewTensors.cat([self._train[i] for i in views[start:start + self.local_batch]])
+        image = batch.image
         lrs = self._lrs(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lrs[group["name"]]
         absgrad = cfg.densify.absgrad
-        colors, _, meta = self.render((image, viewmat, K), self.sh_degree_at(self.step), absgrad)
+        colors, _, meta = self.render(batch, self.sh_degree_at(self.step), absgrad)
         means2d = meta["means2d"]
         if means2d.requires_grad:
             means2d.retain_grad()
@@ -257,16 +295,19 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self, views=None) -> dict:
-        """Mean PSNR / SSIM over held-out views (training views if there are none), with
-        the full active SH degree; also returns the renders as (H,W,3) numpy arrays."""
+        """Mean PSNR / SSIM over held-out views (training views if there are none), or over
+        `views` (`ViewTensors` or `datasets.View`s: e.g. another loading of the capture),
+        each over its full frame with its own camera, with the full active SH degree; also
+        returns the renders as (H,W,3) numpy arrays."""
         views = views if views is not None else (self._test or self._train)
+        views = [v if isinstance(v, ViewTensors) else ViewTensors.of(v, self.device) for v in views]
         sh = self.sh_degree_at(self.step)
         ps, ss, renders = [], [], []
         for view in views:
             colors, _, _ = self.render(view, sh)
             colors = colors.clamp(0.0, 1.0)
-            ps.append(psnr(colors, view[0]))
-            ss.append(float(ssim(colors, view[0])))
+            ps.append(psnr(colors, view.image))
+            ss.append(float(ssim(colors, view.image)))
             renders.append(colors[0].cpu().numpy())
         return {"psnr": float(np.mean(ps)), "ssim": float(np.mean(ss)), "renders": renders,
                 "view_psnr": ps, "view_ssim": ss}
@@ -405,11 +446,11 @@ class Trainer:
             (self._train, self.data.train)
         per_view = []
         for i, (view, render) in enumerate(zip(views, ev["renders"])):
-            gt = view[0][0].cpu().numpy()
+            gt = view.image[0].cpu().numpy()
             image = view_image_name(i)
             write_image(os.path.join(files["images"], image),
                         comparison(gt, render, ev["view_psnr"][i]))
-            per_view.append({"image": image, "name": names[i].name,
+            per_view.append({"image": image, "name": names[i].name, "camera": names[i].lens,
                              "psnr": ev["view_psnr"][i], "ssim": ev["view_ssim"][i]})
         written = {os.path.join(VIEWS_DIR, v["image"]) for v in per_view}
         for stale in run_results(out):
@@ -421,7 +462,8 @@ class Trainer:
         write_json(files["metrics"], {"step": self.step, "psnr": ev["psnr"], "ssim": ev["ssim"],
                                       "num_gaussians": int(self.params["means"].shape[0]),
                                       "views": per_view, "history": self.history,
-                                      "source": self.data.source})
+                                      "source": self.data.source,
+                                      "undistort": self.data.extras.get("undistort", False)})
         return files, ev
 
 

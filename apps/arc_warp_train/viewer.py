@@ -7,7 +7,11 @@ on its long side and sends it as the browser's background image. Used by
 the model with the step, PSNR and Gaussian count).
 
 Camera convention: viser's camera pose (wxyz, position) is camera-to-world with OpenCV
-axes (+x right, +y down, +z forward), as arc_warp's; fov is vertical, in radians.
+axes (+x right, +y down, +z forward), as arc_warp's; fov is vertical, in radians. The
+browser's camera is a pinhole; a `Lens` renders the same pose through another camera
+model instead (a fisheye, or a training capture's own lens), picked in the side panel's
+"camera" menu (`arc-warp view --camera-model fisheye`; `arc-warp train --viewer` offers
+the capture's lens when it is not a plain pinhole).
 
 Network: the server listens on 127.0.0.1 (this machine only) unless a host is given, and
 has no authentication, so another host exposes the scene to whoever can reach it (the
@@ -40,6 +44,7 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -214,8 +219,40 @@ def _quat_wxyz_to_rotmat(q) -> np.ndarray:
                      [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
 
 
-def camera_from_viser(wxyz, position, fov_y: float, aspect: float, max_size: int):
-    """An arc_warp Camera for a viser camera state, max_size pixels on its long side."""
+@dataclass(frozen=True)
+class Lens:
+    """A camera model for the viewer's pose in place of the browser's pinhole: arc_warp's
+    `model` ("pinhole" or "fisheye") with its `distortion` (`arc_warp.Distortion` or None)
+    and focal length `focal` in units of the image's long side (square pixels, principal
+    point at the centre)."""
+
+    model: str
+    distortion: object = None
+    focal: float = 1.0
+
+    @classmethod
+    def fisheye(cls, fov_deg: float = 180.0) -> "Lens":
+        """An equidistant fisheye seeing `fov_deg` degrees (in (0, 360)) across the image's
+        long side."""
+        if not 0.0 < fov_deg < 360.0:
+            raise ValueError(f"fisheye field of view must be in (0, 360) degrees, got {fov_deg!r}")
+        return cls("fisheye", None, 1.0 / math.radians(fov_deg))
+
+    @classmethod
+    def of_view(cls, view) -> "Lens":
+        """A capture's lens: a `datasets.View`'s model, distortion and horizontal focal
+        length relative to its long side."""
+        return cls(view.model, view.distortion, float(view.K[0, 0]) / max(view.width, view.height))
+
+    @property
+    def label(self) -> str:
+        return self.model + (" + distortion" if self.distortion is not None else "")
+
+
+def camera_from_viser(wxyz, position, fov_y: float, aspect: float, max_size: int, lens: Lens = None):
+    """An arc_warp Camera for a viser camera state, max_size pixels on its long side: the
+    browser's pinhole (vertical field of view `fov_y`), or `lens` at the same pose.
+    ValueError (from `arc_warp.Camera`) when the lens cannot draw this image's corners."""
     from arc_warp import Camera
 
     width, height = (max_size, max(1, round(max_size / aspect))) if aspect >= 1.0 else \
@@ -223,9 +260,12 @@ def camera_from_viser(wxyz, position, fov_y: float, aspect: float, max_size: int
     c2w = np.eye(4)
     c2w[:3, :3] = _quat_wxyz_to_rotmat(wxyz)
     c2w[:3, 3] = position
-    focal = 0.5 * height / math.tan(0.5 * fov_y)
+    if lens is None:
+        focal, model, distortion = 0.5 * height / math.tan(0.5 * fov_y), "pinhole", None
+    else:
+        focal, model, distortion = lens.focal * max(width, height), lens.model, lens.distortion
     return Camera(focal, focal, 0.5 * width, 0.5 * height, width, height,
-                  world_to_camera=np.linalg.inv(c2w))
+                  world_to_camera=np.linalg.inv(c2w), model=model, distortion=distortion)
 
 
 class GaussianSource:
@@ -253,12 +293,16 @@ class Viewer:
 
     Listens on `host`:`port` (see the module docstring; port 0 takes a free one, read it
     from `port`); ValueError before anything starts when it cannot. stats: text shown in
-    the side panel, updated with `set_stats(name=value, ...)`. frames_sent counts
-    background images sent (all clients). `close()` stops it."""
+    the side panel, updated with `set_stats(name=value, ...)`. lenses: {name: `Lens` or
+    None (the browser's pinhole)}, offered in the side panel's "camera" menu when there
+    are several, `camera` (a name) chosen first; a lens that cannot draw the window's
+    corners shows the pinhole instead, with a note. frames_sent counts background images
+    sent (all clients). `close()` stops it."""
 
     def __init__(self, source: GaussianSource, port: int = 8080, host: str = LOOPBACK,
                  max_size: int = 256, background=(0.0, 0.0, 0.0), device=None,
-                 up=(0.0, 0.0, 1.0), look_at=(0.0, 0.0, 0.0), eye=None, stats=()):
+                 up=(0.0, 0.0, 1.0), look_at=(0.0, 0.0, 0.0), eye=None, stats=(),
+                 lenses=None, camera: str = None):
         import viser
         import warp as wp
 
@@ -276,6 +320,14 @@ class Viewer:
         self._eye, self._target, self._up = eye, look_at, up
         self._stats = {name: self.server.gui.add_text(name, initial_value="-", disabled=True)
                        for name in stats}
+        self.lenses = dict(lenses or {"pinhole": None})
+        if camera is not None and camera not in self.lenses:
+            raise ValueError(f"camera {camera!r}: not one of the viewer's lenses {tuple(self.lenses)}")
+        self.camera = self.server.gui.add_dropdown(
+            "camera", tuple(self.lenses), initial_value=camera or next(iter(self.lenses)),
+            visible=len(self.lenses) > 1)
+        self.camera.on_update(lambda _event: self.refresh())
+        self._refused = set()  # lenses noted as unable to draw a window
         self._dirty, self._lock = {}, threading.Lock()
         self._wake = threading.Event()
         self._stop = False
@@ -365,8 +417,15 @@ class Viewer:
     def _render(self, arrays, cam_handle) -> np.ndarray:
         from arc_warp import RenderSettings, render_gaussians
 
-        cam = camera_from_viser(cam_handle.wxyz, cam_handle.position, cam_handle.fov,
-                                cam_handle.aspect, self.max_size)
+        name = self.camera.value
+        pose = (cam_handle.wxyz, cam_handle.position, cam_handle.fov, cam_handle.aspect, self.max_size)
+        try:
+            cam = camera_from_viser(*pose, self.lenses[name])
+        except ValueError as exc:  # the lens folds inside this window's corners
+            if name not in self._refused:
+                self._refused.add(name)
+                print(f"arc-warp viewer: camera {name!r} cannot draw this window ({exc}); showing the pinhole")
+            cam = camera_from_viser(*pose)
         out = render_gaussians(*arrays, cam, RenderSettings(background=self.background))
         return (np.clip(out.color.numpy(), 0.0, 1.0) * 255.0 + 0.5).astype(np.uint8)
 
@@ -417,16 +476,21 @@ def require_viser() -> None:
 
 
 def view_ply(path, port: int = 8080, max_size: int = 256, device=None, up=(0.0, 0.0, 1.0),
-             background=(0.0, 0.0, 0.0), host: str = LOOPBACK) -> Viewer:
+             background=(0.0, 0.0, 0.0), host: str = LOOPBACK, camera_model: str = "pinhole",
+             fisheye_fov: float = 180.0) -> Viewer:
     """Serve the 3DGS PLY at `path` (checked as `arc-warp render` checks it); the initial
-    camera looks at the scene's median from 25 degrees above, fitting 90 % of it."""
+    camera looks at the scene's median from 25 degrees above, fitting 90 % of it. The
+    "camera" menu offers the browser's pinhole and an equidistant fisheye of `fisheye_fov`
+    degrees across the long side; `camera_model` ("pinhole" or "fisheye") is shown first."""
     from arc_warp.cli import _fit, load_gaussians, orbit
 
     require_viser()
     g = load_gaussians(path)
     center, radius = _fit(g)
     eye = orbit(center, radius, up, 1, 25.0, 50.0, None, 16, 16)[0].center
-    return Viewer(GaussianSource(g), port, host, max_size, background, device, up, center, eye)
+    lenses = {"pinhole": None, "fisheye": Lens.fisheye(fisheye_fov)}
+    return Viewer(GaussianSource(g), port, host, max_size, background, device, up, center, eye,
+                  lenses=lenses, camera=camera_model)
 
 
 def cmd_view(args) -> int:
@@ -438,7 +502,7 @@ def cmd_view(args) -> int:
         quiet_warp()
         warp_device(args.device)
         viewer = view_ply(args.ply, args.port, args.max_size, args.device, args.up,
-                          args.background, args.host)
+                          args.background, args.host, args.camera_model, args.fisheye_fov)
     except KeyboardInterrupt:
         print("arc-warp view: interrupted while starting", file=sys.stderr)
         return 130
@@ -454,6 +518,17 @@ def cmd_view(args) -> int:
     finally:
         viewer.close()
     return 0
+
+
+def _degrees(text) -> float:
+    """argparse type of a field of view: degrees in (0, 360)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value < 360.0:
+        raise argparse.ArgumentTypeError(f"expected degrees in (0, 360), got {text!r}")
+    return value
 
 
 def add_view_parser(sub) -> None:
@@ -476,5 +551,10 @@ def add_view_parser(sub) -> None:
     p.add_argument("--up", type=vec3, default=(0.0, 0.0, 1.0), help="world up, e.g. 0,-1,0")
     p.add_argument("--background", type=unit_rgb, default=(0.0, 0.0, 0.0),
                    help="RGB, each in [0,1]")
+    p.add_argument("--camera-model", choices=("pinhole", "fisheye"), default="pinhole",
+                   help="camera shown first (the side panel switches): the browser's pinhole, or "
+                   "an equidistant fisheye at the same pose")
+    p.add_argument("--fisheye-fov", type=_degrees, default=180.0,
+                   help="the fisheye's field of view across the image's long side, degrees")
     p.add_argument("--device", default=None, help="warp device (None: warp's default)")
     p.set_defaults(func=cmd_view)
