@@ -6,10 +6,10 @@ from __future__ import annotations
 import warp as wp
 
 from arc_warp._src.camera import Camera, DeviceCameras
-from arc_warp._src.splat.records import GaussianGrads, ImageGrads, RenderImages, RenderOutput, RenderSettings
+from arc_warp._src.splat.records import (GaussianGrads, ImageGrads, RenderImages, RenderOutput, RenderSettings,
+                                         check_gaussians)
 from arc_warp._src.splat.renderer import GaussianRenderer
 from arc_warp._src.splat.surface_ops import check_surfaces
-from arc_warp._src.splat.validate import check_gaussians, check_grads
 from arc_warp._src.splat.workspace import Workspace
 from arc_warp._src.tape import active_tape
 from arc_warp._src.validate import check_array
@@ -86,19 +86,10 @@ def render_gaussians(
             For several cameras, a list of such dicts (or None), one per camera.
         tape: the ``wp.Tape`` to record the backward on; ``None`` uses the tape of an
             enclosing ``with tape:`` block, if any.
-        surface_colors, surface_depths: an opaque surface behind the Gaussians (a mesh,
-            see :func:`surface_from_mesh`), per pixel a colour and a camera depth (z, world
-            units, the depth the Gaussians are sorted by; +inf where there is none), both
-            or neither. At a pixel, every Gaussian whose centre is not in front of the
-            surface (depth >= surface depth) is hidden, and the surface colour shows
-            through the transmittance the others leave (``T_final * colour``) instead of
-            the background; where the depth is +inf the background shows, so a surface at
-            +inf everywhere renders what no surface renders, bit for bit. ``alpha``,
-            ``depth`` and ``expected_depth`` stay the visible Gaussians' own. Checked like
-            the inputs (NaN depths and non-finite colours by the device). The backward adds
-            ``T_final * dL/dcolor`` into the colours' gradient (``.grad`` on the tape,
-            ``grad_surface_colors`` of :func:`render_gaussians_backward`); the depths get
-            none.
+        surface_colors, surface_depths: an opaque surface behind the Gaussians, both or
+            neither: per pixel a colour and a camera depth (+inf where there is none); see
+            :class:`Surface` for how it composites. On the tape the colours' ``.grad`` gets
+            their gradient (``grad_surface_colors`` of :func:`render_gaussians_backward`).
 
     Returns:
         :class:`RenderOutput` (or a list of them for several cameras).
@@ -243,8 +234,11 @@ def render_gaussians_backward(
     if grads is None:
         grads = GaussianGrads(*(wp.empty_like(a) for a in g.arrays))
         accumulate = False
-    else:
-        check_grads(grads, g)
+    elif not isinstance(grads, GaussianGrads):
+        raise TypeError(f"grads must be a GaussianGrads, got {type(grads).__name__}")
+    else:  # shaped like the Gaussians
+        for name, src in zip(("means", "quats", "scales", "opacities", "colors"), g.arrays):
+            check_array(getattr(grads, name), f"grads.{name}", src.dtype, src.ndim, src.shape, src.device)
     if means2d_grad is not None:
         check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (g.count,), device)
     else:

@@ -1,5 +1,6 @@
-"""Surfaces composited behind the Gaussians: checks, device flags, and the mesh ops' images
-turned into a surface (:func:`surface_from_mesh`)."""
+"""Surfaces composited behind the Gaussians (:class:`Surface`): the checks of
+``render_gaussians``' surface arguments, and the mesh ops' images turned into a surface
+(:func:`surface_from_mesh`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import warp as wp
 
 from arc_warp._src.splat.records import Surface
 from arc_warp._src.splat.surface_kernels import surface_from_mesh_bwd, surface_from_mesh_fwd
-from arc_warp._src.splat.validate_kernels import BAD_SLOTS, flag_nan, flag_nonfinite
-from arc_warp._src.launches import Launches
 from arc_warp._src.tape import active_tape
 from arc_warp._src.validate import check_array
 
@@ -98,8 +97,7 @@ def check_surfaces(colors, depths, shapes: list[tuple[int, int]], batch: bool, d
     ``surface_depths`` (both None: no surface, None), for cameras of image sizes
     ``shapes`` ((H, W) each). One camera: (H, W) arrays; a batch: lists of C of them, or
     (C, H, W) arrays. TypeError / ValueError for anything else (a missing half, a wrong
-    dtype, shape or device); NaN depths and non-finite colours are found on the device
-    (:func:`flag_surface`)."""
+    dtype, shape or device); NaN depths and non-finite colours are found on the device."""
     if colors is None and depths is None:
         return None
     if colors is None or depths is None:
@@ -126,16 +124,3 @@ def check_surfaces(colors, depths, shapes: list[tuple[int, int]], batch: bool, d
         surfaces.append(Surface(check_array(c, f"surface_colors{at}", wp.vec3, 2, shape, device),
                                 check_array(d, f"surface_depths{at}", wp.float32, 2, shape, device)))
     return surfaces
-
-
-def flag_surface(launches: Launches, key, surface: Surface, flags: wp.array) -> None:
-    """Sets the render's flags for non-finite surface colours and NaN surface depths
-    (``status.raise_on_flags`` names them)."""
-    h, w = surface.depths.shape
-    device = surface.depths.device
-    launches.launch(flag_nonfinite, 3 * h * w,
-                    [wp.array(ptr=surface.colors.ptr, dtype=wp.float32, shape=(3 * h * w,), device=device), flags,
-                     1 + BAD_SLOTS.index("surface_colors")], key=("surface_colors", key))
-    launches.launch(flag_nan, h * w,
-                    [wp.array(ptr=surface.depths.ptr, dtype=wp.float32, shape=(h * w,), device=device), flags,
-                     1 + BAD_SLOTS.index("surface_depths (NaN)")], key=("surface_depths", key))
