@@ -14,7 +14,7 @@ from ._src.splat.sh_kernels import SH_C0
 from ._src.splat.status import RenderStatus
 from ._src.splat.surface_ops import surface_from_mesh
 from ._src.splat.validate_kernels import BAD_SLOTS, FLAG_SLOTS, OVERFLOW_SLOT
-from ._src.splat.workspace import Workspace
+from ._src.splat.render import Workspace
 
 __all__ = ["BAD_SLOTS", "FLAG_SLOTS", "OVERFLOW_SLOT", "SH_C0", "Camera", "DeviceCameras", "Distortion", "GaussianGrads",
            "GaussianRenderer", "Gaussians", "ImageGrads", "RenderImages", "RenderOutput", "RenderSettings", "RenderState",

@@ -10,7 +10,7 @@ from arc_warp._src.arc.calibrate import kernel_mode, resolve_threshold
 from arc_warp._src.arc.reduce_funcs import check_mode
 from arc_warp._src.launches import Bindings, Launches, View
 from arc_warp._src.mesh.util_kernels import first_bad_triangle
-from arc_warp._src.splat.workspace import Workspace
+from arc_warp._src.splat.render import Workspace
 from arc_warp._src.tape import active_tape
 from arc_warp._src.validate import check_array
 

@@ -1,21 +1,77 @@
 """The functional API: render_gaussians / render_gaussians_backward over a GaussianRenderer,
-and their wp.Tape recording."""
+their wp.Tape recording, and the Workspace whose objects repeated functional calls reuse."""
 
 from __future__ import annotations
 
 import warp as wp
 
+from arc_warp._src.arc.calibrate import resolve_threshold
 from arc_warp._src.camera import Camera, DeviceCameras
 from arc_warp._src.splat.records import (GaussianGrads, ImageGrads, RenderImages, RenderOutput, RenderSettings,
                                          check_gaussians)
 from arc_warp._src.splat.renderer import GaussianRenderer
 from arc_warp._src.splat.surface_ops import check_surfaces
-from arc_warp._src.splat.workspace import Workspace
 from arc_warp._src.tape import active_tape
 from arc_warp._src.validate import check_array
 
 # Names and dtypes of the (H, W) images a caller may supply through ``outputs``.
 IMAGE_OUTPUTS = {"color": wp.vec3, "alpha": wp.float32, "depth": wp.float32, "expected_depth": wp.float32}
+
+
+class Workspace:
+    """The objects that repeated functional calls reuse on one device (explicit state, no
+    globals): pass it as ``workspace=`` to :func:`render_gaussians` and to the mesh ops.
+
+    It holds one object per kind and size in one dict, keyed by what sizes the object:
+    ``(GaussianRenderer, width, height, cameras, sh_coeffs, settings)`` for a
+    :class:`GaussianRenderer` (:meth:`renderer`; a new Gaussian count resizes it, so renders
+    of one size reuse their scratch and prepared launches), and ``(op class, sizes...,
+    options...)`` for a mesh op object (``arc_warp.mesh``'s ``Rasterizer.of`` and the like
+    build the key; :meth:`get`). Entries are never dropped: they live as long as the
+    workspace (a new size adds one). It also resolves the ARC thresholds once, here, so
+    no step calibrates lazily. Use a workspace from one thread (and one stream) at a time.
+
+    Args:
+        device: Warp device (default: the current one).
+        threshold: ARC threshold for renders and mesh ops whose settings give none; None
+            resolves the device's calibrated values (on a GPU never calibrated, this
+            calibrates once).
+        allocator: None, or ``nbytes -> (pointer, owner)`` for the renderers' per-call
+            scratch (see :class:`GaussianRenderer`).
+    """
+
+    def __init__(self, device=None, threshold: int | None = None, allocator=None):
+        self.device = wp.get_device(device)
+        self.threshold = resolve_threshold(self.device, threshold)
+        self.keyed_threshold = resolve_threshold(self.device, threshold, keyed=True)
+        self.allocator = allocator
+        self._objects: dict[tuple, object] = {}  # (kind, sizes..., options...) -> its object
+
+    def get(self, key: tuple, make):
+        """The object of ``key`` (its kind, sizes and options), made by ``make()`` on first use."""
+        obj = self._objects.get(key)
+        if obj is None:
+            obj = self._objects[key] = make()
+        return obj
+
+    def renderer(self, width: int, height: int, gaussians: int, cameras: int, sh_coeffs: int,
+                 settings: RenderSettings) -> GaussianRenderer:
+        """The renderer of this size and settings (made on first use), resized to
+        ``gaussians`` if it rendered another count."""
+        renderer = self.get((GaussianRenderer, width, height, cameras, sh_coeffs, settings), lambda: GaussianRenderer(
+            width, height, gaussians, cameras, sh_coeffs, settings, self.device, self.threshold,
+            allocator=self.allocator))
+        if renderer.num_gaussians != gaussians:
+            renderer.resize(gaussians)
+        return renderer
+
+    def objects(self, kind: type | None = None) -> list:
+        """The objects held (of class ``kind`` only, if given), in the order they were made."""
+        return [obj for obj in self._objects.values() if kind is None or isinstance(obj, kind)]
+
+    def renderers(self) -> list[GaussianRenderer]:
+        """The :class:`GaussianRenderer` objects held (a graph capture marks them capturing)."""
+        return self.objects(GaussianRenderer)
 
 
 def render_gaussians(
@@ -127,13 +183,8 @@ def render_gaussians(
         renderer = GaussianRenderer(sized.width, sized.height, n, c, g.sh_coeffs, settings, g.device, record=False)
     else:
         renderer = workspace.renderer(sized.width, sized.height, n, c, g.sh_coeffs, settings)
-    images = RenderImages(
-        color=wp.empty((c, *shape), dtype=wp.vec3, device=g.device),
-        alpha=wp.empty((c, *shape), dtype=wp.float32, device=g.device),
-        depth=wp.empty((c, *shape), dtype=wp.float32, device=g.device),
-        expected_depth=wp.empty((c, *shape), dtype=wp.float32, device=g.device),
-        means2d=wp.empty((c, n), dtype=wp.vec2, device=g.device),
-        radii=wp.empty((c, n), dtype=wp.vec2i, device=g.device))
+    images = RenderImages(*(wp.empty((c, *shape), dtype=dtype, device=g.device) for dtype in IMAGE_OUTPUTS.values()),
+                          *(wp.empty((c, n), dtype=dtype, device=g.device) for dtype in (wp.vec2, wp.vec2i)))
     state = renderer.new_state()
     status = renderer.forward(g, cameras, state, images, check=True, surfaces=surfaces)
     outs = []
@@ -202,12 +253,10 @@ def render_gaussians_backward(
     """Gradients of a scalar loss w.r.t. the inputs of the render that made ``out``.
 
     ``grad_*`` are cotangents shaped like the outputs, on the same device; ``None``
-    means zero. The rasteriser backward runs one 256-thread block per tile and reduces
-    the per-Gaussian gradients with the accumulator of ``out.settings.reduce``
-    (``"floor"`` yields no rasteriser gradients: benchmarking only). Then the SH
-    backward, one thread per coefficient row, and one per-Gaussian kernel through the
-    projection. The 2D mean gradients are added into ``out.means2d_grad`` and, with
-    ``settings.absgrad``, their per-pixel absolute sums into ``out.means2d_absgrad``.
+    means zero. This is :meth:`GaussianRenderer.backward` (``out.settings.reduce``
+    ``"floor"`` yields no rasteriser gradients: benchmarking only). The 2D mean gradients
+    are added into ``out.means2d_grad`` and, with ``settings.absgrad``, their per-pixel
+    absolute sums into ``out.means2d_absgrad``.
 
     ``accumulate`` False writes the gradients into ``grads`` (every entry: culled
     Gaussians and SH coefficients past ``settings.sh_degree`` get 0) instead of adding
@@ -225,12 +274,9 @@ def render_gaussians_backward(
     g = out._state.gaussians
     shape, device = out.alpha.shape, g.device
 
-    def cotangent(value, name, dtype):
-        return None if value is None else check_array(value, name, dtype, 2, shape, device)
-
-    cot = ImageGrads(cotangent(grad_color, "grad_color", wp.vec3), cotangent(grad_alpha, "grad_alpha", wp.float32),
-                     cotangent(grad_depth, "grad_depth", wp.float32),
-                     cotangent(grad_expected_depth, "grad_expected_depth", wp.float32))
+    cot = ImageGrads(*(None if value is None else check_array(value, f"grad_{name}", dtype, 2, shape, device)
+                       for value, (name, dtype) in zip((grad_color, grad_alpha, grad_depth, grad_expected_depth),
+                                                       IMAGE_OUTPUTS.items())))
     if grads is None:
         grads = GaussianGrads(*(wp.empty_like(a) for a in g.arrays))
         accumulate = False

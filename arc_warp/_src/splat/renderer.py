@@ -1,16 +1,16 @@
 """GaussianRenderer: N Gaussians into C cameras of one image size, with buffers and prepared
 launches made once, and RenderState, what one forward leaves for its backward.
 
-The stages of a camera (kernels in the ``*_kernels.py`` modules): the projection writes
-the screen-space splats, 2D means, radii, tile counts and the depth sort's keys; the SH
-colours are evaluated (plain RGB is used as-is); the Gaussians are sorted by depth, their
-tile counts scanned in that order and the total written to the camera's flags; the tile
-keys are written front to back into a sort of ``capacity`` entries and sorted stably by
-tile alone (each tile's range in depth order, equal depths in Gaussian order, as one sort
-of ``tile << 32 | depth`` keys would give, in ~log2(tiles) radix bits, not 32 more); the
-rasteriser composites each 16x16 tile. The backward runs the rasteriser backward, the SH
-backward and one per-Gaussian pass through the projection. CPU launches of kernels with
-block storage hold ``cpu_launch_guard`` (their CPU block storage is C static).
+A camera's stages (kernels in ``*_kernels.py``): the projection writes the splats, 2D
+means, radii, tile counts and depth keys; SH colours are evaluated (RGB is used as-is);
+the Gaussians are sorted by depth, their tile counts scanned in that order and the total
+written to the camera's flags; the tile keys are written front to back into a sort of
+``capacity`` entries and sorted stably by tile alone (each tile's range in depth order,
+equal depths in Gaussian order, as one sort of ``tile << 32 | depth`` keys would give,
+in ~log2(tiles) radix bits, not 32 more); the rasteriser composites each 16x16 tile.
+The backward runs the rasteriser's, the SH stage's and one per-Gaussian pass through the
+projection. CPU launches of kernels with block storage hold ``cpu_launch_guard`` (their
+CPU block storage is C static).
 
 The overflow rule. The tile sort needs the number of Gaussian-tile intersections, which
 only the device knows once the Gaussians are projected. The renderer sorts ``capacity``
@@ -35,6 +35,7 @@ being able to know it first.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -107,40 +108,31 @@ def is_plain_pinhole(cameras) -> bool:
     return all(cam.model == "pinhole" and cam.distortion is None for cam in cameras)
 
 
-def _nbytes(shape, dtype) -> int:
-    size = wp.types.type_size_in_bytes(dtype)
-    for d in (shape,) if isinstance(shape, int) else shape:
-        size *= d
-    return size
-
-
 def _ptr(a: wp.array | None) -> int:
     """An optional array's pointer for a plan's key (0: none)."""
     return 0 if a is None else a.ptr
 
 
 class _Block:
-    """Typed views carved from one allocation of ``allocator(nbytes) -> (pointer, owner)``
-    (None: a Warp byte array, which each view keeps alive, as Warp's own views do), each
-    part ``ALIGN``-aligned. With an allocator the views do not keep the ``owner`` alive:
-    its caller does (torch frees a render's memory when its backward is done), and they
-    come from ``renderer.bound`` (made once per pointer and layout)."""
+    """Typed views of ``parts`` ((shape, dtype) each, ``ALIGN``-aligned) carved from one
+    allocation of ``allocator(nbytes) -> (pointer, owner)`` (None: a Warp array, which
+    each view keeps alive). With an allocator the caller keeps the ``owner`` alive (torch
+    frees a render's memory when its backward is done) and the views come from
+    ``renderer.bound``."""
 
     def __init__(self, renderer: GaussianRenderer, parts: list[tuple], allocator=None):
         offsets, total = [], 0
         for shape, dtype in parts:
             offsets.append(total)
-            total += -(-_nbytes(shape, dtype) // ALIGN) * ALIGN
-        device = renderer.device
-        if allocator is None:
-            # 16-byte elements: a byte array stops at 2 GiB (Warp's int32 shapes)
-            self.owner = wp.empty(max(-(-total // 16), 1), dtype=wp.vec4i, device=device)
+            total += -(-wp.types.type_size_in_bytes(dtype) * math.prod(shape) // ALIGN) * ALIGN
+        if allocator is None:  # 16-byte elements: a byte array stops at 2 GiB (Warp's int32 shapes)
+            self.owner = wp.empty(max(-(-total // 16), 1), dtype=wp.vec4i, device=renderer.device)
             base = self.owner.ptr
         else:
             base, self.owner = allocator(max(total, 1))
 
         def views():
-            return [wp.array(ptr=base + offset, dtype=dtype, shape=shape, device=device)
+            return [wp.array(ptr=base + offset, dtype=dtype, shape=shape, device=renderer.device)
                     for offset, (shape, dtype) in zip(offsets, parts)]
 
         if allocator is None:
@@ -158,9 +150,8 @@ class _CameraState:
 
 
 def _camera_parts(renderer: GaussianRenderer, views: list, per_camera: int, absgrad: bool) -> tuple:
-    """Each camera's :class:`_CameraState` over a state's views (``per_camera`` of them per
-    camera), the (C,) CameraParams of all cameras, which are evenly spaced, and on the CPU
-    their numpy records (written in place), else None."""
+    """Each camera's :class:`_CameraState` over a state's views, the (C,) CameraParams of
+    all cameras (evenly spaced) and on the CPU their numpy records (written in place)."""
     cameras = []
     for i in range(len(views) // per_camera):
         cs = _CameraState()
@@ -182,8 +173,7 @@ class RenderState:
     Gaussian ids and tile ranges, the final transmittance and last contributor per pixel,
     and with ``settings.absgrad`` the (N,) vec2 absolute 2D mean gradients the backward
     adds. Made by :meth:`GaussianRenderer.new_state` from one allocation of ``allocator``
-    (and one more for the sort, sized by the renderer's capacity when a forward uses it):
-    a caller that allocates from torch passes torch's allocator and keeps ``owners`` alive
+    (and one more for the sort): a caller that allocates from torch keeps ``owners`` alive
     while the backward may run. ``gaussians``, ``images`` and ``status`` are the forward's.
     """
 
@@ -207,8 +197,7 @@ class RenderState:
         self.status: RenderStatus | None = None
 
     def sort_room(self, capacity: int) -> None:
-        """Make each camera's sorted ids hold a sort of ``capacity`` entries (2 x capacity
-        int32: the radix sort's room)."""
+        """Each camera's sorted ids made to hold a sort of ``capacity`` (2 x capacity int32)."""
         if capacity <= self.capacity:
             return
         block = _Block(self.renderer, [((2 * capacity,), wp.int32)] * len(self.cameras), self.allocator)
@@ -275,8 +264,7 @@ class GaussianRenderer:
             self.threshold = resolve_threshold(self.device, threshold)
         self.allocator = allocator
         self._launches = Launches(self.device, record)
-        # the device status of the last forward, and its host copy (pinned: copied without a
-        # wait; on the CPU the flags themselves)
+        # the last forward's device flags, and their host copy (pinned; on the CPU the flags)
         self._flags = wp.zeros((cameras, FLAG_SLOTS), dtype=wp.int32, device=self.device)
         self._host_flags = (self._flags if self.device.is_cpu else
                             wp.zeros((cameras, FLAG_SLOTS), dtype=wp.int32, device="cpu", pinned=True))
@@ -306,15 +294,12 @@ class GaussianRenderer:
         self.num_gaussians, self.capacity = gaussians, capacity
 
     def new_state(self, allocator=None) -> RenderState:
-        """A :class:`RenderState` for one forward (its memory from ``allocator``, as the
-        constructor's, or Warp arrays)."""
+        """A :class:`RenderState` for one forward (memory from ``allocator``, or Warp arrays)."""
         return RenderState(self, allocator)
 
     def bound(self, key: tuple, make):
-        """What ``make()`` builds (Warp views, for one) of the memory ``key`` names by its
-        pointers and layout, made once per memory (:meth:`Bindings.bound`; the renderer's
-        bindings keep ``launches.BINDINGS`` views and plans, the least recently used
-        dropped first). The caller keeps the memory alive while it uses them."""
+        """What ``make()`` builds of the memory ``key`` names (Warp views, say), made once per
+        memory (:meth:`Bindings.bound`). The caller keeps the memory alive while it uses them."""
         return self._bindings.bound(key, make)
 
     # ---------------------------------------------------------------- forward
@@ -322,16 +307,11 @@ class GaussianRenderer:
     def forward(self, gaussians: Gaussians, cameras, state: RenderState, images: RenderImages,
                 check: bool | None = None, surfaces: list[Surface] | None = None) -> RenderStatus:
         """Renders ``gaussians`` into each camera of ``cameras`` (a sequence of C
-        :class:`Camera`, or :class:`DeviceCameras` of C), writing ``images`` and ``state``.
-        ``surfaces``: None, or one :class:`Surface` per camera, composited behind the
-        Gaussians.
-
-        ``check``: read the render's status before returning (raise for bad inputs, render
-        an overflowed camera again): None does it where it costs no wait (the CPU). See the
-        module notes for the overflow rule. Before anything is queued, the status of the
-        previous forward still unread is read (its ValueError raises here).
-
-        Returns the render's :class:`RenderStatus` (also ``state.status``)."""
+        :class:`Camera`, or :class:`DeviceCameras` of C), writing ``images`` and ``state``;
+        ``surfaces``: None, or one :class:`Surface` per camera. ``check``: read the status
+        before returning (None: where it costs no wait, the CPU); the previous forward's,
+        if unread, is read first (the module notes: the overflow rule). Returns the
+        render's :class:`RenderStatus` (also ``state.status``)."""
         self._check_call(gaussians, cameras, state, images, surfaces)
         self._read_pending()
         if check is None:
@@ -350,9 +330,7 @@ class GaussianRenderer:
         state.pinhole_only = is_plain_pinhole(cameras)
         device_cameras = isinstance(cameras, DeviceCameras)
         if not device_cameras:  # host values, new each call: written outside any plan
-            if self._staged is not None:
-                # the previous forward's copy has read the staging records: waits only if the
-                # device is a whole step behind
+            if self._staged is not None:  # the previous copy has read the staging records (a step ago)
                 wp.synchronize_event(self._staged)
             self._write_cameras(cameras, state)
             if self._staged is not None:
@@ -430,11 +408,10 @@ class GaussianRenderer:
                 check_array(surface.depths, f"surfaces[{i}].depths", wp.float32, 2, (h, w), self.device)
 
     def _scratch(self, backward: bool, n: int | None = None, capacity: int | None = None) -> _Block:
-        """This call's scratch: the forward's (N-sized counts, depth order and scan, then
-        keys that the depth sort and, with twice the capacity's room, the tile sort use in
-        turn) or the backward's (the packed rasteriser gradients, the SH stage's share of
-        dL/dmeans, and ``deterministic``'s per-entry partials, ``capacity`` of them: the
-        largest camera's intersections). Owned and grown, or fresh from the allocator."""
+        """This call's scratch, owned and grown or fresh from the allocator: the forward's
+        (tile counts, depth order, int64 scan, then keys the depth sort and the tile sort
+        use in turn) or the backward's (packed rasteriser gradients, the SH share of
+        dL/dmeans, and ``capacity`` of ``deterministic``'s per-entry partials)."""
         n = self.num_gaussians if n is None else n
         cap = (self.capacity or 0) if capacity is None else capacity
         if backward:
@@ -453,9 +430,8 @@ class GaussianRenderer:
         return block
 
     def _write_cameras(self, cameras, state: RenderState) -> None:
-        """``state.cams`` from ``cameras``: device cameras by a kernel (an invalid camera sets
-        its flags), host values through the pinned staging records (on the CPU in place;
-        the caller makes sure the device has read the previous ones)."""
+        """``state.cams`` from ``cameras``: device cameras by a kernel (an invalid one sets
+        its flags), host values through the pinned staging records (on the CPU in place)."""
         if isinstance(cameras, DeviceCameras):
             for c in range(len(cameras)):
                 self._launches.launch(camera_from_matrices, 1, [
@@ -469,9 +445,8 @@ class GaussianRenderer:
             wp.copy(state.cams, self._staging)
 
     def _count(self, c: int, state: RenderState, scratch, capacity: int) -> None:
-        """Camera ``c``'s projection, colours and depth sort, and its tile counts scanned in
-        depth order, the total (saturated at 2^31 - 1) and whether it passed ``capacity``
-        written to its flags."""
+        """Camera ``c``'s projection, colours, depth sort and tile-count scan; its flags get
+        the total (saturated at 2^31 - 1) and whether it passed ``capacity``."""
         tiles_per_gauss, order, cum_tiles, keys = scratch
         g, s, cs, flags, launches = state.gaussians, self.settings, state.cameras[c], self._flags[c], self._launches
         *_, means2d, radii = state.images.planes[c]
@@ -486,16 +461,14 @@ class GaussianRenderer:
         else:  # plain RGB is used as-is: one flat check pass
             launches.launch(flag_nonfinite, 3 * g.count, [View(g.colors, wp.float32, (3 * g.count,)), flags,
                                                           SLOT["colors"]], key=("flag_colors", c))
-        # stable: equal depths keep index order; the positive keys need 31 bits (the radix
-        # sort works in place in twice the room)
+        # stable: equal depths keep index order; the positive keys need 31 bits
         launches.call(wp.utils.radix_sort_pairs, keys, order, g.count, 0, 31)
         launches.launch(gather_counts, g.count, [order, tiles_per_gauss, cum_tiles], key=("gather_counts", c))
         launches.call(wp.utils.array_scan, cum_tiles, cum_tiles, inclusive=True)  # in place (cub and the CPU allow it)
         launches.launch(store_total, 1, [cum_tiles, capacity, flags, OVERFLOW_SLOT], key=("store_total", c))
 
     def _measure(self, cameras, state: RenderState, scratch) -> None:
-        """Sets the capacity from the cameras' totals, read back (the one wait of a first
-        forward; the main pass projects again)."""
+        """The capacity from the cameras' totals, read back (a first forward's one wait)."""
         self._flags.zero_()
         if isinstance(cameras, DeviceCameras):
             self._write_cameras(cameras, state)
@@ -509,9 +482,8 @@ class GaussianRenderer:
         self._grow(max(status.totals), lambda: int(scratch[2][-1:].numpy()[0]))
 
     def _render(self, state: RenderState, scratch, cameras) -> None:
-        """Queues the renders of ``cameras`` (indices), one after another through the shared
-        scratch, each copying its flags to the host after its sort (the event follows the
-        last copy, so a wait for it ends before the last rasteriser)."""
+        """Queues the renders of ``cameras`` (indices) through the shared scratch, each copying
+        its flags to the host after its sort (the event follows the last copy)."""
         tiles_per_gauss, order, cum_tiles, keys = scratch
         g, cap, launches = state.gaussians, self.capacity, self._launches
         n = g.count
@@ -530,8 +502,7 @@ class GaussianRenderer:
                                                    SLOT["surface_depths (NaN)"]], key=("surface_depths", c))
             self._count(c, state, scratch, cap)
             if n:
-                # entries past the total get the filler tile n_tiles, those past the capacity are
-                # dropped (the overflow slot says so)
+                # past the total: the filler tile n_tiles; past the capacity: dropped (flagged)
                 args = [order, cs.splats, radii, tiles_per_gauss, cum_tiles, tx, ty, cap, keys, cs.sort_ids]
                 if cap > STAGED_KEYS_PER_GAUSSIAN * n:  # large splats: through shared memory
                     with cpu_launch_guard(self.device):  # block barriers: whole blocks, CPU statics
@@ -556,19 +527,17 @@ class GaussianRenderer:
                     cs.last_ids], block_dim=BLOCK_PIXELS, key=("raster_fwd", c))
 
     def _record_event(self) -> None:
-        """The event after the flags' host copies (an event node of the graph, inside one)."""
+        """The event after the flags' host copies (a node of the graph, inside one)."""
         if self._event is not None:
             self.device.stream.record_event(self._event, external=self.device.is_capturing)
 
     def _status(self) -> RenderStatus:
-        """The status of the forward just queued (read without a wait inside a capture of
-        the caller's, whose replays the caller synchronises with)."""
+        """The status of the forward just queued (read without a wait inside a capture)."""
         return RenderStatus(self._flags, self._host, None if self.capturing else self._event, self.capacity or 0)
 
     def _run(self, key: tuple, body) -> None:
-        """``body()``, the device work of a call on the memory ``key`` names, through the
-        bindings (:meth:`Bindings.run`: a plan from the second time; on CUDA a graph,
-        unless a capture of the caller's is recording this renderer)."""
+        """``body()`` through the bindings (:meth:`Bindings.run`: a plan from the second call on
+        ``key``'s memory; on CUDA a graph, unless the caller's capture records this one)."""
         if self.capturing or self.device.is_cpu:
             self._bindings.run(key, body)
             return
@@ -577,8 +546,8 @@ class GaussianRenderer:
         self._bindings.run(key, body, self._capture)
 
     def _settle(self, status: RenderStatus, state: RenderState) -> None:
-        """Reads ``status`` now: ValueError for bad inputs; the cameras that overflowed are
-        rendered again with a grown capacity (rare: it has 25% headroom)."""
+        """Reads ``status`` now: ValueError for bad inputs; cameras that overflowed (rare: 25%
+        headroom) are rendered again with a grown capacity."""
         status.check_inputs()
         over = status.overflowed
         if over:
@@ -596,9 +565,8 @@ class GaussianRenderer:
             state.status = status
 
     def _grow(self, total: int, exact_total=None) -> None:
-        """A capacity that holds ``total`` intersections (saturated at 2^31 - 1), with the
-        usual headroom; ValueError past what one sort can hold (``MAX_ISECTS``), where
-        ``exact_total()`` (default: ``total``) reads the int64 total for the message."""
+        """A capacity that holds ``total`` intersections with the usual headroom; ValueError
+        past ``MAX_ISECTS`` (``exact_total()`` reads the int64 total for the message)."""
         if total > MAX_ISECTS:
             raise ValueError(
                 f"render_gaussians: {self.num_gaussians} Gaussians on a {16 * self.tiles_x}x{16 * self.tiles_y}-pixel "
@@ -608,17 +576,16 @@ class GaussianRenderer:
         self.capacity = max(self.capacity or 0, total * 5 // 4 + SORT_SLACK)
 
     def host_status(self, capacity: int | None = None) -> RenderStatus:
-        """The status that the host copy of the flags holds now, read without a wait: for a
-        caller that has synchronised with the last render, such as the replay of a CUDA
-        graph that captured it (whose sorts held ``capacity``; default: the current one)."""
+        """The status the host copy of the flags holds now, read without a wait: for a caller
+        synchronised with the last render, as after a CUDA graph replay (whose sorts held
+        ``capacity``; default: the current one)."""
         status = RenderStatus(self._flags, self._host, None, self.capacity if capacity is None else capacity)
         status.read()
         return status
 
     def _read_pending(self) -> None:
-        """The previous forward's status, if unread: bad inputs raise (naming it), an
-        overflow grows the capacity with a RuntimeWarning. Inside a capture it is read
-        without a wait (the capture began after the device was synchronised)."""
+        """Reads the previous forward's status, if unread (without a wait inside a capture,
+        which began synchronised): bad inputs raise, an overflow grows the capacity."""
         status, self._pending = self._pending, None
         if status is None:
             return
@@ -632,10 +599,10 @@ class GaussianRenderer:
         if over:
             self._grow(max(status.totals))
             warnings.warn(
-                f"arc_warp: the previous render's camera(s) {over} had more tile intersections than the {status.capacity} "
-                f"its sort held, so their images left out the farthest Gaussians of some tiles (status.overflowed; "
-                f"SparseGaussianAdam.step(skip=status.flags) skips such a step); renders sort {self.capacity} from now on",
-                RuntimeWarning, stacklevel=3)
+                f"arc_warp: the previous render's camera(s) {over} had more tile intersections than the "
+                f"{status.capacity} its sort held, so their images left out the farthest Gaussians of some tiles "
+                f"(status.overflowed; SparseGaussianAdam.step(skip=status.flags) skips such a step); renders sort "
+                f"{self.capacity} from now on", RuntimeWarning, stacklevel=3)
 
     # ---------------------------------------------------------------- backward
 
@@ -649,16 +616,14 @@ class GaussianRenderer:
         with ``accumulate``, adds into them; the others add. ``means2d_grads``: per camera
         an (N,) vec2 that receives dL/dmeans2d in pixels (written) or None (not computed).
         With ``settings.absgrad`` each camera's ``state.cameras[c].absgrad`` receives the
-        per-pixel absolute sums (written). ``grad_surface_colors``: per camera rendered with a
-        surface, an (H, W) wp.vec3 that ``T_final * dL/dcolor`` is added into (None: not
-        wanted); surface depths get no gradient.
+        per-pixel absolute sums (written). ``grad_surface_colors``: per camera with a
+        surface, an (H, W) wp.vec3 that ``T_final * dL/dcolor`` is added into, or None.
 
         The rasteriser backward runs one 256-thread block per tile and reduces the
-        per-Gaussian gradients with the accumulator of ``settings.reduce`` (``deterministic``:
-        one partial per sorted entry, summed per Gaussian in entry order, the same bits on
-        every run; the forward's totals are read first, a wait); then the SH backward (one
-        thread per coefficient row; RGB colours and ``deterministic`` take theirs in the
-        projection backward, per Gaussian) and one per-Gaussian kernel through the projection."""
+        per-Gaussian gradients with ``settings.reduce``'s accumulator (``deterministic``: a
+        partial per sorted entry, summed per Gaussian in entry order, after a wait for the
+        totals); then the SH backward (one thread per coefficient row; RGB colours and
+        ``deterministic`` take theirs in the projection's) and one pass through the projection."""
         g = state.gaussians
         if g is None:
             raise ValueError("GaussianRenderer.backward: the state holds no forward (run forward first)")
@@ -669,15 +634,13 @@ class GaussianRenderer:
         s, launches, n = self.settings, self._launches, g.count
         det = s.reduce == "deterministic"
         totals = state.status.totals if (det or state.status.is_read) else None
-        # sized by the state's render (the renderer may have been resized since); held until
-        # the work is queued (an allocator's memory)
+        # sized by the state's render (the renderer may have been resized since); held until queued
         entries = max(min(t, state.status.capacity) for t in totals) if det else 0
         scratch = self._scratch(True, n, entries)
         raster_grads, sh_share, entry_grads = scratch.views
         surfaces = state.surfaces or [None] * self.num_cameras
         surface_grads = grad_surface_colors or [None] * self.num_cameras
-        # a camera skips the rasteriser backward when its render has no intersections (known
-        # once its status is read) and no surface
+        # no rasteriser backward for a camera without intersections (once known) and surface
         rastered = [cot is not None and ((n and (totals is None or totals[c] > 0)) or surfaces[c] is not None)
                     for c, cot in enumerate(cotangents)]
         key = ("backward", accumulate, tuple(rastered), tuple(totals) if det else None, state.cams.ptr,
@@ -722,8 +685,8 @@ class GaussianRenderer:
                 # a backward that writes dL/dmeans holds the SH share there (read before it is written)
                 share = sh_share if add else grads.means
                 if sh_apart:
-                    # threads per Gaussian: the power of two covering the rows written (all stored
-                    # when overwriting), so for up to 32 rows a warp's lanes hold whole Gaussians
+                    # threads per Gaussian: the power of two covering the rows written (all stored when
+                    # overwriting), so for up to 32 rows a warp's lanes hold whole Gaussians
                     lanes = 1 << (max(g.sh_coeffs if add else g.colors.shape[1], 1) - 1).bit_length()
                     if g.sh_coeffs > 1:
                         launches.call(share.zero_)
@@ -732,8 +695,8 @@ class GaussianRenderer:
                                         -(-n * lanes // SH_BWD_BLOCK) * SH_BWD_BLOCK,
                                         [g.means, g.colors, cs.cam, radii, rgb, raster_grads, self.threshold,
                                          grads.colors, share], block_dim=SH_BWD_BLOCK, key=("sh_bwd", c))
-                # the projection's and colour stage's shares (with the activations set, w.r.t. the
-                # raw log-scales / logits), written or added, 0 for culled Gaussians
+                # the projection's and colour stage's shares (w.r.t. the raw log-scales / logits
+                # with the activations), written or added, 0 for culled Gaussians
                 launches.launch(make_project_bwd(g.sh_coeffs, s.absgrad, s.antialiased, not add, sh_apart,
                                                  s.scale_activation, s.opacity_activation,
                                                  means2d_grads[c] is not None, state.pinhole_only), n, [
