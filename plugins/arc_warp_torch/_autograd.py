@@ -253,19 +253,10 @@ class Means2dSink:
     def __init__(self, tensor: torch.Tensor, scale: Tuple[float, float] = (1.0, 1.0),
                  absgrad_owner: Optional[torch.Tensor] = None, attached: bool = False):
         hold = weakref.ref if attached else (lambda t: (lambda: t))
-        self._tensor = hold(tensor)
-        self._absgrad_owner = None if absgrad_owner is None else hold(absgrad_owner)
+        # callables returning the tensors (None once an attached one died, or not given)
+        self.tensor = hold(tensor)
+        self.absgrad_owner = (lambda: None) if absgrad_owner is None else hold(absgrad_owner)
         self.scale, self.attached = scale, attached
-
-    @property
-    def tensor(self) -> Optional[torch.Tensor]:
-        """The tensor whose .grad receives the gradient; None once an attached one died."""
-        return self._tensor()
-
-    @property
-    def absgrad_owner(self) -> Optional[torch.Tensor]:
-        """The tensor whose .absgrad receives the absolute sums, or None."""
-        return None if self._absgrad_owner is None else self._absgrad_owner()
 
 
 @dataclass
@@ -306,7 +297,7 @@ class _RenderGaussians(torch.autograd.Function):
                                             (*output_grads, None, None)[:4], len(needed) > 8 and needed[8])
         result = [None, None, None]  # queued, sink, sink_tensor
         if means2d_grad is not None and ctx.sink.attached:
-            target = ctx.sink.tensor
+            target = ctx.sink.tensor()
             if target.grad is None:  # what torch's AccumulateGrad does for a leaf
                 target.grad = means2d_grad
             else:
@@ -341,7 +332,7 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
     sink's tensor died: then none is computed)."""
     c, n = renderer.num_cameras, inputs[0].shape[0]
     h, w = renderer.height, renderer.width
-    target = None if sink is None else sink.tensor
+    target = None if sink is None else sink.tensor()
     grads = [context.empty(t.shape) for t in inputs]
     m2d = context.empty((c, n, 2)) if target is not None else None
     # contiguous float32 cotangents (copies where torch handed others, as the expanded one
@@ -378,7 +369,7 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
     for axis in (0, 1):
         if sink.scale[axis] != 1.0:
             m2d[..., axis] *= sink.scale[axis]
-    owner = sink.absgrad_owner
+    owner = sink.absgrad_owner()
     if owner is not None:
         if getattr(owner, "absgrad", None) is None:
             owner.absgrad = torch.zeros_like(owner, requires_grad=False)
@@ -455,7 +446,7 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     if means2d_grad and sink is None:
         sink = Means2dSink(means2d.requires_grad_(True), absgrad_owner=means2d if settings.absgrad else None,
                            attached=True)
-    sink_tensor = None if sink is None or sink.attached else sink.tensor
+    sink_tensor = None if sink is None or sink.attached else sink.tensor()
     # saved by the node: the state's memory, the radii (in `projected`), the depth image
     # the expected depth's backward reads
     saved = (projected.detach(), *state.owners) + ((block.detach(),) if depths else ())
