@@ -28,6 +28,11 @@ BINDINGS = 64
 """Entries a :class:`Bindings` keeps: views and plans of a few training steps' memory."""
 
 
+def ptr(a: wp.array | None) -> int:
+    """An optional array's pointer for a key (0: none)."""
+    return 0 if a is None else a.ptr
+
+
 class View(NamedTuple):
     """A launch argument: contiguous ``array``'s memory as a ``shape`` array of ``dtype``."""
 

@@ -46,7 +46,7 @@ from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD, resolve_threshold
 from arc_warp._src.arc.intrinsics import cpu_launch_guard
 from arc_warp._src.arc.scatter_ops import ordered_scatter_add
 from arc_warp._src.camera import CAMERA_MODELS, Camera, DeviceCameras
-from arc_warp._src.launches import Bindings, Launches, View
+from arc_warp._src.launches import Bindings, Launches, View, ptr
 from arc_warp._src.splat.bin_kernels import (STAGED_KEYS_PER_GAUSSIAN, gather_counts, store_total, tile_ranges,
                                              write_keys, write_keys_staged)
 from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, TILE_SIZE, CameraParams, Splat2D, grad_vector
@@ -106,11 +106,6 @@ def is_plain_pinhole(cameras) -> bool:
     if isinstance(cameras, DeviceCameras):
         return cameras.model == "pinhole" and cameras.distortion is None
     return all(cam.model == "pinhole" and cam.distortion is None for cam in cameras)
-
-
-def _ptr(a: wp.array | None) -> int:
-    """An optional array's pointer for a plan's key (0: none)."""
-    return 0 if a is None else a.ptr
 
 
 class _Block:
@@ -340,7 +335,7 @@ class GaussianRenderer:
             self._measure(cameras, state, measuring.views)
         scratch = self._scratch(False)  # held until the work is queued (an allocator's memory)
         state.sort_room(self.capacity)
-        cameras_key = ((cameras.viewmats.ptr, cameras.intrinsics.ptr, _ptr(cameras.distortion), cameras.model)
+        cameras_key = ((cameras.viewmats.ptr, cameras.intrinsics.ptr, ptr(cameras.distortion), cameras.model)
                        if device_cameras else None)
         key = ("forward", self.capacity, state.pinhole_only, cameras_key, *(a.ptr for a in gaussians.arrays),
                *(a.ptr for a in (images.color, images.alpha, images.depth, images.expected_depth, images.means2d,
@@ -646,10 +641,10 @@ class GaussianRenderer:
         key = ("backward", accumulate, tuple(rastered), tuple(totals) if det else None, state.cams.ptr,
                state.cameras[0].sort_ids.ptr, scratch.views[0].ptr, *(a.ptr for a in g.arrays),
                *(a.ptr for a in grads.arrays),
-               *(_ptr(a) for cot in cotangents for a in ((cot.color, cot.alpha, cot.depth, cot.expected_depth)
+               *(ptr(a) for cot in cotangents for a in ((cot.color, cot.alpha, cot.depth, cot.expected_depth)
                                                          if cot is not None else (None,))),
-               *(_ptr(a) for a in means2d_grads), *(_ptr(a) for a in surface_grads),
-               *(_ptr(s.colors) for s in surfaces if s is not None))
+               *(ptr(a) for a in means2d_grads), *(ptr(a) for a in surface_grads),
+               *(ptr(s.colors) for s in surfaces if s is not None))
         # the SH backward as a kernel of its own, its shares summed with the accumulator
         sh_apart = g.sh_coeffs > 0 and not det
 
