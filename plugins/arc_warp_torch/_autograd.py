@@ -30,6 +30,7 @@ from arc_warp.splat import Surface
 
 # Warp element types of (means, quats, scales, opacities, colors), vectors on the last axis.
 INPUT_DTYPES = (wp.vec3, wp.vec4, wp.vec3, wp.float32, wp.vec3)
+_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8)}
 
 
 def view(t: torch.Tensor, dtype, shape: tuple, offset: int = 0) -> wp.array:
@@ -69,7 +70,8 @@ class RenderContext:
         self.wp_device = wp.device_from_torch(self.device)
         self.workspace = Workspace(self.wp_device, threshold, allocator=self.allocate)
         self.check = check
-        self._host_blocks = _HostBlocks() if self.device.type == "cpu" else None
+        # CPU only: numpy byte blocks by size, kept for the next call once free (see empty)
+        self._host_blocks = collections.defaultdict(list) if self.device.type == "cpu" else None
         self._stream = None  # see warp_stream
 
     def empty(self, shape, dtype=torch.float32) -> torch.Tensor:
@@ -79,7 +81,19 @@ class RenderContext:
         renderers' views and plans of it) as it does on CUDA."""
         if self._host_blocks is None:
             return torch.empty(shape, dtype=dtype, device=self.device)
-        return self._host_blocks.empty(shape, dtype)
+        # a block is free again when only this pool references its numpy array (a tensor made
+        # from it holds a typed view of it, whose base it is, until its memory is released)
+        shape = (shape,) if isinstance(shape, int) else shape
+        np_dtype = _NUMPY_DTYPES[dtype]
+        nbytes = math.prod(shape) * np_dtype.itemsize
+        blocks = self._host_blocks[nbytes]
+        for block in blocks:
+            if sys.getrefcount(block) == 3:  # the list's, the loop's and getrefcount's own
+                break
+        else:
+            block = np.empty(max(nbytes, 4), dtype=np.uint8)
+            blocks.append(block)
+        return torch.from_numpy(block[:nbytes].view(np_dtype).reshape(shape))
 
     def allocate(self, nbytes: int):
         """``nbytes`` of this device's memory (:meth:`empty`), on torch's current stream, as
@@ -105,31 +119,6 @@ class RenderContext:
 
 
 _NO_STREAM = contextlib.nullcontext()
-
-
-class _HostBlocks:
-    """CPU memory for the tensors of a call, kept by size for the next call's once freed, as
-    torch's CUDA caching allocator keeps device memory. A block is free again when nothing
-    holds it: its numpy array is referenced only by this pool (a tensor made from it holds
-    a typed numpy view of it, whose base it is, until its memory is released)."""
-
-    DTYPES = {torch.float32: (np.float32, 4), torch.int32: (np.int32, 4), torch.uint8: (np.uint8, 1)}
-
-    def __init__(self):
-        self._blocks = collections.defaultdict(list)  # nbytes -> numpy byte arrays
-
-    def empty(self, shape, dtype) -> torch.Tensor:
-        shape = (shape,) if isinstance(shape, int) else shape
-        np_dtype, itemsize = self.DTYPES[dtype]
-        nbytes = math.prod(shape) * itemsize
-        blocks = self._blocks[nbytes]
-        for block in blocks:
-            if sys.getrefcount(block) == 3:  # the list's, the loop's and getrefcount's own
-                break
-        else:
-            block = np.empty(max(nbytes, 4), dtype=np.uint8)
-            blocks.append(block)
-        return torch.from_numpy(block[:nbytes].view(np_dtype).reshape(shape))
 
 
 class _TorchStream:

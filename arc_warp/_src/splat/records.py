@@ -30,14 +30,12 @@ class RenderSettings:
             ``None`` uses the full degree the coefficient count implies. Ignored for
             plain RGB colours.
         background: RGB added as ``T_final * background`` to the colour image.
-        reduce: how the rasteriser backward reduces per-Gaussian gradients:
-            ``"atomic"`` (one atomic per lane), ``"warp"`` (always warp-reduce),
-            ``"serial"``, ``"arc"`` (adaptive, the default), ``"deterministic"``
-            (bit-identical gradients from run to run: per-(tile, Gaussian) partials
-            summed in a fixed order, no atomics) or ``"floor"``. ``"floor"``
-            issues no atomics at all: it exists only to time the rest of the
-            backward and produces NO rasteriser gradients (means, quats, scales,
-            opacities and colours get zero from the image loss).
+        reduce: how the rasteriser backward reduces per-Gaussian gradients: ``"atomic"``
+            (one atomic per lane), ``"warp"`` (always warp-reduce), ``"serial"``, ``"arc"``
+            (adaptive, the default), ``"deterministic"`` (bit-identical gradients from run
+            to run: per-(tile, Gaussian) partials summed in a fixed order, no atomics) or
+            ``"floor"`` (no atomics at all, to time the rest of the backward: NO rasteriser
+            gradients).
         threshold: ARC threshold (lanes on one address before a warp reduction);
             ``None`` asks ``arc_warp`` for the calibrated value of the device.
         eps2d: dilation added to the 2D covariance diagonal, pixels^2.
@@ -45,20 +43,17 @@ class RenderSettings:
             ``rasterize_mode="antialiased"``, INRIA's ``antialiasing=True``): each opacity is
             scaled by sqrt(det(cov2d) / det(cov2d + eps2d I)), so dilation keeps a small
             Gaussian's integral instead of brightening it.
-        absgrad: also accumulate ``|dL/dmean2d|`` per pixel and Gaussian (gsplat's
-            absgrad densification) into ``RenderOutput.means2d_absgrad``; costs two
-            more accumulated values per Gaussian in the rasteriser backward.
+        absgrad: also accumulate ``|dL/dmean2d|`` per pixel and Gaussian (gsplat's absgrad
+            densification) into ``RenderOutput.means2d_absgrad`` (two more accumulated values).
         scale_activation: ``"none"`` (``scales`` are linear std-devs) or ``"exp"``:
             ``scales`` are raw log-scales, as 3DGS training stores them, and the
             projection uses ``exp(scales)`` (a log-scale whose exp overflows float32, above
             about 88.7, counts as a non-finite scale).
         opacity_activation: ``"none"`` (``opacities`` in [0, 1]) or ``"sigmoid"``:
-            ``opacities`` are raw logits and the projection uses ``sigmoid(opacities)``
-            (for the opacity cull, the antialiased compensation and the splats).
-            With either activation the gradients are w.r.t. the raw inputs
-            (dL/dlog_s = dL/ds * s, dL/dlogit = dL/do * o (1 - o)), so no exp / sigmoid
-            needs to run (or be differentiated) before the render. Quaternions are
-            always normalised inside the projection (the gradient goes through it).
+            ``opacities`` are raw logits and the projection uses ``sigmoid(opacities)``.
+            With either activation the gradients are w.r.t. the raw inputs (dL/dlog_s =
+            dL/ds * s, dL/dlogit = dL/do * o (1 - o)). Quaternions are always normalised
+            inside the projection (the gradient goes through it).
     """
 
     sh_degree: int | None = None
@@ -108,14 +103,9 @@ class GaussianGrads:
 
 @dataclass(frozen=True)
 class Gaussians:
-    """N Gaussians as the renderer reads them, checked by :func:`check_gaussians`.
-
-    ``means`` (N,) wp.vec3 world units; ``quats`` (N,) wp.vec4 wxyz of any norm > 0;
-    ``scales`` (N,) wp.vec3 (linear std-devs, or log-scales with
-    ``RenderSettings.scale_activation="exp"``); ``opacities`` (N,) float32 (in [0, 1], or
-    logits with ``opacity_activation="sigmoid"``); ``colors`` (N, K) wp.vec3 SH
-    coefficients or (N,) wp.vec3 RGB. ``sh_coeffs``: the coefficients evaluated,
-    (degree + 1)^2, or 0 for RGB. All on one device, contiguous. ``coeff_rows``: the SH
+    """N Gaussians as the renderer reads them, checked by :func:`check_gaussians`: the
+    arrays of :func:`render_gaussians`, on one device, contiguous. ``sh_coeffs``: the
+    coefficients evaluated, (degree + 1)^2, or 0 for RGB. ``coeff_rows``: the SH
     coefficients' memory as (N,) vectors of 3K floats, which the SH kernels load whole
     (None for RGB)."""
 
@@ -185,8 +175,7 @@ class Surface:
 
 @dataclass(frozen=True)
 class RenderImages:
-    """What :meth:`GaussianRenderer.forward` writes for C cameras of one H x W size.
-
+    """What :meth:`GaussianRenderer.forward` writes for C cameras of one H x W size:
     ``color`` (C, H, W) wp.vec3; ``alpha`` (C, H, W) float32 = 1 - T_final; ``depth``
     (C, H, W) float32 = sum w_i z_i (camera z, world units) and ``expected_depth`` (C, H, W)
     = depth / alpha (0 where alpha is 0), both (C, 0, 0) when not wanted (left unwritten;
@@ -209,9 +198,8 @@ class RenderImages:
 
 
 def camera_plane(a: wp.array, c: int) -> wp.array:
-    """Camera ``c``'s part of a contiguous batched (C, ...) array, made from its pointer
-    (cheaper than Warp's indexing; Warp cannot index an empty array at all), keeping ``a``
-    alive as Warp's own views do."""
+    """Camera ``c``'s part of a contiguous (C, ...) array, made from its pointer (cheaper than
+    Warp's indexing, which cannot index an empty array), keeping ``a`` alive."""
     view = wp.array(ptr=a.ptr + c * a.strides[0] if a.size else None, dtype=a.dtype, shape=a.shape[1:],
                     device=a.device)
     view._ref = a
@@ -231,17 +219,13 @@ class ImageGrads:
 
 @dataclass
 class RenderOutput:
-    """One camera's images from :func:`render_gaussians`, and what its backward needs.
-
-    The images and per-Gaussian values are one camera's planes of :class:`RenderImages`
-    ((H, W) and (N,) wp arrays on the input device). ``means2d_grad`` ((N,) wp.vec2,
-    pixels) accumulates dL/dmean2d in every backward not given a buffer of its own (made
-    and zeroed when first read); ``means2d_absgrad`` (same shape) accumulates its
-    per-pixel absolute values when ``settings.absgrad`` is on, else it is ``None``.
-    ``camera`` is the :class:`Camera` rendered, or the :class:`DeviceCameras` batch with
-    ``camera_index`` naming the camera. ``status`` is the render's :class:`RenderStatus`
-    (shared by the cameras of one call).
-    """
+    """One camera's images from :func:`render_gaussians` (its planes of
+    :class:`RenderImages`: (H, W) and (N,) wp arrays), and what its backward needs.
+    ``means2d_grad`` ((N,) wp.vec2, pixels) accumulates dL/dmean2d in every backward not
+    given a buffer of its own (made and zeroed when first read); ``means2d_absgrad`` (same
+    shape) its per-pixel absolute values with ``settings.absgrad``, else ``None``.
+    ``camera``: the :class:`Camera` rendered, or the :class:`DeviceCameras` batch with
+    ``camera_index`` naming it. ``status``: the call's :class:`RenderStatus`."""
 
     color: wp.array
     alpha: wp.array

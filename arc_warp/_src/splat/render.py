@@ -22,22 +22,13 @@ class Workspace:
     """The objects that repeated functional calls reuse on one device (explicit state, no
     globals): pass it as ``workspace=`` to :func:`render_gaussians` and to the mesh ops.
 
-    It holds one object per kind and size in one dict, keyed by what sizes the object:
-    ``(GaussianRenderer, width, height, cameras, sh_coeffs, settings)`` for a
-    :class:`GaussianRenderer` (:meth:`renderer`; a new Gaussian count resizes it, so renders
-    of one size reuse their scratch and prepared launches), and ``(op class, sizes...,
-    options...)`` for a mesh op object (``arc_warp.mesh``'s ``Rasterizer.of`` and the like
-    build the key; :meth:`get`). Entries are never dropped: they live as long as the
-    workspace (a new size adds one). It also resolves the ARC thresholds once, here, so
-    no step calibrates lazily. Use a workspace from one thread (and one stream) at a time.
-
-    Args:
-        device: Warp device (default: the current one).
-        threshold: ARC threshold for renders and mesh ops whose settings give none; None
-            resolves the device's calibrated values (on a GPU never calibrated, this
-            calibrates once).
-        allocator: None, or ``nbytes -> (pointer, owner)`` for the renderers' per-call
-            scratch (see :class:`GaussianRenderer`).
+    One dict holds one object per kind and size, keyed by what sizes it: ``(GaussianRenderer,
+    width, height, cameras, sh_coeffs, settings)`` (:meth:`renderer`; a new Gaussian count
+    resizes it) and ``(op class, sizes..., options...)`` for a mesh op object
+    (``Rasterizer.of`` and the like; :meth:`get`). Entries live as long as the workspace.
+    The ARC thresholds are resolved once, here, so no step calibrates lazily (``threshold``
+    None: the device's calibrated values). Use a workspace from one thread (and one stream)
+    at a time. ``allocator``: None, or the renderers' (see :class:`GaussianRenderer`).
     """
 
     def __init__(self, device=None, threshold: int | None = None, allocator=None):
@@ -102,11 +93,10 @@ def render_gaussians(
     All arrays live on one device (cpu or cuda); outputs are allocated there.
 
     This is one :meth:`GaussianRenderer.forward` with its checks read before it returns
-    (``check=True``): types, dtypes, shapes and devices raise TypeError/ValueError
-    before any launch; NaN/Inf in any input (and an all-zero quaternion) is found by the
-    device and raises ValueError here; the images are always complete (a camera whose
-    tile intersections outgrew the renderer's sort is rendered again). For renders that
-    never wait for the device, hold a :class:`GaussianRenderer` yourself.
+    (``check=True``): types, dtypes, shapes and devices raise TypeError/ValueError before
+    any launch; NaN/Inf in any input (and an all-zero quaternion) raises ValueError once
+    the device has found it; the images are always complete. For renders that never wait
+    for the device, hold a :class:`GaussianRenderer` yourself.
 
     Gradients: if any input has ``requires_grad`` and a ``wp.Tape`` is given (``tape=``)
     or active (``with tape:``), the outputs get ``requires_grad`` and the backward is
@@ -133,9 +123,8 @@ def render_gaussians(
             :class:`DeviceCameras` (matrices on the device, read there); a list or
             DeviceCameras renders each camera and returns a list.
         settings: :class:`RenderSettings`; ``None`` uses the defaults.
-        workspace: a :class:`Workspace` whose renderer of this size is reused (no Warp
-            arrays allocated for its scratch, launches prepared once, threshold resolved
-            when the workspace was made); None makes a renderer for this call.
+        workspace: a :class:`Workspace` whose renderer of this size is reused (its scratch
+            and prepared launches); None makes a renderer for this call.
         outputs: optional caller-owned (H, W) arrays for the images, by name: ``color``
             (wp.vec3), ``alpha``, ``depth``, ``expected_depth`` (float32), and (N,)
             ``means2d`` (wp.vec2) and ``radii`` (wp.vec2i); the render writes into them.

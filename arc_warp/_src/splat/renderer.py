@@ -210,18 +210,13 @@ class RenderState:
 class GaussianRenderer:
     """Renders N Gaussians into C cameras of one H x W size (gsplat 1.5.3 "classic"
     conventions; see :func:`arc_warp.render_gaussians`), with its buffers and prepared
-    launches made once and reused by every forward and backward.
-
-    What sizes it: ``width``, ``height``, ``cameras`` (C), ``gaussians`` (N; change it with
-    :meth:`resize`), the SH coefficients evaluated (``sh_coeffs``, 0 for RGB colours) and
-    ``settings``. A forward's state (what its backward reads) lives in a
-    :class:`RenderState` the caller holds, so several renders can wait for their
-    backwards; the scratch of a call (sort keys, scans, the backward's packed gradients)
-    is the renderer's own, or comes from ``allocator`` at each call and goes back at its end.
+    launches made once and reused by every forward and backward. A forward's state (what
+    its backward reads) lives in a :class:`RenderState` the caller holds, so several
+    renders can wait for their backwards.
 
     Args:
         width, height: image size in pixels.
-        gaussians: N.
+        gaussians: N (change it with :meth:`resize`).
         cameras: C, the cameras of one forward.
         sh_coeffs: coefficients evaluated per Gaussian, (degree + 1)^2, or 0 for RGB.
         settings: :class:`RenderSettings` (None: the defaults).
@@ -229,11 +224,11 @@ class GaussianRenderer:
         threshold: the ARC threshold when ``settings.threshold`` is None (None: the device's
             calibrated one, resolved here, never inside a step).
         capacity: tile intersections per camera the sort holds; None: measured by the first
-            forward (see the module notes: the overflow rule).
-        allocator: None (the renderer keeps its scratch in Warp arrays, grown as needed) or
-            ``nbytes -> (pointer, owner)``: each call's scratch is allocated through it and
-            dropped at the call's end (torch's caching allocator shares it with the rest of
-            a training step). Must be stream-ordered on the stream the work runs on.
+            forward (the module notes: the overflow rule).
+        allocator: None (the call's scratch, sort keys, scans and packed gradients, is the
+            renderer's, grown as needed) or ``nbytes -> (pointer, owner)``, stream-ordered
+            on the stream the work runs on: each call's scratch comes from it and goes back
+            at the call's end (torch's caching allocator shares it with a training step).
         record: prepare launches for reuse (False for a renderer used once).
     """
 

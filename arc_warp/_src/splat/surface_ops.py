@@ -28,24 +28,18 @@ def surface_from_mesh(
     points, so this is the point's own ``w``), +inf where no triangle covers the pixel.
     That is the depth the Gaussians are sorted by when ``pos`` has ``w`` = camera z of the
     splat camera, as every projection ``P @ world_to_camera`` with P's last row (0, 0, 1, 0)
-    gives (OpenCV axes, z forward; e.g. ``arc_warp_newton.camera_clip_matrix``). The depth
-    needs neither near nor far, and keeps float32's relative precision at any depth, which
-    inverting ``z/w`` would not.
+    gives (OpenCV axes, z forward; e.g. ``arc_warp_newton.camera_clip_matrix``); unlike
+    inverting ``z/w``, it needs neither near nor far and keeps float32's relative precision.
 
     ``flip_y``: True when the mesh image's row 0 is the picture's bottom, as with an
     OpenGL-style projection (y up) and nvdiffrast's memory order (``rasterize`` puts row 0
     at NDC y = -1); False when the projection maps the camera's y (down) to NDC y, so that
     row 0 is the picture's top, as ``arc_warp_newton.camera_clip_matrix`` does.
 
-    Silhouettes: the composite uses a pixel's colour only where it has a surface, so of
-    ``antialias``'s blend across a silhouette only the pixels inside the mesh reach the
-    image and carry its gradient to the vertices; a pixel outside it shows the Gaussians
-    and the background.
-
-    Recorded on an active ``wp.Tape`` when ``color.requires_grad``: the colours require
-    grad and their gradient is added into ``color.grad`` (and so, through the mesh ops,
-    into vertices, attributes and textures). The depths have no gradient: visibility is
-    a step in them.
+    Silhouettes: of ``antialias``'s blend across a silhouette only the pixels inside the
+    mesh reach the image (and carry its gradient to the vertices). Recorded on an active
+    ``wp.Tape`` when ``color.requires_grad``: the colours' gradient is added into
+    ``color.grad``; the depths have none (visibility is a step in them).
 
     Example (one camera; ``clip`` [1, V, 4] from an OpenGL-style projection whose w is
     the camera z; inside ``with tape:`` the loss's gradient reaches ``clip.grad``)::
@@ -94,10 +88,9 @@ def surface_from_mesh(
 
 def check_surfaces(colors, depths, shapes: list[tuple[int, int]], batch: bool, device) -> list[Surface] | None:
     """The per-camera :class:`Surface` of ``render_gaussians``' ``surface_colors`` /
-    ``surface_depths`` (both None: no surface, None), for cameras of image sizes
-    ``shapes`` ((H, W) each). One camera: (H, W) arrays; a batch: lists of C of them, or
-    (C, H, W) arrays. TypeError / ValueError for anything else (a missing half, a wrong
-    dtype, shape or device); NaN depths and non-finite colours are found on the device."""
+    ``surface_depths`` (both None: None) for cameras of image sizes ``shapes``: (H, W)
+    arrays for one camera, lists of C of them or (C, H, W) arrays for a batch. TypeError /
+    ValueError for anything else (a missing half, a wrong dtype, shape or device)."""
     if colors is None and depths is None:
         return None
     if colors is None or depths is None:
