@@ -224,19 +224,16 @@ def cameras_of(viewmats, Ks, width: int, height: int, near: float, far: float, d
 
 
 class Means2dSink:
-    """Where the screen-space gradient of the projected means goes in backward.
+    """Where the screen-space gradient of the projected means goes in backward: `tensor`
+    ([C, N, D] or, for one camera, [N, D]; D >= 2) receives dL/d(means2d) (pixels, times
+    `scale` per axis; columns past 2 get 0) in its .grad, and `absgrad_owner.absgrad`
+    (made on first use) the per-Gaussian |dL/d(means2d)| summed over pixels.
 
-    `tensor` ([C, N, D] or, for one camera, [N, D]; D >= 2) receives dL/d(means2d)
-    (pixels, times `scale` per axis) in its .grad; columns past 2 get 0. If
-    `absgrad_owner` is given, the per-Gaussian |dL/d(means2d)| summed over pixels is
-    added into `absgrad_owner.absgrad` (same shape as the owner, created on first use).
-
-    By default `tensor` is an input of the autograd node, so torch adds the gradient into
-    its .grad (and it may have a grad_fn of its own). ``attached=True`` (`rasterization`'s
-    own leaf): the sink holds both tensors by weak reference and is no input of the graph:
-    the backward adds into ``tensor.grad`` itself (as torch would) while the caller holds
-    the tensor, and computes nothing once it is dropped, so neither the tensor nor its
-    gradient is held through the optimizer step.
+    By default `tensor` is an input of the autograd node (it may have a grad_fn of its
+    own). ``attached=True`` (`rasterization`'s own leaf): the sink holds both by weak
+    reference and is no input of the graph: the backward adds into ``tensor.grad`` itself
+    (as torch would) while the caller holds the tensor and computes nothing once it is
+    dropped, so neither it nor its gradient is held through the optimizer step.
     """
 
     def __init__(self, tensor: torch.Tensor, scale: Tuple[float, float] = (1.0, 1.0),
@@ -263,9 +260,8 @@ class BatchRender:
 
 class _RenderGaussians(torch.autograd.Function):
     """(means, quats, scales, opacities, colors[, surface colours]) -> (color, alpha[, depth,
-    expected_depth]) of C cameras: the node of a render `render_batch` queued just before
-    it. It saves the inputs, the memory of the render's state and the outputs its backward
-    reads, so torch frees them with its other saved tensors once the backward has run."""
+    expected_depth]) of C cameras: the node of a render `render_batch` queued just before.
+    It saves what its backward reads, so torch frees that once the backward has run."""
 
     @staticmethod
     def forward(ctx, queued, sink, sink_tensor, means, quats, scales, opacities, colors, surface_colors=None):
@@ -381,18 +377,13 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
                  context: Optional[RenderContext] = None, depths: bool = True,
                  means2d_grad: bool = False,
                  surfaces: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> BatchRender:
-    """Differentiable render of C cameras of one image size in one autograd node; inputs
-    must be float32, contiguous, on one cpu/cuda device (use `check_tensor`).
-    `depths` False leaves the depth images out (`depth`, `expected_depth` None).
-    `surfaces`: None, or (colours [C, H, W, 3], camera depths [C, H, W]) float32 contiguous
-    on that device (`arc_warp.Surface`); the colours are an input of the node, the depths
-    get no gradient.
-
-    The projected means (`BatchRender.means2d`) are not differentiable; their gradient
-    goes to `sink`, or, with `means2d_grad` (and no `sink`), to the returned means2d
-    itself: a leaf with requires_grad=True whose .grad receives it while the caller holds
-    it (an attached `Means2dSink`; with `settings.absgrad` its .absgrad gets the absolute
-    sums): `rasterization`'s meta["means2d"]. `context` None uses
+    """Differentiable render of C cameras of one image size in one autograd node. `depths`
+    False leaves the depth images out (`depth`, `expected_depth` None). `surfaces`: None,
+    or (colours [C, H, W, 3], camera depths [C, H, W]) (`arc_warp.Surface`); the colours
+    are an input of the node. The projected means (`BatchRender.means2d`) are not
+    differentiable; their gradient goes to `sink`, or with `means2d_grad` to the returned
+    means2d itself, an attached sink's leaf (with `settings.absgrad` its .absgrad gets the
+    absolute sums): `rasterization`'s meta["means2d"]. `context` None uses
     `default_context(means.device)`. Under `torch.use_deterministic_algorithms(True)` the
     backward reduces with `reduce="deterministic"` whatever `settings.reduce` says."""
     if torch.are_deterministic_algorithms_enabled() and settings.reduce != "deterministic":

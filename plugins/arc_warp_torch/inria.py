@@ -174,16 +174,14 @@ class GaussianRasterizer(nn.Module):
                 dc: Optional[torch.Tensor] = None):  # [N, 1, 3] or [N, 3] degree-0 SH
         """Render one camera. Returns (color [3, H, W], radii [N] int32, invdepth [1, H, W]).
 
-        dc with shs (INRIA's current train.py passes features_dc and features_rest this
-        way whenever its rasterizer exports SparseGaussianAdam, as this one does): the SH
-        coefficients are dc followed by shs ([N, 1 + K, 3]); dc alone is degree 0.
+        dc with shs (as INRIA's current train.py passes features_dc and features_rest when
+        its rasterizer exports SparseGaussianAdam, as this one does): the SH coefficients
+        are dc followed by shs ([N, 1 + K, 3]); dc alone is degree 0.
 
-        color includes the background bg; radii is INRIA's ceil(3 sqrt(lambda_max)) of the
-        dilated 2D covariance in pixels, 0 where INRIA culls (`radii > 0` is INRIA's
-        visibility filter; see inria_radii). In backward,
-        means2D.grad[:, :2] receives dL/d(projected mean) in INRIA's NDC-scaled units
-        (pixel gradient times W/2, H/2), so INRIA's densification thresholds carry over;
-        further columns get 0.
+        color includes the background bg; radii: see inria_radii (`radii > 0` is INRIA's
+        visibility filter). In backward, means2D.grad[:, :2] receives dL/d(projected mean)
+        in INRIA's NDC-scaled units (pixel gradient times W/2, H/2), so INRIA's
+        densification thresholds carry over; further columns get 0.
         """
         s = self.raster_settings
         means3D = check_tensor("means3D", means3D, (None, 3))

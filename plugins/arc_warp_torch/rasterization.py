@@ -215,7 +215,8 @@ def rasterization(
         value = passed[name]
         if value is not default and not (default is not None and type(value) in (int, float, bool)
                                          and value == default):
-            raise NotImplementedError(f"rasterization: {name}={_shown(value)} is not supported by arc_warp "
+            shown = f"<tensor {list(value.shape)}>" if isinstance(value, torch.Tensor) else repr(value)
+            raise NotImplementedError(f"rasterization: {name}={shown} is not supported by arc_warp "
                                       f"(only {name}={default!r}); see the README's list of gsplat keywords")
     if rolling_shutter is not None and getattr(rolling_shutter, "name", rolling_shutter) not in ("GLOBAL", 0):
         raise NotImplementedError(f"rasterization: rolling_shutter={rolling_shutter!r} is not supported by arc_warp "
@@ -283,10 +284,3 @@ def rasterization(
     meta = {"means2d": r.means2d, "radii": r.radii, "width": width, "height": height, "n_cameras": c,
             "status": r.status}
     return render_colors, r.alpha, meta
-
-
-def _shown(value) -> str:
-    """A keyword's value for a message: a tensor by its shape, anything else by repr."""
-    if isinstance(value, torch.Tensor):
-        return f"<tensor {list(value.shape)}>"
-    return repr(value)

@@ -552,7 +552,6 @@ class GaussianRenderer:
             merged = status.read().copy()
             merged[over] = redone.read()[over]
             status._values, status.capacity = merged, self.capacity
-            state.status = status
 
     def _grow(self, total: int, exact_total=None) -> None:
         """A capacity that holds ``total`` intersections with the usual headroom; ValueError
