@@ -7,15 +7,14 @@ callers that hold their buffers and want renders that never wait for the device.
 
 from ._src.camera import Camera, DeviceCameras, Distortion
 from ._src.splat.records import (GaussianGrads, Gaussians, ImageGrads, RenderImages, RenderOutput, RenderSettings,
-                               Surface)
+                               Surface, check_gaussians)
 from ._src.splat.render import render_gaussians, render_gaussians_backward
 from ._src.splat.renderer import GaussianRenderer, RenderState
 from ._src.splat.sh_kernels import SH_C0
 from ._src.splat.status import RenderStatus
 from ._src.splat.surface_ops import surface_from_mesh
-from ._src.splat.validate import check_gaussians
 from ._src.splat.validate_kernels import BAD_SLOTS, FLAG_SLOTS, OVERFLOW_SLOT
-from ._src.splat.workspace import Workspace
+from ._src.splat.render import Workspace
 
 __all__ = ["BAD_SLOTS", "FLAG_SLOTS", "OVERFLOW_SLOT", "SH_C0", "Camera", "DeviceCameras", "Distortion", "GaussianGrads",
            "GaussianRenderer", "Gaussians", "ImageGrads", "RenderImages", "RenderOutput", "RenderSettings", "RenderState",

@@ -19,7 +19,7 @@ wp = pytest.importorskip("warp")
 
 from arc_warp._src.arc.intrinsics import cpu_launch_guard  # noqa: E402
 from arc_warp._src.splat.bin_kernels import STAGE_ENTRIES, tile_ranges, write_keys, write_keys_staged  # noqa: E402
-from arc_warp._src.splat.bin_ops import WRITE_KEYS_BLOCK, tile_grid  # noqa: E402
+from arc_warp._src.splat.renderer import WRITE_KEYS_BLOCK, tile_grid  # noqa: E402
 from arc_warp._src.splat.geometry_funcs import Splat2D  # noqa: E402
 from arc_warp._src.splat.project_kernels import count_tiles  # noqa: E402
 

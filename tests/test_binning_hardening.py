@@ -112,27 +112,28 @@ def test_overflowing_covariance_is_culled():
     assert np.all(np.isfinite(alpha)) and 0.2 < alpha.max() < 0.91
 
 
+def images_for(cameras, height, width, n):
+    """Output arrays of a GaussianRenderer.forward."""
+    return arc_warp.RenderImages(*(wp.empty((cameras, height, width), dtype=t) for t in (wp.vec3,) + (wp.float32,) * 3),
+                                 wp.empty((cameras, n), dtype=wp.vec2), wp.empty((cameras, n), dtype=wp.vec2i))
+
+
 @pytest.mark.parametrize("field", ["scales", "quats", "opacities"])
 def test_nan_inputs_are_culled_by_the_projection(field):
     # render_gaussians reports NaN inputs from the flags; until then the projection must
     # cull them (no radius from int(NaN), no tiles) rather than count garbage.
-    from arc_warp._src.launches import Launches
-    from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
-    from arc_warp._src.splat.project_ops import camera_params, project
-
     arrays = axis_inputs([0.01, 0.01], [0.9, 0.9])
     values = getattr(arrays[field], "numpy")()
     values[0] = np.nan
     arrays[field] = wp.array(values, dtype=arrays[field].dtype, device="cpu")
     g = arc_warp.check_gaussians(*arrays.values())
-    n = g.count
-    cam = wp.array(camera_params([one_camera(40, 24)]), dtype=CameraParams, device="cpu")
-    radii, tiles = wp.empty(n, dtype=wp.vec2i), wp.empty(n, dtype=wp.int32)
-    project(Launches("cpu", record=False), 0, g, cam, arc_warp.RenderSettings(), 3, 2, wp.zeros(9, dtype=wp.int32),
-            wp.empty(n, dtype=wp.vec2), radii, wp.empty(n, dtype=Splat2D), tiles, wp.empty(2 * n, dtype=wp.int32),
-            wp.empty(2 * n, dtype=wp.int32))
-    assert radii.numpy()[0].tolist() == [0, 0] and radii.numpy()[1].min() > 0
-    assert tiles.numpy()[0] == 0
+    renderer = arc_warp.GaussianRenderer(40, 24, g.count, capacity=64, record=False)
+    images = images_for(1, 24, 40, g.count)
+    status = renderer.forward(g, [one_camera(40, 24)], renderer.new_state(), images, check=False)
+    assert status.read()[0, 1 + arc_warp.splat.BAD_SLOTS.index(field)] == 1  # flagged, for the host to raise
+    radii, tiles = images.radii.numpy()[0], renderer._forward_scratch.views[0].numpy()  # the projection's tile counts
+    assert radii[0].tolist() == [0, 0] and radii[1].min() > 0
+    assert tiles[0] == 0
 
 
 # --- boxes -----------------------------------------------------------------------------
@@ -247,47 +248,39 @@ def test_projection_writes_the_depth_sort_and_write_keys_pads(rng):
     # order, and write_keys the filler tile from the total up to the sort size: no passes
     # of their own. Their scratch is zeroed first, so an entry left unwritten reads as the
     # nearest depth, Gaussian 0 or tile 0 and shows in the order or the ranges.
-    from arc_warp._src.launches import Launches
     from arc_warp._src.splat.bin_kernels import INT32_MAX
-    from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
-    from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D
-    from arc_warp._src.splat.project_ops import camera_params, project
 
     scene = elongated_scene(rng)
     scene.means[:] = np.round(scene.means * 4) / 4  # depth ties
     scene.opacities[::7] = 0.001  # culled
-    settings = arc_warp.RenderSettings()
     g = arc_warp.check_gaussians(*warp_inputs(scene, "cpu").values())
-    cam = wp.array(camera_params([arc_warp.Camera(scene.fx, scene.fy, scene.cx, scene.cy, scene.width, scene.height,
-                                                  world_to_camera=scene.world_to_camera)]), dtype=CameraParams)
-    n, grid = g.count, tile_grid(scene.width, scene.height)
-    capacity = 6000
-    # the scratch zeroed first: an entry left unwritten reads as depth 0, Gaussian 0 or tile 0
-    tiles_per_gauss, order, keys = (wp.zeros(size, dtype=wp.int32) for size in (n, 2 * n, 2 * max(n, capacity)))
-    cum_tiles, flags = wp.zeros(n, dtype=wp.int64), wp.zeros(9, dtype=wp.int32)
-    radii, splats = wp.empty(n, dtype=wp.vec2i), wp.empty(n, dtype=Splat2D)
-    launches = Launches("cpu", record=False)
-    project(launches, 0, g, cam, settings, *grid, flags, wp.empty(n, dtype=wp.vec2), radii, splats, tiles_per_gauss,
-            keys, order)
+    n, capacity = g.count, 6000
+    renderer = arc_warp.GaussianRenderer(scene.width, scene.height, n, capacity=capacity, record=False)
+    state, images = renderer.new_state(), images_for(1, scene.height, scene.width, n)
+    state.sort_room(capacity)
+    # the scratch and the state zeroed first: an entry left unwritten reads as depth 0, Gaussian 0 or tile 0
+    for owner in (renderer._scratch(False).owner, *state.owners):
+        owner.zero_()
+    camera = arc_warp.Camera(scene.fx, scene.fy, scene.cx, scene.cy, scene.width, scene.height,
+                             world_to_camera=scene.world_to_camera)
+    flags = renderer.forward(g, [camera], state, images).read()[0]
+    tiles_per_gauss, order, cum_tiles, _ = renderer._forward_scratch.views
+    cs = state.cameras[0]
 
     tiles = tiles_per_gauss.numpy().copy()
-    radius = radii.numpy()[:, 0]
-    bits = np.asarray(splats.numpy()["geom"], np.float32)[:, 3].view(np.int32)
+    radius = images.radii.numpy()[0][:, 0]
+    bits = np.asarray(cs.splats.numpy()["geom"], np.float32)[:, 3].view(np.int32)
     want_keys = np.where(tiles > 0, bits, INT32_MAX)
     assert (radius == 0).any() and ((tiles == 0) & (radius > 0)).any()  # culled; footprint off every tile
     assert len(set(want_keys[tiles > 0].tolist())) < np.count_nonzero(tiles)  # ties
     want_order = np.argsort(want_keys, kind="stable")
-    count_intersections(launches, 0, n, keys, order, tiles_per_gauss, cum_tiles, capacity, flags)
     np.testing.assert_array_equal(order.numpy()[:n], want_order)
     np.testing.assert_array_equal(cum_tiles.numpy(), np.cumsum(tiles[want_order]))
     total = int(tiles.sum())
-    assert flags.numpy()[0] == total and total > 2 * n and capacity - total > 4 * n  # pads past the depth keys
-    assert flags.numpy()[8] == 0  # no overflow
+    assert flags[0] == total and total > 2 * n and capacity - total > 4 * n  # pads past the depth keys
+    assert flags[arc_warp.splat.OVERFLOW_SLOT] == 0  # no overflow
 
-    ids, ranges = wp.zeros(2 * capacity, dtype=wp.int32), wp.zeros(grid[0] * grid[1], dtype=wp.vec2i)
-    sort_intersections(launches, 0, order, splats, radii, tiles_per_gauss, cum_tiles, *grid, capacity, keys, ids,
-                       ranges)
-    ranges, ids = ranges.numpy(), ids.numpy()
+    ranges, ids = cs.ranges.numpy(), cs.sort_ids.numpy()
     listed = ranges[ranges[:, 1] > ranges[:, 0]]
     assert listed[0, 0] == 0 and listed[-1, 1] == total and np.all(listed[1:, 0] == listed[:-1, 1])
     np.testing.assert_array_equal(np.bincount(ids[:total], minlength=n), tiles)
@@ -298,7 +291,7 @@ def test_projection_writes_the_depth_sort_and_write_keys_pads(rng):
 
 def test_image_too_large_to_index_is_refused():
     # 50000^2 px = 9.8M tiles: the rasteriser's int32 thread ids (one per pixel) would wrap
-    from arc_warp._src.splat.bin_ops import tile_grid
+    from arc_warp._src.splat.renderer import tile_grid
 
     assert tile_grid(46_336, 46_336) == (2896, 2896)
     with pytest.raises(ValueError, match="50000x50000 image has 9765625 tiles"):

@@ -460,7 +460,7 @@ def test_pinhole_only_kernels_equal_the_generic_kernels(rng, antialiased):
     # camera it must give the generic kernels' bits, forward and backward.
     from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D, grad_vector
     from arc_warp._src.splat.project_kernels import make_project_bwd, make_project_fwd
-    from arc_warp._src.splat.project_ops import camera_params, is_plain_pinhole
+    from arc_warp._src.splat.renderer import camera_params, is_plain_pinhole
 
     scene = random_scene(rng, n=50, width=37, height=29)
     cam = Camera(scene.fx, scene.fy, scene.cx, scene.cy, scene.width, scene.height, scene.world_to_camera)

@@ -1,19 +1,16 @@
 """Prepared device work: kernel launches recorded once and run again, and whole calls kept
 as plans (a list of steps, replayed on the CPU, as one CUDA graph on a GPU).
 
-A renderer or a mesh op launches the same kernels with mostly the same arguments on every
-call. ``wp.launch`` checks and packs every argument each time (about 25 us of host time
-for a dozen arguments); a recorded ``wp.Launch`` (``record_cmd=True``) runs again in a
-few, and :meth:`Launches.launch` repacks only the arguments whose pointer, shape,
-strides or value changed, and keeps, per argument, the packing before the last one, so
-an argument that alternates between two buffers (a loop's outputs, while the previous
-step's are still held) is not repacked either. An argument given as a :class:`View` (an
-array's memory as another dtype and shape, as the mesh ops read nvdiffrast's float32
-layouts) is made into a Warp array only when it is packed, so a call on the memory of
-one of the two calls before makes none. A call repeated on the same memory (a training
-loop's steady state) need not even run its Python: :meth:`Launches.recording` records
-its device work into a :class:`Plan` that replays it, and :class:`Bindings` keeps the
-plans (and Warp views) of an object's calls by the memory they run on.
+``wp.launch`` checks and packs every argument each time (about 25 us of host time for a
+dozen arguments); a recorded ``wp.Launch`` (``record_cmd=True``) runs again in a few, and
+:meth:`Launches.launch` repacks only the arguments whose pointer, shape, strides or value
+changed, keeping per argument the packing before the last one too (a loop's outputs
+alternate between two buffers while the previous step's are held). A :class:`View`
+argument (an array's memory as another dtype and shape) becomes a Warp array only when
+it is packed. A call repeated on the same memory (a training loop's steady state) need
+not even run its Python: :meth:`Launches.recording` records its device work into a
+:class:`Plan`, and :class:`Bindings` keeps an object's plans (and Warp views) by the
+memory they run on.
 """
 
 from __future__ import annotations
@@ -29,6 +26,11 @@ _REPACK = object()  # the signature of an argument that is always repacked (stru
 
 BINDINGS = 64
 """Entries a :class:`Bindings` keeps: views and plans of a few training steps' memory."""
+
+
+def ptr(a: wp.array | None) -> int:
+    """An optional array's pointer for a key (0: none)."""
+    return 0 if a is None else a.ptr
 
 
 class View(NamedTuple):
@@ -77,29 +79,24 @@ class Launches:
 
     def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
         """``wp.launch(kernel, dim, inputs=args, block_dim=block_dim)`` on the device's
-        current stream, off any tape. ``key`` names the launch site where one kernel is
-        launched at several places of a call (per camera, say); a site is recorded per
-        kernel, so a site whose kernel variant changes (another setting) gets its own."""
+        current stream, off any tape. ``key`` names the site where one kernel is launched
+        at several places of a call (per camera, say); each kernel variant has its own."""
         if dim == 0:
             return  # Warp records no command for an empty launch
         if not self.record:
             wp.launch(kernel, dim=dim, inputs=[made(a) for a in args], device=self.device, block_dim=block_dim,
                       record_tape=False)
             return
-        if self._steps is not None:  # a plan's launch of its own: its arguments never change
-            cmd = wp.launch(kernel, dim=dim, inputs=[made(a) for a in args], device=self.device, block_dim=block_dim,
-                            record_cmd=True, record_tape=False)
-            cmd.fwd_args = None  # kept by Warp only for APIC capture; it would pin the arrays
-            cmd.launch()
-            self._steps.append(cmd.launch)
-            return
         key = (kernel, key)
-        site = self._sites.get(key)
+        site = None if self._steps is not None else self._sites.get(key)
         if site is None:
             cmd = wp.launch(kernel, dim=dim, inputs=[made(a) for a in args], device=self.device, block_dim=block_dim,
                             record_cmd=True, record_tape=False)
-            cmd.fwd_args = None
-            self._sites[key] = [cmd, dim, [signature(a) for a in args], [None] * len(args)]
+            cmd.fwd_args = None  # kept by Warp only for APIC capture; it would pin the arrays
+            if self._steps is not None:  # a plan's launch of its own: its arguments never change
+                self._steps.append(cmd.launch)
+            else:
+                self._sites[key] = [cmd, dim, [signature(a) for a in args], [None] * len(args)]
         else:
             cmd, old_dim, signatures, previous = site
             if dim != old_dim:
@@ -139,11 +136,10 @@ class Launches:
 
 
 class Plan:
-    """A call's device work kept to be run again on the same memory: its recorded steps,
-    run one by one on the CPU; on CUDA captured into a graph the first time it repeats
-    (on the caller's capture stream: torch's legacy default stream cannot capture; in
-    relaxed mode, since a garbage collection during the capture may free CUDA memory),
-    then launched whole on the device's current stream."""
+    """A call's device work kept to be run again on the same memory: its recorded steps, run
+    one by one on the CPU; on CUDA captured into a graph when it first repeats (on the
+    caller's capture stream: torch's legacy default stream cannot capture; relaxed, as a
+    garbage collection during the capture may free CUDA memory), then launched whole."""
 
     __slots__ = ("steps", "graph", "device")
 
@@ -152,35 +148,29 @@ class Plan:
 
     def run(self, capture_stream: wp.Stream | None = None) -> None:
         """The steps again; with a ``capture_stream`` (CUDA) as one graph launch."""
-        if self.graph is not None and capture_stream is not None:
-            wp.capture_launch(self.graph)
-            return
         if capture_stream is None:
             for step in self.steps:
                 step()
             return
-        with wp.ScopedCapture(self.device, stream=capture_stream, force_module_load=False,
-                              capture_mode=wp.CaptureMode.RELAXED) as capture:
-            for step in self.steps:
-                step()
-        self.graph = capture.graph
+        if self.graph is None:
+            with wp.ScopedCapture(self.device, stream=capture_stream, force_module_load=False,
+                                  capture_mode=wp.CaptureMode.RELAXED) as capture:
+                for step in self.steps:
+                    step()
+            self.graph = capture.graph
         wp.capture_launch(self.graph)
 
 
 class Bindings:
     """What one object (a renderer, a mesh op) keeps by the memory of its calls: values made
     of that memory (:meth:`bound`: Warp views, say) and the plans of calls on it
-    (:meth:`run`). The one place where the object's calls' pointers are kept.
+    (:meth:`run`); the one place where the object's calls' pointers are kept.
 
     Key: a tuple naming the memory (pointers, and the shapes and values the value or plan
-    depends on). Owner: the object, for its whole life. Dropped: the least recently used
-    entry once more than ``limit`` are held (a training loop's memory comes back from
-    torch's caching allocator, so a few steps' worth are enough). The caller keeps the
-    memory alive while it uses what is bound to it.
-
-    Args:
-        launches: the owner's :class:`Launches`, which records the plans.
-        limit: entries kept (default :data:`BINDINGS`).
+    depends on). Owner: the object. Dropped: the least recently used entry past ``limit``
+    (a training loop's memory comes back from torch's caching allocator, so a few steps'
+    worth are enough). The caller keeps the memory alive while it uses what is bound to
+    it. ``launches``: the owner's :class:`Launches`, which records the plans.
     """
 
     def __init__(self, launches: Launches, limit: int = BINDINGS):
@@ -195,9 +185,8 @@ class Bindings:
         return self._entries.values()
 
     def bound(self, key: tuple, make):
-        """What ``make()`` builds of the memory ``key`` names: made once and returned again
-        while the same memory comes back (a Warp view costs about 4 us of host time; the
-        launches that take it then repack nothing)."""
+        """What ``make()`` builds of the memory ``key`` names, made once (a Warp view costs
+        about 4 us of host time; launches that take the same one repack nothing)."""
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = make()
@@ -209,10 +198,9 @@ class Bindings:
 
     def run(self, key: tuple, body, capture_stream: wp.Stream | None = None) -> None:
         """``body()``, the device work of a call on the memory ``key`` names (everything its
-        launches depend on): run as it is the first time the key is seen, recorded into a
-        :class:`Plan` the second, and replayed from the plan after (``capture_stream``:
-        :meth:`Plan.run`'s). Without recording launches (``Launches(record=False)``) it
-        always runs ``body()``."""
+        launches depend on): run as it is the first time, recorded into a :class:`Plan` the
+        second, replayed from it after (``capture_stream``: :meth:`Plan.run`'s); always run
+        as it is without recording launches (``Launches(record=False)``)."""
         if not self._launches.record:
             body()
             return

@@ -5,12 +5,14 @@ launch runs on torch's current stream of the tensors' device, so torch and Warp 
 stays ordered without synchronisation. What a render's backward reads lives in torch
 memory that the autograd node saves, so torch frees it when the backward is done (or the
 graph dropped). Callers (`rasterization`, `GaussianRasterizer`) validate and convert their
-inputs first; this module assumes float32, contiguous, same-device tensors.
+inputs first (`check_tensor`, `cameras_of`); this module assumes float32, contiguous,
+same-device tensors.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
 import sys
 import threading
@@ -28,6 +30,7 @@ from arc_warp.splat import Surface
 
 # Warp element types of (means, quats, scales, opacities, colors), vectors on the last axis.
 INPUT_DTYPES = (wp.vec3, wp.vec4, wp.vec3, wp.float32, wp.vec3)
+_NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8)}
 
 
 def view(t: torch.Tensor, dtype, shape: tuple, offset: int = 0) -> wp.array:
@@ -42,18 +45,14 @@ class RenderContext:
     :class:`arc_warp.GaussianRenderer` per image size, camera count and settings, and the
     nvdiffrast drop-in's mesh op objects by size; its ARC threshold resolved here, never
     inside a training step) whose renderers take their per-call scratch from torch's
-    caching allocator, so it goes back to torch between calls for the rest of the step
-    (an optimizer's temporaries, say).
+    caching allocator, so it goes back to torch between calls for the rest of the step.
 
     A render's checks follow the renderers' overflow rule (``arc_warp.GaussianRenderer``):
-    on the CPU they run before ``rasterization`` returns; on CUDA a render does not wait
-    for the device, and its checks run at the start of the next render of that size (bad
-    inputs raise there; an overflow of the sort grows it, with a RuntimeWarning), while
-    ``meta["status"].flags`` lets ``SparseGaussianAdam.step(skip=...)`` skip the update of
-    a step whose image lacked Gaussians.
-
-    ``check``: True reads every render's checks before it returns (one wait per render on
-    CUDA; a debugging aid), False never does (on the CPU too, as on CUDA), None (default)
+    on the CPU they run before ``rasterization`` returns, on CUDA at the start of the next
+    render of that size, while ``meta["status"].flags`` lets
+    ``SparseGaussianAdam.step(skip=...)`` skip the update of a step whose image lacked
+    Gaussians. ``check``: True reads every render's checks before it returns (one wait per
+    render on CUDA; a debugging aid), False never does (on the CPU too), None (default)
     where it costs no wait.
 
     A context is not thread-safe: ``default_context`` gives each thread its own. Pass one
@@ -71,7 +70,8 @@ class RenderContext:
         self.wp_device = wp.device_from_torch(self.device)
         self.workspace = Workspace(self.wp_device, threshold, allocator=self.allocate)
         self.check = check
-        self._host_blocks = _HostBlocks() if self.device.type == "cpu" else None
+        # CPU only: numpy byte blocks by size, kept for the next call once free (see empty)
+        self._host_blocks = collections.defaultdict(list) if self.device.type == "cpu" else None
         self._stream = None  # see warp_stream
 
     def empty(self, shape, dtype=torch.float32) -> torch.Tensor:
@@ -81,7 +81,19 @@ class RenderContext:
         renderers' views and plans of it) as it does on CUDA."""
         if self._host_blocks is None:
             return torch.empty(shape, dtype=dtype, device=self.device)
-        return self._host_blocks.empty(shape, dtype)
+        # a block is free again when only this pool references its numpy array (a tensor made
+        # from it holds a typed view of it, whose base it is, until its memory is released)
+        shape = (shape,) if isinstance(shape, int) else shape
+        np_dtype = _NUMPY_DTYPES[dtype]
+        nbytes = math.prod(shape) * np_dtype.itemsize
+        blocks = self._host_blocks[nbytes]
+        for block in blocks:
+            if sys.getrefcount(block) == 3:  # the list's, the loop's and getrefcount's own
+                break
+        else:
+            block = np.empty(max(nbytes, 4), dtype=np.uint8)
+            blocks.append(block)
+        return torch.from_numpy(block[:nbytes].view(np_dtype).reshape(shape))
 
     def allocate(self, nbytes: int):
         """``nbytes`` of this device's memory (:meth:`empty`), on torch's current stream, as
@@ -102,44 +114,11 @@ class RenderContext:
     def stream(self):
         """Context in which Warp launches on torch's current stream (no-op on the CPU)."""
         if self.wp_device.is_cpu:
-            return _NoStream
+            return _NO_STREAM
         return _TorchStream(self.wp_device, self.warp_stream())
 
 
-class _HostBlocks:
-    """CPU memory for the tensors of a call, kept by size for the next call's once freed, as
-    torch's CUDA caching allocator keeps device memory. A block is free again when nothing
-    holds it: its numpy array is referenced only by this pool (a tensor made from it holds
-    a typed numpy view of it, whose base it is, until its memory is released)."""
-
-    DTYPES = {torch.float32: (np.float32, 4), torch.int32: (np.int32, 4), torch.uint8: (np.uint8, 1)}
-
-    def __init__(self):
-        self._blocks = collections.defaultdict(list)  # nbytes -> numpy byte arrays
-
-    def empty(self, shape, dtype) -> torch.Tensor:
-        shape = (shape,) if isinstance(shape, int) else shape
-        np_dtype, itemsize = self.DTYPES[dtype]
-        nbytes = math.prod(shape) * itemsize
-        blocks = self._blocks[nbytes]
-        for block in blocks:
-            if sys.getrefcount(block) == 3:  # the list's, the loop's and getrefcount's own
-                break
-        else:
-            block = np.empty(max(nbytes, 4), dtype=np.uint8)
-            blocks.append(block)
-        return torch.from_numpy(block[:nbytes].view(np_dtype).reshape(shape))
-
-
-class _NoStreamScope:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NoStream = _NoStreamScope()
+_NO_STREAM = contextlib.nullcontext()
 
 
 class _TorchStream:
@@ -155,7 +134,6 @@ class _TorchStream:
 
     def __exit__(self, *exc):
         self.device.set_stream(self.saved, sync=False)
-        return False
 
 
 _contexts = threading.local()  # per thread: torch device -> its default RenderContext
@@ -167,30 +145,28 @@ def default_context(device: torch.device) -> RenderContext:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    held = getattr(_contexts, "by_device", None)
-    if held is None:
-        held = _contexts.by_device = {}
-    context = held.get(device)
+    if not hasattr(_contexts, "by_device"):
+        _contexts.by_device = {}
+    context = _contexts.by_device.get(device)
     if context is None:
-        context = held[device] = RenderContext(device)
+        context = _contexts.by_device[device] = RenderContext(device)
     return context
 
 
 def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = None) -> torch.Tensor:
     """Validate a public tensor argument and return it as float32, contiguous.
 
-    `shape` holds ints (exact size), None (any size) or str (a named size that must agree
-    across arguments is checked by the caller). Raises TypeError for non-tensors and
-    non-floating dtypes, ValueError for wrong shapes or devices. The dtype cast and the
+    `shape` holds ints (exact size) or None (any size). Raises TypeError for non-tensors
+    and non-floating dtypes, ValueError for wrong shapes or devices. The dtype cast and the
     contiguity copy are autograd-tracked and happen only when needed.
     """
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
         raise TypeError(f"{name}: expected a floating-point tensor, got dtype {t.dtype}")
-    if len(shape) != t.dim() or any(s is not None and not isinstance(s, str) and s != d for s, d in zip(shape, t.shape)):
-        want = "[" + ", ".join("*" if s is None or isinstance(s, str) else str(s) for s in shape) + "]"
-        raise ValueError(f"{name}: expected shape {want}, got {list(t.shape)}")
+    if len(shape) != t.dim() or any(s is not None and s != d for s, d in zip(shape, t.shape)):
+        raise ValueError(f"{name}: expected shape [{', '.join('*' if s is None else str(s) for s in shape)}], "
+                         f"got {list(t.shape)}")
     if t.device.type not in ("cpu", "cuda"):
         raise ValueError(f"{name}: expected a cpu or cuda tensor, got device {t.device}")
     if device is not None and t.device != device:
@@ -200,39 +176,73 @@ def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = No
     return t.contiguous()
 
 
+def cameras_of(viewmats, Ks, width: int, height: int, near: float, far: float, device: torch.device,
+               model: str = "pinhole", distortion: Optional[torch.Tensor] = None):
+    """The cameras to render of [C, 4, 4] world-to-camera `viewmats` and [C, 3, 3] `Ks`
+    (of ``model``, with [C, K] ``distortion`` coefficients or None), and the tensors their
+    views read (for the caller to hold until the render is queued).
+
+    CUDA tensors on the Gaussians' `device` stay there: `arc_warp.DeviceCameras` views of
+    them, read by the projection kernel (no host copy, no sync; their values are checked
+    on the device). Host tensors become C `Camera`s (checked here); CUDA tensors on
+    another device come to the host in one copy."""
+    for name, t, shape in (("viewmats", viewmats, "[C, 4, 4]"), ("Ks", Ks, "[C, 3, 3]")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}: expected a torch.Tensor {shape}, got {type(t).__name__}")
+        if t.device.type not in ("cpu", "cuda"):
+            raise ValueError(f"{name}: expected a cpu or cuda tensor, got device {t.device}; move it with "
+                             f"{name}.to(means.device)")
+        if not t.is_floating_point():
+            raise ValueError(f"{name}: expected a float {shape} tensor, got {t.dtype}")
+        if t.requires_grad:
+            raise ValueError(f"{name} requires grad, but camera gradients are not supported; pass a detached tensor")
+    if viewmats.dim() != 3 or tuple(viewmats.shape[1:]) != (4, 4):
+        raise ValueError(f"viewmats: expected a float [C, 4, 4] tensor, got {list(viewmats.shape)}")
+    c = viewmats.shape[0]
+    if c == 0:
+        raise ValueError("viewmats: no cameras (C = 0); pass at least one [4, 4] world-to-camera matrix")
+    if Ks.shape != (c, 3, 3):
+        raise ValueError(f"Ks: expected a float [C, 3, 3] tensor with C={c} (from viewmats), got {list(Ks.shape)}")
+    if viewmats.device == device == Ks.device and device.type == "cuda":
+        vm, ks = (t.to(torch.float32).contiguous() for t in (viewmats, Ks))
+        lens = None if distortion is None else distortion.to(device, torch.float32).contiguous()
+        cams = DeviceCameras(view(vm, wp.mat44, (c,)), view(ks, wp.mat33, (c,)), width, height, near, far, model,
+                             None if lens is None else view(lens, wp.float32, tuple(lens.shape)))
+        return cams, (vm, ks, lens)
+    # Camera reads them as float64 (numpy has no bfloat16)
+    vm, kk = (t.detach().cpu().numpy() if t.dtype in (torch.float32, torch.float64)
+              else t.detach().to("cpu", torch.float64).numpy() for t in (viewmats, Ks))
+    cameras = []
+    for i, (v, k) in enumerate(zip(vm, kk)):
+        try:
+            cameras.append(Camera(float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2]), width, height,
+                                  world_to_camera=v, near=near, far=far, model=model,
+                                  distortion=None if distortion is None else distortion[i].tolist()))
+        except ValueError as e:
+            raise ValueError(f"camera {i} (viewmats[{i}], Ks[{i}]): {e}") from None
+    return cameras, ()
+
+
 class Means2dSink:
-    """Where the screen-space gradient of the projected means goes in backward.
+    """Where the screen-space gradient of the projected means goes in backward: `tensor`
+    ([C, N, D] or, for one camera, [N, D]; D >= 2) receives dL/d(means2d) (pixels, times
+    `scale` per axis; columns past 2 get 0) in its .grad, and `absgrad_owner.absgrad`
+    (made on first use) the per-Gaussian |dL/d(means2d)| summed over pixels.
 
-    `tensor` ([C, N, D] or, for one camera, [N, D]; D >= 2) receives dL/d(means2d)
-    (pixels, times `scale` per axis) in its .grad; columns past 2 get 0. If
-    `absgrad_owner` is given, the per-Gaussian |dL/d(means2d)| summed over pixels is
-    added into `absgrad_owner.absgrad` (same shape as the owner, created on first use).
-
-    By default `tensor` is passed to the autograd function as an input, so torch adds the
-    gradient into its .grad (and the tensor may have a grad_fn of its own).
-    ``attached=True`` (`rasterization`'s own leaf): the sink holds both tensors by weak
-    reference and is no input of the graph: the backward adds the gradient into
-    ``tensor.grad`` itself (as torch would) while the caller holds the tensor, and skips
-    computing it once the caller has dropped it, so neither the tensor nor its gradient
-    is held through the optimizer step.
+    By default `tensor` is an input of the autograd node (it may have a grad_fn of its
+    own). ``attached=True`` (`rasterization`'s own leaf): the sink holds both by weak
+    reference and is no input of the graph: the backward adds into ``tensor.grad`` itself
+    (as torch would) while the caller holds the tensor and computes nothing once it is
+    dropped, so neither it nor its gradient is held through the optimizer step.
     """
 
     def __init__(self, tensor: torch.Tensor, scale: Tuple[float, float] = (1.0, 1.0),
                  absgrad_owner: Optional[torch.Tensor] = None, attached: bool = False):
         hold = weakref.ref if attached else (lambda t: (lambda: t))
-        self._tensor = hold(tensor)
-        self._absgrad_owner = None if absgrad_owner is None else hold(absgrad_owner)
+        # callables returning the tensors (None once an attached one died, or not given)
+        self.tensor = hold(tensor)
+        self.absgrad_owner = (lambda: None) if absgrad_owner is None else hold(absgrad_owner)
         self.scale, self.attached = scale, attached
-
-    @property
-    def tensor(self) -> Optional[torch.Tensor]:
-        """The tensor whose .grad receives the gradient; None once an attached one died."""
-        return self._tensor()
-
-    @property
-    def absgrad_owner(self) -> Optional[torch.Tensor]:
-        """The tensor whose .absgrad receives the absolute sums, or None."""
-        return None if self._absgrad_owner is None else self._absgrad_owner()
 
 
 @dataclass
@@ -249,13 +259,9 @@ class BatchRender:
 
 
 class _RenderGaussians(torch.autograd.Function):
-    """(means, quats, scales, opacities, colors) -> (color, alpha[, depth, expected_depth])
-    of C cameras: the node of a render `render_batch` queued just before it. It saves the
-    inputs, the memory of the render's state and the outputs its backward reads (radii,
-    and the depth images when there are any), so torch frees them with its other saved
-    tensors once the backward has run. Backward runs the renderer's backward of the C
-    cameras into fresh gradient tensors: the first camera writes every entry, the others
-    add."""
+    """(means, quats, scales, opacities, colors[, surface colours]) -> (color, alpha[, depth,
+    expected_depth]) of C cameras: the node of a render `render_batch` queued just before.
+    It saves what its backward reads, so torch frees that once the backward has run."""
 
     @staticmethod
     def forward(ctx, queued, sink, sink_tensor, means, quats, scales, opacities, colors, surface_colors=None):
@@ -270,24 +276,21 @@ class _RenderGaussians(torch.autograd.Function):
         # torch runs a backward with grad mode on only under create_graph=True: the
         # gradients handed back then raise, naming this renderer, if differentiated again
         guard = torch.is_grad_enabled() and any(g is not None and g.requires_grad for g in output_grads)
-        inputs = ctx.saved_tensors[:5]
         needed = ctx.needs_input_grad
         with torch.no_grad():
-            grads, means2d_grad, surface_grad = _backward(ctx.context, ctx.renderer, ctx.state, inputs, ctx.sink,
-                                                          (*output_grads, None, None)[:4],
-                                                          len(needed) > 8 and needed[8])
-        target = None if ctx.sink is None else ctx.sink.tensor
+            grads, means2d_grad = _backward(ctx.context, ctx.renderer, ctx.state, ctx.saved_tensors[:5], ctx.sink,
+                                            (*output_grads, None, None)[:4], len(needed) > 8 and needed[8])
         result = [None, None, None]  # queued, sink, sink_tensor
         if means2d_grad is not None and ctx.sink.attached:
+            target = ctx.sink.tensor()
             if target.grad is None:  # what torch's AccumulateGrad does for a leaf
                 target.grad = means2d_grad
             else:
                 target.grad += means2d_grad
         elif means2d_grad is not None and needed[2]:
             result[2] = means2d_grad
-        grads = [_RaiseOnDoubleBackward.apply(g.detach().requires_grad_(True)) if guard else g for g in grads]
-        if surface_grad is not None:  # the surface colours, an input when the render has a surface
-            grads.append(_RaiseOnDoubleBackward.apply(surface_grad.requires_grad_(True)) if guard else surface_grad)
+        if guard:
+            grads = [_RaiseOnDoubleBackward.apply(g.detach().requires_grad_(True)) for g in grads]
         return (*result, *(g if needed[3 + i] else None for i, g in enumerate(grads)))
 
 
@@ -308,13 +311,13 @@ class _RaiseOnDoubleBackward(torch.autograd.Function):
 
 def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs, sink, output_grads,
               surface: bool = False):
-    """The renderer's backward from torch cotangents ([C, ...]); torch gradients shaped
-    like ``inputs``, the sink's means2d gradient (None without a sink, or once an
-    attached sink's tensor died: then none is computed) and, with ``surface``, the
-    [C, H, W, 3] gradient of the surface colours (else None)."""
+    """The renderer's backward from torch cotangents ([C, ...]): torch gradients shaped like
+    ``inputs`` (and with ``surface`` the [C, H, W, 3] one of the surface colours after
+    them), and the sink's means2d gradient (None without a sink, or once an attached
+    sink's tensor died: then none is computed)."""
     c, n = renderer.num_cameras, inputs[0].shape[0]
     h, w = renderer.height, renderer.width
-    target = None if sink is None else sink.tensor
+    target = None if sink is None else sink.tensor()
     grads = [context.empty(t.shape) for t in inputs]
     m2d = context.empty((c, n, 2)) if target is not None else None
     # contiguous float32 cotangents (copies where torch handed others, as the expanded one
@@ -341,15 +344,17 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
         renderer.backward(state, cotangents, wgrads, False, wm2d,
                           None if surface_grad is None else
                           [view(surface_grad, wp.vec3, (h, w), i * h * w * 12) for i in range(c)])
+    if surface:
+        grads.append(surface_grad)
     if target is None:
-        return grads, None, surface_grad
+        return grads, None
     if target.shape[-1] != 2:
         m2d = torch.nn.functional.pad(m2d, (0, target.shape[-1] - 2))
     m2d = m2d.view(target.shape)
     for axis in (0, 1):
         if sink.scale[axis] != 1.0:
             m2d[..., axis] *= sink.scale[axis]
-    owner = sink.absgrad_owner
+    owner = sink.absgrad_owner()
     if owner is not None:
         if getattr(owner, "absgrad", None) is None:
             owner.absgrad = torch.zeros_like(owner, requires_grad=False)
@@ -358,7 +363,7 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
             part = wp.to_torch(cs.absgrad, requires_grad=False)
             for axis in (0, 1):
                 absgrad[i, :, axis] += part[:, axis] * sink.scale[axis]
-    return grads, m2d, surface_grad
+    return grads, m2d
 
 
 def render_batch(means: torch.Tensor,  # [N, 3] float32
@@ -372,19 +377,13 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
                  context: Optional[RenderContext] = None, depths: bool = True,
                  means2d_grad: bool = False,
                  surfaces: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> BatchRender:
-    """Differentiable render of C cameras of one image size in one autograd node; inputs
-    must be float32, contiguous, on one cpu/cuda device (use `check_tensor`).
-    `depths` False leaves the depth images out (`depth`, `expected_depth` None).
-    `surfaces`: None, or (colours [C, H, W, 3], camera depths [C, H, W]) float32 contiguous
-    on that device, an opaque surface per pixel composited behind the Gaussians
-    (`arc_warp.GaussianRenderer.forward(surfaces=)`); the colours are an input of the node
-    (their gradient is the renderer's `grad_surface_colors`), the depths get none.
-
-    The projected means (`BatchRender.means2d`) are not differentiable; their gradient
-    goes to `sink`, or, with `means2d_grad` (and no `sink`), to the returned means2d
-    itself: a leaf with requires_grad=True whose .grad receives it while the caller holds
-    it (an attached `Means2dSink`; with `settings.absgrad` its .absgrad gets the absolute
-    sums): `rasterization`'s meta["means2d"]. `context` None uses
+    """Differentiable render of C cameras of one image size in one autograd node. `depths`
+    False leaves the depth images out (`depth`, `expected_depth` None). `surfaces`: None,
+    or (colours [C, H, W, 3], camera depths [C, H, W]) (`arc_warp.Surface`); the colours
+    are an input of the node. The projected means (`BatchRender.means2d`) are not
+    differentiable; their gradient goes to `sink`, or with `means2d_grad` to the returned
+    means2d itself, an attached sink's leaf (with `settings.absgrad` its .absgrad gets the
+    absolute sums): `rasterization`'s meta["means2d"]. `context` None uses
     `default_context(means.device)`. Under `torch.use_deterministic_algorithms(True)` the
     backward reduces with `reduce="deterministic"` whatever `settings.reduce` says."""
     if torch.are_deterministic_algorithms_enabled() and settings.reduce != "deterministic":
@@ -427,7 +426,7 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     if means2d_grad and sink is None:
         sink = Means2dSink(means2d.requires_grad_(True), absgrad_owner=means2d if settings.absgrad else None,
                            attached=True)
-    sink_tensor = None if sink is None or sink.attached else sink.tensor
+    sink_tensor = None if sink is None or sink.attached else sink.tensor()
     # saved by the node: the state's memory, the radii (in `projected`), the depth image
     # the expected depth's backward reads
     saved = (projected.detach(), *state.owners) + ((block.detach(),) if depths else ())

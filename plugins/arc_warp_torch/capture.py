@@ -3,8 +3,7 @@
 Through the torch API each render and backward costs a few hundred microseconds of
 Python; a step replayed from a CUDA graph costs one graph launch. The renders of a
 captured step cannot wait for the device, so their checks run after replays, when asked
-(:meth:`CapturedStep.check`). Example (warm-up on a side stream, as torch's CUDA graph
-notes advise)::
+(:meth:`CapturedStep.check`). Example (warm-up on a side stream, as torch advises)::
 
     context = RenderContext("cuda")
     optimizer = SparseGaussianAdam(params, lr=1e-3, capturable=True)
@@ -50,14 +49,12 @@ class CapturedStep:
     While it is entered, the context's renderers do not wait for the device (their checks
     are left to :meth:`check`), read the status of a render from before the capture
     without a wait (``torch.cuda.graph`` synchronised the device first), and a render that
-    would have to wait (a size whose renderer has not rendered yet, so its sort's capacity
-    is unknown) raises RuntimeError. Warp is told of torch's capture, so the memory its
-    sorts and scans take inside it becomes allocation and free nodes of the graph.
-
-    The graph replays with the capacities of the capture; a replay whose intersections
-    outgrow them leaves the farthest Gaussians of some tiles out of its images and sets the
-    overflow flag, which ``SparseGaussianAdam.step(skip=meta["status"].flags)`` reads in
-    the same graph to skip that step's update, and which :meth:`check` reports."""
+    would have to wait (a renderer whose sort's capacity is unknown) raises RuntimeError.
+    Warp is told of torch's capture, so the memory its sorts and scans take inside it
+    becomes allocation and free nodes of the graph. The graph replays with the capacities
+    of the capture; a replay that outgrows them sets the overflow flag (the renderers'
+    overflow rule), which ``SparseGaussianAdam.step(skip=meta["status"].flags)`` reads in
+    the same graph and :meth:`check` reports."""
 
     def __init__(self, context: RenderContext, capture_error_mode: str):
         if context.device.type != "cuda":
@@ -94,13 +91,11 @@ class CapturedStep:
         return False
 
     def check(self) -> None:
-        """Wait for the last replay (torch's current stream) and check its renders:
-        ValueError for non-finite inputs, zero quaternions or bad cameras; RuntimeError
-        if a render had more tile intersections than its captured sort holds (its images
-        left out the farthest Gaussians of some tiles): capture the step again then,
-        after one step outside the graph (which grows the renderer's capacity). Call it
-        right after a replay: a render outside the graph on the same renderer rewrites
-        the flags it reads."""
+        """Wait for the last replay (torch's current stream) and check its renders
+        (``RenderStatus.check``): ValueError for bad inputs; RuntimeError if a render
+        outgrew its captured sort: capture the step again then, after one step outside the
+        graph (which grows the renderer's capacity). Call it right after a replay: a render
+        outside the graph on the same renderer rewrites the flags it reads."""
         torch.cuda.current_stream(self.context.device).synchronize()
         for renderer, capacity in self.renders:
             renderer.host_status(capacity).check("captured render")

@@ -9,12 +9,11 @@ stays as it is. Differences from the CUDA original are listed on `GaussianRaster
 from typing import NamedTuple, Optional
 
 import torch
-import warp as wp
 from torch import nn
 
-from arc_warp import Camera, DeviceCameras, RenderSettings
+from arc_warp import Camera, RenderSettings
 
-from ._autograd import Means2dSink, check_tensor, default_context, render_batch, view
+from ._autograd import Means2dSink, cameras_of, check_tensor, default_context, render_batch
 from .optim import SparseGaussianAdam  # noqa: F401  (INRIA's train.py imports it from here)
 
 # INRIA culls Gaussians whose view-space depth is <= 0.2 (in_frustum in its CUDA code).
@@ -83,21 +82,6 @@ def _view(s: GaussianRasterizationSettings, device: torch.device) -> _View:
         raise ValueError(f"raster_settings.viewmatrix: expected a [4, 4] tensor, got {got}")
     return _View(w / (2.0 * tx), h / (2.0 * ty), 0.5 * w, 0.5 * h, w, h,
                  vm.detach().to(device, torch.float32).t())
-
-
-def _cameras(camera: _View):
-    """The camera to render: on CUDA, DeviceCameras over the device viewmatrix and a K
-    copied from pinned memory without a wait (kept alive with the matrix: the second value);
-    on the CPU, a host Camera."""
-    if camera.w2c.device.type != "cuda":
-        return [Camera(camera.fx, camera.fy, camera.cx, camera.cy, camera.width, camera.height,
-                       world_to_camera=camera.w2c.double().numpy(), near=INRIA_NEAR, far=Camera.far)], ()
-    k = torch.tensor([[camera.fx, 0.0, camera.cx], [0.0, camera.fy, camera.cy], [0.0, 0.0, 1.0]],
-                     dtype=torch.float32).pin_memory().to(camera.w2c.device, non_blocking=True)
-    vm = camera.w2c.contiguous()
-    cams = DeviceCameras(view(vm, wp.mat44, (1,)), view(k, wp.mat33, (1,)), camera.width, camera.height,
-                         INRIA_NEAR, Camera.far)
-    return cams, (vm, k)
 
 
 @torch.no_grad()
@@ -190,16 +174,14 @@ class GaussianRasterizer(nn.Module):
                 dc: Optional[torch.Tensor] = None):  # [N, 1, 3] or [N, 3] degree-0 SH
         """Render one camera. Returns (color [3, H, W], radii [N] int32, invdepth [1, H, W]).
 
-        dc with shs (INRIA's current train.py passes features_dc and features_rest this
-        way whenever its rasterizer exports SparseGaussianAdam, as this one does): the SH
-        coefficients are dc followed by shs ([N, 1 + K, 3]); dc alone is degree 0.
+        dc with shs (as INRIA's current train.py passes features_dc and features_rest when
+        its rasterizer exports SparseGaussianAdam, as this one does): the SH coefficients
+        are dc followed by shs ([N, 1 + K, 3]); dc alone is degree 0.
 
-        color includes the background bg; radii is INRIA's ceil(3 sqrt(lambda_max)) of the
-        dilated 2D covariance in pixels, 0 where INRIA culls (`radii > 0` is INRIA's
-        visibility filter; see inria_radii). In backward,
-        means2D.grad[:, :2] receives dL/d(projected mean) in INRIA's NDC-scaled units
-        (pixel gradient times W/2, H/2), so INRIA's densification thresholds carry over;
-        further columns get 0.
+        color includes the background bg; radii: see inria_radii (`radii > 0` is INRIA's
+        visibility filter). In backward, means2D.grad[:, :2] receives dL/d(projected mean)
+        in INRIA's NDC-scaled units (pixel gradient times W/2, H/2), so INRIA's
+        densification thresholds carry over; further columns get 0.
         """
         s = self.raster_settings
         means3D = check_tensor("means3D", means3D, (None, 3))
@@ -247,7 +229,11 @@ class GaussianRasterizer(nn.Module):
             sink = Means2dSink(means2D, scale=(0.5 * camera.width, 0.5 * camera.height))
         settings = RenderSettings(sh_degree=sh_degree, reduce=s.reduce, threshold=s.threshold,
                                   antialiased=bool(s.antialiasing))
-        cameras, held = _cameras(camera)
+        k = torch.tensor([[camera.fx, 0.0, camera.cx], [0.0, camera.fy, camera.cy], [0.0, 0.0, 1.0]])
+        if device.type == "cuda":  # copied from pinned memory without a wait
+            k = k.pin_memory().to(device, non_blocking=True)
+        cameras, held = cameras_of(camera.w2c[None], k[None], camera.width, camera.height, INRIA_NEAR, Camera.far,
+                                   device)
         batch = render_batch(means3D, rotations, scales, opacities, colors, cameras, settings, sink,
                              default_context(device))
         del held  # read by the queued projection: torch frees them in stream order
@@ -255,6 +241,5 @@ class GaussianRasterizer(nn.Module):
         color = (rgb + (1.0 - alpha)[..., None] * bg).permute(2, 0, 1)
         has_depth = depth > 0.0
         invdepth = torch.where(has_depth, alpha * alpha / torch.where(has_depth, depth, 1.0), torch.zeros_like(depth))
-        radii = inria_radii(means3D, scales, rotations, camera, float(s.tanfovx),
-                            float(s.tanfovy))
+        radii = inria_radii(means3D, scales, rotations, camera, float(s.tanfovx), float(s.tanfovy))
         return color, radii, invdepth[None]

@@ -7,11 +7,10 @@ import math
 from typing import Optional, Tuple
 
 import torch
-import warp as wp
 
-from arc_warp import Camera, DeviceCameras, RenderSettings
+from arc_warp import RenderSettings
 
-from ._autograd import RenderContext, check_tensor, default_context, render_batch, view
+from ._autograd import RenderContext, cameras_of, check_tensor, default_context, render_batch
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 # scales_activation / opacities_activation -> RenderSettings.scale_activation / opacity_activation
@@ -75,52 +74,6 @@ def _distortion(camera_model: str, radial, tangential, viewmats) -> Optional[tor
     tangential = (torch.zeros(c, 2) if tangential is None
                   else check_tensor("tangential_coeffs", tangential, (c, 2))).cpu()
     return torch.cat([radial[:, :2], tangential, radial[:, 2:]], dim=1)
-
-
-def _cameras(viewmats, Ks, width: int, height: int, near_plane: float, far_plane: float, device: torch.device,
-             model: str = "pinhole", distortion: Optional[torch.Tensor] = None):
-    """Validate [C,4,4] viewmats and [C,3,3] Ks; return the cameras to render (of ``model``,
-    with [C, K] ``distortion`` coefficients or None).
-
-    CUDA tensors on the Gaussians' device stay there: `arc_warp.DeviceCameras` views of
-    them, read by the projection kernel (no host copy, no sync; their values are checked
-    on the device). Host tensors become C `Camera`s (checked here); CUDA tensors on
-    another device come to the host in one copy."""
-    for name, t, shape in (("viewmats", viewmats, "[C, 4, 4]"), ("Ks", Ks, "[C, 3, 3]")):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name}: expected a torch.Tensor {shape}, got {type(t).__name__}")
-        if t.device.type not in ("cpu", "cuda"):
-            raise ValueError(f"{name}: expected a cpu or cuda tensor, got device {t.device}; move it with "
-                             f"{name}.to(means.device)")
-        if not t.is_floating_point():
-            raise ValueError(f"{name}: expected a float {shape} tensor, got {t.dtype}")
-        if t.requires_grad:
-            raise ValueError(f"{name} requires grad, but camera gradients are not supported; pass a detached tensor")
-    if viewmats.dim() != 3 or tuple(viewmats.shape[1:]) != (4, 4):
-        raise ValueError(f"viewmats: expected a float [C, 4, 4] tensor, got {list(viewmats.shape)}")
-    c = viewmats.shape[0]
-    if c == 0:
-        raise ValueError("viewmats: no cameras (C = 0); pass at least one [4, 4] world-to-camera matrix")
-    if Ks.shape != (c, 3, 3):
-        raise ValueError(f"Ks: expected a float [C, 3, 3] tensor with C={c} (from viewmats), got {list(Ks.shape)}")
-    if viewmats.device == device == Ks.device and device.type == "cuda":
-        vm, ks = (t.to(torch.float32).contiguous() for t in (viewmats, Ks))
-        lens = None if distortion is None else distortion.to(device, torch.float32).contiguous()
-        cams = DeviceCameras(view(vm, wp.mat44, (c,)), view(ks, wp.mat33, (c,)), width, height, near_plane, far_plane,
-                             model, None if lens is None else view(lens, wp.float32, tuple(lens.shape)))
-        return cams, (vm, ks, lens)  # the tensors the views read, kept alive by the caller
-    # Camera reads them as float64 (numpy has no bfloat16)
-    vm, kk = (t.detach().cpu().numpy() if t.dtype in (torch.float32, torch.float64)
-              else t.detach().to("cpu", torch.float64).numpy() for t in (viewmats, Ks))
-    cameras = []
-    for i, (v, k) in enumerate(zip(vm, kk)):
-        try:
-            cameras.append(Camera(float(k[0, 0]), float(k[1, 1]), float(k[0, 2]), float(k[1, 2]), width, height,
-                                  world_to_camera=v, near=near_plane, far=far_plane, model=model,
-                                  distortion=None if distortion is None else distortion[i].tolist()))
-        except ValueError as e:
-            raise ValueError(f"camera {i} (viewmats[{i}], Ks[{i}]): {e}") from None
-    return cameras, ()
 
 
 def rasterization(
@@ -195,11 +148,10 @@ def rasterization(
         opacities: [N] opacities in [0, 1]; with opacities_activation="sigmoid", logits.
         colors: [N, 3] RGB, or [N, K, 3] SH coefficients (evaluated per camera with the view
             direction; 0.5 is added and the result clamped at 0, as in gsplat/INRIA).
-        viewmats: [C, 4, 4] world-to-camera matrices, C >= 1, not differentiable
-            (ValueError if they require grad). CUDA tensors on the device of `means` stay
-            there (read by the projection kernel; non-finite values or fx, fy <= 0 are found
-            on the device); host tensors are checked here.
-        Ks: [C, 3, 3] pinhole intrinsics in pixels; same handling as viewmats.
+        viewmats, Ks: [C, 4, 4] world-to-camera matrices and [C, 3, 3] intrinsics in pixels,
+            C >= 1, not differentiable (ValueError if they require grad); CUDA tensors on
+            the device of `means` are read there, by the projection kernel (non-finite
+            values or fx, fy <= 0 are found on the device), host tensors checked here.
         width, height: image size in pixels.
         near_plane, far_plane: Gaussians with camera depth outside are culled (world units).
         eps2d: dilation added to the 2D covariance's diagonal, pixels^2.
@@ -215,27 +167,19 @@ def rasterization(
         camera_model: "pinhole", "ortho" (fx, fy: pixels per world unit) or "fisheye"
             (equidistant, r = f theta), gsplat's conventions.
         radial_coeffs, tangential_coeffs: OpenCV distortion per camera (see above).
-        reduce: (arc_warp) backward reduction of per-pixel gradients: "arc" (default),
-            "atomic", "warp", "serial" or "deterministic" (bit-identical gradients from run
-            to run; selected whatever this says under
-            torch.use_deterministic_algorithms(True)); "floor" is for timing only and yields
-            NO rasteriser gradients.
-        threshold: (arc_warp) ARC lane-count threshold; None = calibrated per device.
+        reduce, threshold: (arc_warp) `arc_warp.RenderSettings`' (the backward's reduction,
+            "arc" by default; "deterministic" whatever this says under
+            torch.use_deterministic_algorithms(True)).
         context: (arc_warp) the `RenderContext` whose renderers to use; None uses
             `default_context` of the device (one per device and thread).
-        scales_activation: (arc_warp) None or "exp": exp applied inside the projection (the
-            gradient lands on the raw tensor).
-        opacities_activation: (arc_warp) None or "sigmoid", likewise.
-        surface_colors, surface_depths: (arc_warp) an opaque surface behind the Gaussians
-            (a mesh: `arc_warp_torch.surface_from_mesh` makes both from the
-            `arc_warp_torch.mesh` ops' outputs), both or neither: per camera and pixel an
-            RGB colour and the camera depth (z, world units, the depth the Gaussians are
-            sorted by; +inf where there is no surface). At a pixel every Gaussian whose
-            centre is not in front of the surface is hidden, and the surface colour shows
-            through the transmittance the others leave, in place of the background, which
-            shows only where the depth is +inf. `render_alphas` and the depth channels
-            stay the visible Gaussians' own. The colours get a gradient, the depths none.
-            On the device of `means`; NaN depths raise ValueError as non-finite means do.
+        scales_activation, opacities_activation: (arc_warp) None, or "exp" / "sigmoid"
+            applied inside the projection (the gradient lands on the raw tensor).
+        surface_colors, surface_depths: (arc_warp) an opaque surface behind the Gaussians,
+            both or neither (`arc_warp_torch.surface_from_mesh` makes them from the
+            `arc_warp_torch.mesh` ops' outputs): per camera and pixel an RGB colour and the
+            camera depth (+inf where there is none), composited as `arc_warp.Surface` says;
+            the background shows only where the depth is +inf. The colours get a gradient,
+            the depths none; NaN depths raise ValueError as non-finite means do.
 
     Inputs may be float16/32/64 on "cpu" or "cuda" (all Gaussian tensors on one device);
     they are cast to float32 only when needed, and gradients come back in their dtype.
@@ -247,18 +191,13 @@ def rasterization(
         meta: dict with
             "means2d": [C, N, 2] float32 projected centres in pixels. When gradients are
                 enabled it is a leaf tensor with requires_grad=True whose .grad receives
-                dL/dmeans2d (pixels) during backward, for densification (calling
-                .retain_grad() on it, as gsplat code does, is harmless); with absgrad=True
-                its .absgrad attribute gets the per-pixel absolute gradient sum. It is
-                not an input of the autograd graph: the backward adds into its .grad while
-                the caller holds it and computes no such gradient once it is dropped.
+                dL/dmeans2d (pixels) during backward while the caller holds it, for
+                densification (.retain_grad() on it, as gsplat code calls, is harmless);
+                with absgrad=True its .absgrad gets the per-pixel absolute gradient sum.
             "radii": [C, N, 2] int32 screen-space extents in pixels, (0, 0) = culled.
             "width", "height", "n_cameras": ints.
-            "status": the render's `arc_warp.RenderStatus`: its checks (tile
-                intersections per camera, bad inputs, overflow of the sort), read on the
-                CPU before this returns and on CUDA at the next render of this size (see
-                `arc_warp.GaussianRenderer`); `status.flags` for
-                `SparseGaussianAdam.step(skip=...)`.
+            "status": the render's `arc_warp.RenderStatus` (see `RenderContext` for when
+                it is read); `status.flags` for `SparseGaussianAdam.step(skip=...)`.
 
     Raises:
         TypeError / ValueError: wrong types, dtypes, shapes, devices or options, before
@@ -276,7 +215,8 @@ def rasterization(
         value = passed[name]
         if value is not default and not (default is not None and type(value) in (int, float, bool)
                                          and value == default):
-            raise NotImplementedError(f"rasterization: {name}={_shown(value)} is not supported by arc_warp "
+            shown = f"<tensor {list(value.shape)}>" if isinstance(value, torch.Tensor) else repr(value)
+            raise NotImplementedError(f"rasterization: {name}={shown} is not supported by arc_warp "
                                       f"(only {name}={default!r}); see the README's list of gsplat keywords")
     if rolling_shutter is not None and getattr(rolling_shutter, "name", rolling_shutter) not in ("GLOBAL", 0):
         raise NotImplementedError(f"rasterization: rolling_shutter={rolling_shutter!r} is not supported by arc_warp "
@@ -298,8 +238,8 @@ def rasterization(
     opacities = check_tensor("opacities", opacities, (n,), device)
     sh_degree, colors = _sh_degree_and_colors(colors, n, sh_degree, device)
     distortion = _distortion(camera_model, radial_coeffs, tangential_coeffs, viewmats)
-    cameras, camera_tensors = _cameras(viewmats, Ks, width, height, near_plane, far_plane, device, camera_model,
-                                       distortion)
+    cameras, camera_tensors = cameras_of(viewmats, Ks, width, height, near_plane, far_plane, device, camera_model,
+                                         distortion)
     c = len(cameras)
     if backgrounds is not None:
         if not isinstance(backgrounds, torch.Tensor) or backgrounds.shape not in ((3,), (c, 3)):
@@ -344,10 +284,3 @@ def rasterization(
     meta = {"means2d": r.means2d, "radii": r.radii, "width": width, "height": height, "n_cameras": c,
             "status": r.status}
     return render_colors, r.alpha, meta
-
-
-def _shown(value) -> str:
-    """A keyword's value for a message: a tensor by its shape, anything else by repr."""
-    if isinstance(value, torch.Tensor):
-        return f"<tensor {list(value.shape)}>"
-    return repr(value)

@@ -1,5 +1,4 @@
-"""Analytic antialiasing: :class:`Antialiaser` and the functional antialias /
-antialias_backward on it, and the topology hash (edge -> opposite vertices)."""
+"""Analytic antialiasing: :class:`Antialiaser`, antialias / antialias_backward, the topology hash."""
 
 from __future__ import annotations
 
@@ -26,9 +25,8 @@ class TopologyHash:
 
 
 def antialias_construct_topology_hash(tri: wp.array) -> TopologyHash:  # [F, 3] int32
-    """Edge adjacency of ``tri`` (host-side numpy pass; copies ``tri`` to the host once).
-
-    Each undirected edge records the opposite vertices of its first two triangles (in
+    """Edge adjacency of ``tri`` (host-side numpy pass; copies ``tri`` to the host once):
+    each undirected edge records the opposite vertices of its first two triangles (in
     triangle order; triangles with repeated or negative vertices are ignored), as
     nvdiffrast's hash does; a third triangle on a non-manifold edge sees -1."""
     f = array(tri, "tri", 2, 3, None, wp.int32).numpy().astype(np.int64)
@@ -59,13 +57,9 @@ def antialias_construct_topology_hash(tri: wp.array) -> TopologyHash:  # [F, 3] 
 
 
 class Antialiaser(MeshOp):
-    """Antialiases B images of H x W with C channels (:func:`antialias` gives the
-    semantics and the arguments of :meth:`forward` and :meth:`backward`), with its
-    prepared launches made once.
-
-    Args: ``batch``, ``height``, ``width``, ``channels`` of the [B, H, W, C] colour it
-    blends; the rest as :class:`arc_warp.mesh.MeshOp`'s.
-    """
+    """Antialiases B images of H x W with C channels (:func:`antialias` gives the semantics
+    and the arguments). Args: ``batch``, ``height``, ``width``, ``channels`` of the
+    [B, H, W, C] colour it blends; the rest as :class:`MeshOp`'s."""
 
     def __init__(self, batch: int, height: int, width: int, channels: int, reduce: str = "arc",
                  threshold: int | None = None, device=None, record: bool = True):
@@ -90,8 +84,7 @@ class Antialiaser(MeshOp):
 
     def forward(self, color, rast, pos, tri, topology_hash: TopologyHash, out=None,
                 check: bool | None = None) -> wp.array:
-        """The antialiased colour, written into ``out`` if given. ``check``: as
-        :meth:`Rasterizer.forward`."""
+        """The antialiased colour, written into ``out`` if given. ``check``: as :meth:`Rasterizer.forward`."""
         pos_v, instanced, tri, rast_v = self._inputs(color, rast, pos, tri, topology_hash)
         out = output(out, "out", color.shape, self.device)
 
@@ -127,8 +120,7 @@ class Antialiaser(MeshOp):
 
 
 def _antialiaser(workspace, color, rast, tri, topology_hash, reduce, threshold) -> tuple[Antialiaser, TopologyHash]:
-    """The :class:`Antialiaser` of a call (the workspace's, or one for this call), and the
-    topology hash (built from ``tri`` when not given)."""
+    """The :class:`Antialiaser` of a call and the topology hash (built when not given)."""
     rast = array(rast, "rast", 4, 4)
     color = array(color, "color", 4, None, rast.device)
     if color.shape[:3] != rast.shape[:3]:
@@ -152,9 +144,7 @@ def antialias(
 ) -> wp.array:
     """Blends colours across silhouette edges by their coverage of each pixel pair
     (nvdiffrast 0.4 semantics; see antialias_kernels). ``topology_hash`` (from
-    :func:`antialias_construct_topology_hash`) saves rebuilding it each call. A vertex
-    index of ``tri`` outside pos's [0, V) raises ValueError (found on the device: on CUDA
-    the call waits for it).
+    :func:`antialias_construct_topology_hash`) saves rebuilding it each call.
 
     Returns:
         [B, H, W, C] float32. Recorded on an active ``wp.Tape``: gradients into ``color``

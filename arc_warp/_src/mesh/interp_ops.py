@@ -1,12 +1,12 @@
-"""Attribute interpolation: :class:`Interpolator` (forward with derivatives, ARC backward)
-and the functional interpolate / interpolate_backward on it."""
+"""Attribute interpolation: :class:`Interpolator` and interpolate / interpolate_backward on it."""
 
 from __future__ import annotations
 
 import numpy as np
 import warp as wp
 
-from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, chunking, exact, given, grad_of, output, ptr, record,
+from arc_warp._src.launches import ptr
+from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, chunking, exact, given, grad_of, output, record,
                                        tiled_dim, triangles)
 from arc_warp._src.mesh.interp_kernels import make_interp_bwd, make_interp_fwd
 
@@ -41,15 +41,12 @@ def _diff_links(idx: np.ndarray, num_attr: int) -> np.ndarray:
 
 
 class Interpolator(MeshOp):
-    """Interpolates A vertex attributes over B rasterised images of H x W, with the
-    pixel derivatives of ``diff_attrs`` (:func:`interpolate` gives the semantics and the
-    arguments of :meth:`forward` and :meth:`backward`), its constants (the derivatives'
-    link table) and prepared launches made once.
-
-    Args: ``batch``, ``height``, ``width`` of the [B, H, W, 4] ``rast`` it reads;
-    ``attributes``, A, the last axis of ``attr``; ``diff_attrs``: None, 'all' or a list of
-    attribute indices (negatives count from the end); the rest as :class:`arc_warp.mesh.MeshOp`'s.
-    """
+    """Interpolates A vertex attributes over B rasterised images of H x W, with the pixel
+    derivatives of ``diff_attrs`` (:func:`interpolate` gives the semantics and the
+    arguments), the derivatives' link table made once. Args: ``batch``, ``height``,
+    ``width`` of the [B, H, W, 4] ``rast`` it reads; ``attributes``, A, the last axis of
+    ``attr``; ``diff_attrs``: None, 'all' or a list of attribute indices (negatives count
+    from the end); the rest as :class:`MeshOp`'s."""
 
     def __init__(self, batch: int, height: int, width: int, attributes: int, diff_attrs=None, reduce: str = "arc",
                  threshold: int | None = None, device=None, record: bool = True):
@@ -60,7 +57,6 @@ class Interpolator(MeshOp):
         self._links = wp.array(_diff_links(idx, attributes), dtype=wp.int32, device=self.device)
         self.k, self.chunks = chunking(attributes)
         self._vec = wp.types.vector(self.k, wp.float32)  # k attributes at a time
-        self._zero = None  # a zero dL/dout, for a backward given only dL/dout_da (made then)
 
     def _inputs(self, attr, rast, tri, rast_db) -> tuple:
         """Checks the inputs: (Ba, V) of attr, tri, and rast_db (None unless derivatives use it)."""
@@ -78,8 +74,7 @@ class Interpolator(MeshOp):
         return images, vertices, triangles(tri, self.device), rast_db if self.num_diff else None
 
     def forward(self, attr, rast, tri, rast_db=None, out=None, check: bool | None = None) -> tuple:
-        """``(out, out_da)``, written into ``out`` if given. ``check``: as
-        :meth:`Rasterizer.forward`."""
+        """``(out, out_da)``, written into ``out`` if given. ``check``: as :meth:`Rasterizer.forward`."""
         images, vertices, tri, rast_db = self._inputs(attr, rast, tri, rast_db)
         b, h, w, a = self.batch, self.height, self.width, self.num_attributes
         out = (None, None) if out is None else out
@@ -115,10 +110,8 @@ class Interpolator(MeshOp):
             grad_rast_db = output(grad_rast_db, "grad_rast_db", (b, h, w, 4), self.device, zero=True)
         if (go is None and gda is None) or a == 0 or b * h * w == 0:
             return grad_attr, grad_rast, grad_rast_db
-        if go is None:
-            if self._zero is None:
-                self._zero = wp.zeros((b, h, w, a), dtype=wp.float32, device=self.device)
-            go = self._zero
+        if go is None:  # a backward given only dL/dout_da
+            go = self._zeros((b, h, w, a))
         da = gda is not None and self.num_diff > 0  # else no term of the derivatives: a kernel without them
 
         def body():
@@ -136,7 +129,7 @@ class Interpolator(MeshOp):
 
 
 def _interpolator(workspace, attr, rast, diff_attrs, reduce, threshold) -> Interpolator:
-    """The :class:`Interpolator` of a call (the workspace's, or one for this call)."""
+    """The :class:`Interpolator` of a call."""
     rast = array(rast, "rast", 4, 4)
     num_a = array(attr, "attr", (2, 3), None, rast.device).shape[-1]
     if diff_attrs is not None and not isinstance(diff_attrs, str):
@@ -160,14 +153,13 @@ def interpolate(
 
     ``out = u a0 + v a1 + (1 - u - v) a2`` with (u, v) the perspective-correct barycentrics
     of ``rast``; pixels without a triangle (or whose triangle id is out of range) get 0. A
-    minibatch of 1 in ``attr`` is broadcast. A vertex index of ``tri`` outside attr's
-    [0, V) raises ValueError (found on the device: on CUDA the call waits for it).
+    minibatch of 1 in ``attr`` is broadcast.
 
     Returns:
         ``(out, out_da)``: float32 [B, H, W, A] and [B, H, W, 2 len(diff_attrs)] with
         (dA/dX, dA/dY) per selected attribute in pixel units ([B, H, W, 0] without
         ``diff_attrs``). Recorded on an active ``wp.Tape`` (gradients into ``attr``,
-        ``rast`` and ``rast_db``); ``reduce``/``threshold`` select the backward's accumulator.
+        ``rast`` and ``rast_db``).
     """
     op = _interpolator(workspace, attr, rast, diff_attrs, reduce, threshold)
     out, out_da = op.forward(attr, rast, tri, rast_db, out, check=True)

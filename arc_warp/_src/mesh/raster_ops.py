@@ -1,13 +1,12 @@
-"""The rasteriser: :class:`Rasterizer` (depth test + resolve forward, ARC backward into
-positions) and the functional rasterize / rasterize_backward on it."""
+"""The rasteriser: :class:`Rasterizer` and the functional rasterize / rasterize_backward on it."""
 
 from __future__ import annotations
 
 import numpy as np
 import warp as wp
 
-from arc_warp._src.launches import View
-from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, exact, given, output, positions, ptr, record,
+from arc_warp._src.launches import View, ptr
+from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, exact, given, output, positions, record,
                                        tiled_dim, triangles)
 from arc_warp._src.mesh.raster_kernels import (EMPTY_KEY, make_raster_bwd, raster_big, raster_depth, raster_resolve,
                                                viewport_tile)
@@ -15,9 +14,8 @@ from arc_warp._src.validate import check_resolution
 
 
 def _batch(pos: wp.array, ranges, num_tri: int) -> tuple[np.ndarray | None, int, int]:
-    """(table, B, largest count) of a call: for [B, V, 4] positions no table and F
-    triangles per image; for [V, 4] (range mode) the checked [B, 2] int32 host table of
-    ``ranges`` (start, count), host data as in nvdiffrast."""
+    """(table, B, largest count): for [B, V, 4] positions no table and F triangles per
+    image; for [V, 4] (range mode) the checked [B, 2] int32 host table of ``ranges``."""
     if pos.ndim == 3:
         if pos.shape[0] < 1:
             raise ValueError(f"pos: expected a minibatch of at least 1, got shape {tuple(pos.shape)}")
@@ -36,13 +34,10 @@ def _batch(pos: wp.array, ranges, num_tri: int) -> tuple[np.ndarray | None, int,
 
 
 class Rasterizer(MeshOp):
-    """Rasterises F triangles into B images of H x W (:func:`rasterize` gives the
-    semantics and the arguments of :meth:`forward` and :meth:`backward`), with its
-    scratch (depth keys, big-triangle queue), constants and prepared launches made once.
-
+    """Rasterises F triangles into B images of H x W (:func:`rasterize` gives the semantics
+    and the arguments), with its scratch (depth keys, big-triangle queue) made once.
     Args: ``resolution`` (height, width); ``batch``, B, the images of a call (of [B, V, 4]
-    positions, or the rows of ``ranges``); ``triangles``, F, the rows of ``tri``; the rest
-    as :class:`arc_warp.mesh.MeshOp`'s.
+    positions, or the rows of ``ranges``); ``triangles``, F; the rest as :class:`MeshOp`'s.
     """
 
     def __init__(self, resolution, batch: int, triangles: int, reduce: str = "arc", threshold: int | None = None,
@@ -62,12 +57,10 @@ class Rasterizer(MeshOp):
         f = np.float32  # NDC of pixel centre x is xs * x + xo, rounded to float32 as nvdiffrast
         self._grid = (float(f(2.0) / f(w)), float(f(1.0) / f(w) - f(1.0)), float(f(2.0) / f(h)),
                       float(f(1.0) / f(h) - f(1.0)))
-        self._zero = None  # a zero dL/drast, for a backward given only dL/drast_db (made then)
 
     def forward(self, pos, tri, ranges=None, out=None, check: bool | None = None) -> tuple[wp.array, wp.array]:
-        """``(rast, rast_db)`` of ``pos`` and ``tri``, written into ``out`` if given.
-        ``check``: read the triangle check before returning (None: on the CPU, where it
-        costs no wait; else at the next forward, or :meth:`check`)."""
+        """``(rast, rast_db)``, written into ``out`` if given. ``check``: read the triangle
+        check before returning (None: on the CPU; else at the next forward, or :meth:`check`)."""
         pos_v, instanced = positions(pos, self.device)
         tri = triangles(tri, self.device)
         table, batch, count = _batch(pos, ranges, tri.shape[0])
@@ -116,10 +109,8 @@ class Rasterizer(MeshOp):
         grad_pos = output(grad_pos, "grad_pos", pos.shape, self.device, zero=True)
         if g is None and gdb is None:
             return grad_pos
-        if g is None:
-            if self._zero is None:
-                self._zero = wp.zeros(shape, dtype=wp.float32, device=self.device)
-            g = self._zero
+        if g is None:  # a backward given only dL/drast_db
+            g = self._zeros(shape)
 
         def body():
             self._launches.launch(make_raster_bwd(self.mode), tiled_dim(b, h, w),
@@ -159,24 +150,16 @@ def rasterize(
     every run. u, v and z/w are then computed from the unsnapped positions (u, v stay
     relative to the original triangle, also where it was clipped). Triangles with zero
     area after snapping, all w <= 0, or any non-finite coordinate are not drawn and get
-    no gradient. A vertex index outside [0, V) raises ValueError (found on the device:
-    on CUDA the call waits for it).
+    no gradient.
 
-    Args:
-        grad_db: propagate gradients of ``rast_db`` into ``pos`` (tape and
-            :func:`rasterize_backward`).
-        reduce: accumulation mode of the backward (``atomic``/``warp``/``serial``/``arc``/``floor``).
-        threshold: ARC threshold override (default: the workspace's, else calibrated per GPU).
-        workspace: its :class:`Rasterizer` of this size (made on first use) keeps the
-            depth keys, the big-triangle queue and the prepared launches across calls;
-            None makes one for this call.
-        out: arrays to write ``rast`` and ``rast_db`` into instead of new ones.
+    ``grad_db``: propagate gradients of ``rast_db`` into ``pos`` (tape and
+    :func:`rasterize_backward`); ``reduce``, ``threshold`` and ``workspace`` as
+    ``arc_warp.mesh``'s notes say; ``out``: arrays to write ``rast`` and ``rast_db`` into.
 
     Returns:
         ``(rast, rast_db)``, float32 [B, H, W, 4]: (u, v, z/w, triangle_id + 1; all 0 where
-        empty) and (du/dX, du/dY, dv/dX, dv/dY) in pixel units. In range mode
-        triangle ids index the whole ``tri``. Recorded on an active ``wp.Tape`` when
-        ``pos.requires_grad``.
+        empty; in range mode ids index the whole ``tri``) and (du/dX, du/dY, dv/dX, dv/dY)
+        in pixel units. Recorded on an active ``wp.Tape`` when ``pos.requires_grad``.
     """
     pos = array(pos, "pos", (2, 3), 4)
     num_tri = array(tri, "tri", 2, 3, pos.device, wp.int32).shape[0]
@@ -206,10 +189,9 @@ def rasterize_backward(
     are not differentiable; visibility changes are :func:`antialias`'s job). They are
     those of the forward's u, v, clamped to the triangle (unlike nvdiffrast's backward,
     which differentiates the unclamped ones); the clamp acts where snapped coverage puts
-    a pixel centre outside its exact triangle. The
-    per-pixel contributions to the three vertices of each pixel's triangle are summed
-    with the ``reduce`` accumulator. Returns ``grad_pos`` (new if None), shaped like pos:
-    x, y, w components; z gets none.
+    a pixel centre outside its exact triangle. The per-pixel contributions to the three
+    vertices of each pixel's triangle are summed with the ``reduce`` accumulator. Returns
+    ``grad_pos`` (new if None), shaped like pos: x, y, w components; z gets none.
     """
     pos = array(pos, "pos", (2, 3), 4)
     num_tri = array(tri, "tri", 2, 3, pos.device, wp.int32).shape[0]

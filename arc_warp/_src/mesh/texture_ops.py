@@ -9,8 +9,8 @@ import dataclasses
 import numpy as np
 import warp as wp
 
-from arc_warp._src.launches import View
-from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, chunking, exact, given, grad_of, output, ptr, record,
+from arc_warp._src.launches import View, ptr
+from arc_warp._src.mesh.common import (BLOCK, MeshOp, array, chunking, exact, given, grad_of, output, record,
                                        tiled_dim)
 from arc_warp._src.mesh.texture_kernels import (BOUNDARY_MODES, FILTER_MODES, NEAREST, make_mip_fold, make_tex_bwd,
                                                 make_tex_fwd, mip_build, mip_build2)
@@ -19,10 +19,9 @@ from arc_warp._src.mesh.util_kernels import copy_into
 
 @dataclasses.dataclass(frozen=True)
 class MipStack:
-    """A texture and its mip levels in one (texels, C) float32 array (see texture_kernels).
-
+    """A texture and its mip levels in one (texels, C) float32 array (see texture_kernels):
     ``sizes`` (levels,) vec2i (w, h) and ``offsets`` (levels,) int32 (first row of each
-    level) live on the device; ``host_sizes`` is the same list on the host."""
+    level) on the device; ``host_sizes`` the same list on the host."""
 
     data: wp.array
     sizes: wp.array
@@ -71,11 +70,9 @@ def mip_shape(tex_shape, max_mip_level: int | None = None) -> tuple[int, int]:
 
 class MipBuilder(MeshOp):
     """Builds the mip stacks of [B, H, W, C] textures (:func:`build_mip`), with the level
-    tables (``sizes``, ``offsets``) on the device and the launches prepared once.
-
-    Args: ``tex_shape`` (B, H, W, C) of the textures; ``max_mip_level``, the levels after
-    level 0 (None: down to 1x1); the rest as :class:`arc_warp.mesh.MeshOp`'s.
-    """
+    tables (``sizes``, ``offsets``) on the device. Args: ``tex_shape`` (B, H, W, C);
+    ``max_mip_level``, the levels after level 0 (None: down to 1x1); the rest as
+    :class:`MeshOp`'s."""
 
     def __init__(self, tex_shape: tuple, max_mip_level: int | None = None, device=None, record: bool = True):
         super().__init__(None, None, device, record)
@@ -113,17 +110,13 @@ class MipBuilder(MeshOp):
 
 class TextureSampler(MeshOp):
     """Samples [Bt, Ht, Wt, C] textures at B x H x W texture coordinates with one filter
-    and boundary mode (:func:`texture` gives the semantics and the arguments of
-    :meth:`forward` and :meth:`backward`); its level tables, mip-gradient scratch and
-    prepared launches are made once. ``mip`` is its :class:`MipBuilder` in the mipmapped
-    modes (None in the others), whose stacks :meth:`forward` samples.
-
-    Args: ``batch``, ``height``, ``width`` of the [B, H, W, 2] ``uv`` it samples at;
-    ``tex_shape`` (Bt, Ht, Wt, C), Bt 1 or B; ``filter_mode`` 'nearest', 'linear',
-    'linear-mipmap-nearest' or 'linear-mipmap-linear'; ``boundary_mode`` 'wrap', 'clamp'
-    or 'zero'; ``max_mip_level`` as :class:`MipBuilder`'s (0: 'linear'); the rest as
-    :class:`arc_warp.mesh.MeshOp`'s.
-    """
+    and boundary mode (:func:`texture` gives the semantics and the arguments), its level
+    tables and mip-gradient scratch made once. ``mip`` is its :class:`MipBuilder` in the
+    mipmapped modes (None in the others), whose stacks :meth:`forward` samples. Args:
+    ``batch``, ``height``, ``width`` of the [B, H, W, 2] ``uv``; ``tex_shape`` (Bt, Ht, Wt,
+    C), Bt 1 or B; ``filter_mode`` 'nearest', 'linear', 'linear-mipmap-nearest' or
+    'linear-mipmap-linear'; ``boundary_mode`` 'wrap', 'clamp' or 'zero'; ``max_mip_level``
+    as :class:`MipBuilder`'s (0: 'linear'); the rest as :class:`MeshOp`'s."""
 
     def __init__(self, batch: int, height: int, width: int, tex_shape: tuple, filter_mode: str = "linear",
                  boundary_mode: str = "wrap", max_mip_level: int | None = None, reduce: str = "arc",
@@ -142,7 +135,7 @@ class TextureSampler(MeshOp):
         if "mipmap" in filter_mode and max_mip_level == 0:
             filter_mode = "linear"
         self._filter, self._boundary = FILTER_MODES[filter_mode], BOUNDARY_MODES[boundary_mode]
-        d, (bt, ht, wt, c) = self.device, self.tex_shape
+        d, (_, ht, wt, c) = self.device, self.tex_shape
         self.mip = MipBuilder(tex_shape, max_mip_level, d, record) if "mipmap" in filter_mode else None
         # without mipmaps the texture itself is the stack: one level
         self._level0 = wp.array([(wt, ht)], dtype=wp.vec2i, device=d), wp.zeros(1, dtype=wp.int32, device=d)
@@ -233,17 +226,15 @@ def build_mip(tex: wp.array, max_mip_level: int | None = None, out: wp.array | N
     """The mip stack of ``tex`` ([B, H, W, C] float32), levels by 2x2 box filtering.
 
     ``max_mip_level`` limits the number of levels after level 0 (None: down to 1x1).
-    ``out`` (float32 of :func:`mip_shape`) receives the stack instead of a new array;
-    ``workspace`` (an ``arc_warp.Workspace``) keeps its :class:`MipBuilder` of this size."""
+    ``out`` (float32 of :func:`mip_shape`) receives the stack instead of a new array."""
     tex = array(tex, "tex", 4)
     return MipBuilder.of(workspace, tex.device, tuple(tex.shape), max_mip_level).build(tex, out)
 
 
 def _sampler(workspace, tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level, reduce,
              threshold) -> tuple[TextureSampler, MipStack | None]:
-    """The :class:`TextureSampler` of a call (the workspace's, or one for this call), and
-    the stack it samples: ``mip``, or in a mipmapped mode without one a new stack of
-    ``tex`` (the backward reads it)."""
+    """The :class:`TextureSampler` of a call and the stack it samples: ``mip``, or in a
+    mipmapped mode without one a new stack of ``tex`` (the backward reads it)."""
     tex = array(tex, "tex", 4)
     uv = array(uv, "uv", 4, 2, tex.device)
     mode = resolve_filter_mode(filter_mode, uv_da is not None, mip_level_bias is not None)
@@ -271,10 +262,8 @@ def texture(
     ``mip_level_bias`` is given, else 'linear'. Mipmapped modes build the pyramid inside
     (a new array each call) or use ``mip``; sides longer than 1 must stay even down the
     pyramid, else a ValueError suggests ``max_mip_level``. Cube maps are not supported.
-
-    Returns:
-        [B, H, W, C] float32. Recorded on an active ``wp.Tape``: gradients into ``tex``
-        (every mip level folded back into level 0), ``uv``, ``uv_da`` and ``mip_level_bias``.
+    Returns [B, H, W, C] float32, recorded on an active ``wp.Tape``: gradients into ``tex``
+    (every mip level folded back into level 0), ``uv``, ``uv_da`` and ``mip_level_bias``.
     """
     op, stack = _sampler(workspace, tex, uv, uv_da, mip_level_bias, mip, filter_mode, boundary_mode, max_mip_level,
                          reduce, threshold)

@@ -87,7 +87,7 @@ def make_project_fwd(antialiased: bool, scale_activation: str = "none", opacity_
     ``scale_activation`` "exp" / ``opacity_activation`` "sigmoid": the kernel reads
     log-scales / logits and activates them (compile-time constants, as ``antialiased``);
     ``pinhole_only``: the kernel handles only undistorted pinhole cameras (no code, and no
-    registers, for the other models; see ``project_ops.is_plain_pinhole``)."""
+    registers, for the other models; see ``renderer.is_plain_pinhole``)."""
 
     @wp.kernel(enable_backward=False, module="unique")
     def project_fwd(
@@ -151,7 +151,7 @@ def project_one(
     ``RADIUS_MAX`` before the int cast, so such a Gaussian covers the whole image; a
     covariance that overflows float32 (NaN/Inf entries) is culled.
 
-    Also writes the depth sort's inputs (``bin_ops.count_intersections`` sorts them), so
+    Also writes the depth sort's inputs (the renderer sorts them), so
     that takes no pass of its own: ``order[i] = i`` and the key, the depth's float bits
     (depth >= near > 0, so they order like the depth), or ``INT32_MAX`` for a Gaussian
     without tiles (culled, or its footprint reaches none), which sorts last.
@@ -237,7 +237,7 @@ def project_one(
     radius = wp.vec2i(int(rx), int(ry))
     geom = wp.vec4(xy[0], xy[1], opacity, p[2])
     radii[i] = radius
-    # at most the grid's tile count (< 2^23, bin_ops.MAX_TILES): exact in an int32
+    # at most the grid's tile count (< 2^23, renderer.MAX_TILES): exact in an int32
     tiles = wp.int32(count_tiles(geom, conic, radius, tiles_x, tiles_y))
     tiles_per_gauss[i] = tiles
     if tiles > 0:

@@ -26,7 +26,7 @@ The ``deterministic`` backward adds nothing atomically: per entry, each warp sum
 pixels with the fixed reduce-scatter tree, the warps' sums meet in shared memory and
 are added in warp order, and the total is written to the entry's own slot of a
 per-intersection array (summed per Gaussian in a fixed order afterwards, see
-``raster_ops``).
+``GaussianRenderer.backward``).
 """
 
 import functools

@@ -1,4 +1,4 @@
-"""Typed records that travel between the splatting stages."""
+"""Typed records that travel between the splatting stages, and :func:`check_gaussians`."""
 
 from __future__ import annotations
 
@@ -8,12 +8,17 @@ from dataclasses import dataclass, field
 import warp as wp
 
 from arc_warp._src.arc.calibrate import MAX_THRESHOLD, MIN_THRESHOLD
-from arc_warp._src.camera import Camera, DeviceCameras
 from arc_warp._src.arc.reduce_funcs import MODES
+from arc_warp._src.camera import Camera, DeviceCameras
+from arc_warp._src.validate import check_array
 
 # RenderSettings.scale_activation / opacity_activation values
 SCALE_ACTIVATIONS = ("none", "exp")
 OPACITY_ACTIVATIONS = ("none", "sigmoid")
+
+
+def _int_in(value, low: int, high: int) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int) and low <= value <= high
 
 
 @dataclass(frozen=True)
@@ -25,14 +30,12 @@ class RenderSettings:
             ``None`` uses the full degree the coefficient count implies. Ignored for
             plain RGB colours.
         background: RGB added as ``T_final * background`` to the colour image.
-        reduce: how the rasteriser backward reduces per-Gaussian gradients:
-            ``"atomic"`` (one atomic per lane), ``"warp"`` (always warp-reduce),
-            ``"serial"``, ``"arc"`` (adaptive, the default), ``"deterministic"``
-            (bit-identical gradients from run to run: per-(tile, Gaussian) partials
-            summed in a fixed order, no atomics) or ``"floor"``. ``"floor"``
-            issues no atomics at all: it exists only to time the rest of the
-            backward and produces NO rasteriser gradients (means, quats, scales,
-            opacities and colours get zero from the image loss).
+        reduce: how the rasteriser backward reduces per-Gaussian gradients: ``"atomic"``
+            (one atomic per lane), ``"warp"`` (always warp-reduce), ``"serial"``, ``"arc"``
+            (adaptive, the default), ``"deterministic"`` (bit-identical gradients from run
+            to run: per-(tile, Gaussian) partials summed in a fixed order, no atomics) or
+            ``"floor"`` (no atomics at all, to time the rest of the backward: NO rasteriser
+            gradients).
         threshold: ARC threshold (lanes on one address before a warp reduction);
             ``None`` asks ``arc_warp`` for the calibrated value of the device.
         eps2d: dilation added to the 2D covariance diagonal, pixels^2.
@@ -40,20 +43,17 @@ class RenderSettings:
             ``rasterize_mode="antialiased"``, INRIA's ``antialiasing=True``): each opacity is
             scaled by sqrt(det(cov2d) / det(cov2d + eps2d I)), so dilation keeps a small
             Gaussian's integral instead of brightening it.
-        absgrad: also accumulate ``|dL/dmean2d|`` per pixel and Gaussian (gsplat's
-            absgrad densification) into ``RenderOutput.means2d_absgrad``; costs two
-            more accumulated values per Gaussian in the rasteriser backward.
+        absgrad: also accumulate ``|dL/dmean2d|`` per pixel and Gaussian (gsplat's absgrad
+            densification) into ``RenderOutput.means2d_absgrad`` (two more accumulated values).
         scale_activation: ``"none"`` (``scales`` are linear std-devs) or ``"exp"``:
             ``scales`` are raw log-scales, as 3DGS training stores them, and the
             projection uses ``exp(scales)`` (a log-scale whose exp overflows float32, above
             about 88.7, counts as a non-finite scale).
         opacity_activation: ``"none"`` (``opacities`` in [0, 1]) or ``"sigmoid"``:
-            ``opacities`` are raw logits and the projection uses ``sigmoid(opacities)``
-            (for the opacity cull, the antialiased compensation and the splats).
-            With either activation the gradients are w.r.t. the raw inputs
-            (dL/dlog_s = dL/ds * s, dL/dlogit = dL/do * o (1 - o)), so no exp / sigmoid
-            needs to run (or be differentiated) before the render. Quaternions are
-            always normalised inside the projection (the gradient goes through it).
+            ``opacities`` are raw logits and the projection uses ``sigmoid(opacities)``.
+            With either activation the gradients are w.r.t. the raw inputs (dL/dlog_s =
+            dL/ds * s, dL/dlogit = dL/do * o (1 - o)). Quaternions are always normalised
+            inside the projection (the gradient goes through it).
     """
 
     sh_degree: int | None = None
@@ -67,9 +67,7 @@ class RenderSettings:
     opacity_activation: str = "none"
 
     def __post_init__(self):
-        if self.sh_degree is not None and (
-            isinstance(self.sh_degree, bool) or not isinstance(self.sh_degree, int) or not 0 <= self.sh_degree <= 3
-        ):
+        if self.sh_degree is not None and not _int_in(self.sh_degree, 0, 3):
             raise ValueError(f"RenderSettings.sh_degree must be None or an int in 0..3, got {self.sh_degree!r}")
         bg = tuple(float(v) for v in self.background)
         if len(bg) != 3 or not all(math.isfinite(v) for v in bg):
@@ -77,23 +75,15 @@ class RenderSettings:
         object.__setattr__(self, "background", bg)
         if self.reduce not in MODES:
             raise ValueError(f"RenderSettings.reduce must be one of {MODES}, got {self.reduce!r}")
-        if self.threshold is not None and (
-            isinstance(self.threshold, bool)
-            or not isinstance(self.threshold, int)
-            or not MIN_THRESHOLD <= self.threshold <= MAX_THRESHOLD
-        ):
-            raise ValueError(
-                f"RenderSettings.threshold must be None or an int in [{MIN_THRESHOLD}, {MAX_THRESHOLD}], "
-                f"got {self.threshold!r}"
-            )
+        if self.threshold is not None and not _int_in(self.threshold, MIN_THRESHOLD, MAX_THRESHOLD):
+            raise ValueError(f"RenderSettings.threshold must be None or an int in [{MIN_THRESHOLD}, {MAX_THRESHOLD}], "
+                             f"got {self.threshold!r}")
         if not (math.isfinite(self.eps2d) and self.eps2d >= 0.0):
             raise ValueError(f"RenderSettings.eps2d must be a finite float >= 0, got {self.eps2d!r}")
-        if not isinstance(self.scale_activation, str) or self.scale_activation not in SCALE_ACTIVATIONS:
-            raise ValueError(f"RenderSettings.scale_activation must be one of {SCALE_ACTIVATIONS}, "
-                             f"got {self.scale_activation!r}")
-        if not isinstance(self.opacity_activation, str) or self.opacity_activation not in OPACITY_ACTIVATIONS:
-            raise ValueError(f"RenderSettings.opacity_activation must be one of {OPACITY_ACTIVATIONS}, "
-                             f"got {self.opacity_activation!r}")
+        for name, allowed in (("scale_activation", SCALE_ACTIVATIONS), ("opacity_activation", OPACITY_ACTIVATIONS)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in allowed:
+                raise ValueError(f"RenderSettings.{name} must be one of {allowed}, got {value!r}")
 
 
 @dataclass
@@ -113,14 +103,9 @@ class GaussianGrads:
 
 @dataclass(frozen=True)
 class Gaussians:
-    """N Gaussians as the renderer reads them, checked by :func:`check_gaussians`.
-
-    ``means`` (N,) wp.vec3 world units; ``quats`` (N,) wp.vec4 wxyz of any norm > 0;
-    ``scales`` (N,) wp.vec3 (linear std-devs, or log-scales with
-    ``RenderSettings.scale_activation="exp"``); ``opacities`` (N,) float32 (in [0, 1], or
-    logits with ``opacity_activation="sigmoid"``); ``colors`` (N, K) wp.vec3 SH
-    coefficients or (N,) wp.vec3 RGB. ``sh_coeffs``: the coefficients evaluated,
-    (degree + 1)^2, or 0 for RGB. All on one device, contiguous. ``coeff_rows``: the SH
+    """N Gaussians as the renderer reads them, checked by :func:`check_gaussians`: the
+    arrays of :func:`render_gaussians`, on one device, contiguous. ``sh_coeffs``: the
+    coefficients evaluated, (degree + 1)^2, or 0 for RGB. ``coeff_rows``: the SH
     coefficients' memory as (N,) vectors of 3K floats, which the SH kernels load whole
     (None for RGB)."""
 
@@ -145,21 +130,52 @@ class Gaussians:
         return (self.means, self.quats, self.scales, self.opacities, self.colors)
 
 
+def check_gaussians(means, quats, scales, opacities, colors, sh_degree: int | None = None) -> Gaussians:
+    """The :class:`Gaussians` of these arrays, or TypeError/ValueError naming what is wrong
+    (dtype, shape, device, contiguity). ``colors`` (N, K) wp.vec3 holds SH coefficients
+    (K = 1, 4, 9 or 16), of which the first (sh_degree + 1)^2 are evaluated (``sh_degree``
+    None: all K); (N,) wp.vec3 holds RGB. NaN/Inf are found later, on the device."""
+    means = check_array(means, "means", wp.vec3, 1)
+    n, device = means.shape[0], means.device
+    check_array(quats, "quats", wp.vec4, 1, (n,), device)
+    check_array(scales, "scales", wp.vec3, 1, (n,), device)
+    check_array(opacities, "opacities", wp.float32, 1, (n,), device)
+    if not isinstance(colors, wp.array):
+        raise TypeError(f"colors must be a wp.array of wp.vec3, got {type(colors).__name__}")
+    if colors.ndim == 1:
+        check_array(colors, "colors", wp.vec3, 1, (n,), device)
+        return Gaussians(means, quats, scales, opacities, colors, 0)
+    check_array(colors, "colors", wp.vec3, 2, None, device)
+    k = colors.shape[1]
+    if colors.shape[0] != n or k not in (1, 4, 9, 16):
+        raise ValueError(f"SH colors must have shape (N={n}, (d+1)^2) with d in 0..3, got {colors.shape}")
+    degree = math.isqrt(k) - 1 if sh_degree is None else sh_degree
+    if (degree + 1) ** 2 > k:
+        raise ValueError(f"sh_degree {degree} needs {(degree + 1) ** 2} SH coefficients, colors has {k}")
+    rows = wp.array(ptr=colors.ptr if n else None, dtype=wp.types.vector(3 * k, wp.float32), shape=(n,), device=device)
+    rows._ref = colors
+    return Gaussians(means, quats, scales, opacities, colors, (degree + 1) ** 2, rows)
+
+
 @dataclass(frozen=True)
 class Surface:
-    """An opaque surface behind the Gaussians of one camera's pixels (checked by
-    ``surface_ops.check_surfaces``): where ``depths`` is below +inf it hides every Gaussian
-    whose centre's camera z is not in front of it, and its colour shows through the
-    Gaussians' final transmittance in place of the background."""
+    """An opaque surface behind the Gaussians of one camera's pixels (a mesh: see
+    :func:`surface_from_mesh`), checked like the inputs (non-finite colours and NaN depths
+    by the device). At a pixel whose depth is below +inf, every Gaussian whose centre's
+    camera z is not in front of the surface (depth >= surface depth) is hidden, and the
+    surface colour shows through the transmittance the others leave (``T_final *
+    colour``) in place of the background; where the depth is +inf the background shows,
+    so a surface at +inf everywhere renders what no surface renders, bit for bit.
+    ``alpha``, ``depth`` and ``expected_depth`` stay the visible Gaussians' own. The
+    backward adds ``T_final * dL/dcolor`` into the colours' gradient; the depths get none."""
 
     colors: wp.array  # (H, W) wp.vec3
-    depths: wp.array  # (H, W) float32, camera z (world units), +inf: no surface
+    depths: wp.array  # (H, W) float32, camera z (world units, the depth the Gaussians are sorted by), +inf: none
 
 
 @dataclass(frozen=True)
 class RenderImages:
-    """What :meth:`GaussianRenderer.forward` writes for C cameras of one H x W size.
-
+    """What :meth:`GaussianRenderer.forward` writes for C cameras of one H x W size:
     ``color`` (C, H, W) wp.vec3; ``alpha`` (C, H, W) float32 = 1 - T_final; ``depth``
     (C, H, W) float32 = sum w_i z_i (camera z, world units) and ``expected_depth`` (C, H, W)
     = depth / alpha (0 where alpha is 0), both (C, 0, 0) when not wanted (left unwritten;
@@ -182,9 +198,8 @@ class RenderImages:
 
 
 def camera_plane(a: wp.array, c: int) -> wp.array:
-    """Camera ``c``'s part of a contiguous batched (C, ...) array, made from its pointer
-    (cheaper than Warp's indexing; Warp cannot index an empty array at all), keeping ``a``
-    alive as Warp's own views do."""
+    """Camera ``c``'s part of a contiguous (C, ...) array, made from its pointer (cheaper than
+    Warp's indexing, which cannot index an empty array), keeping ``a`` alive."""
     view = wp.array(ptr=a.ptr + c * a.strides[0] if a.size else None, dtype=a.dtype, shape=a.shape[1:],
                     device=a.device)
     view._ref = a
@@ -204,19 +219,13 @@ class ImageGrads:
 
 @dataclass
 class RenderOutput:
-    """One camera's images from :func:`render_gaussians`, and what its backward needs.
-
-    Images are ``(H, W)`` wp arrays on the input device: ``color`` wp.vec3,
-    ``alpha`` = 1 - T_final, ``depth`` = sum w_i z_i (camera z, world units),
-    ``expected_depth`` = depth / alpha (0 where alpha == 0). Per Gaussian:
-    ``means2d`` (N,) wp.vec2 pixels, ``radii`` (N,) wp.vec2i ((0, 0) = culled).
+    """One camera's images from :func:`render_gaussians` (its planes of
+    :class:`RenderImages`: (H, W) and (N,) wp arrays), and what its backward needs.
     ``means2d_grad`` ((N,) wp.vec2, pixels) accumulates dL/dmean2d in every backward not
-    given a buffer of its own (made and zeroed when first read); ``means2d_absgrad``
-    (same shape) accumulates its per-pixel absolute values when ``settings.absgrad`` is
-    on, else it is ``None``. ``camera`` is the :class:`Camera` rendered, or the
-    :class:`DeviceCameras` batch with ``camera_index`` naming the camera. ``status`` is
-    the render's :class:`RenderStatus` (shared by the cameras of one call).
-    """
+    given a buffer of its own (made and zeroed when first read); ``means2d_absgrad`` (same
+    shape) its per-pixel absolute values with ``settings.absgrad``, else ``None``.
+    ``camera``: the :class:`Camera` rendered, or the :class:`DeviceCameras` batch with
+    ``camera_index`` naming it. ``status``: the call's :class:`RenderStatus`."""
 
     color: wp.array
     alpha: wp.array

@@ -1,21 +1,68 @@
 """The functional API: render_gaussians / render_gaussians_backward over a GaussianRenderer,
-and their wp.Tape recording."""
+their wp.Tape recording, and the Workspace whose objects repeated functional calls reuse."""
 
 from __future__ import annotations
 
 import warp as wp
 
+from arc_warp._src.arc.calibrate import resolve_threshold
 from arc_warp._src.camera import Camera, DeviceCameras
-from arc_warp._src.splat.records import GaussianGrads, ImageGrads, RenderImages, RenderOutput, RenderSettings
+from arc_warp._src.splat.records import (GaussianGrads, ImageGrads, RenderImages, RenderOutput, RenderSettings,
+                                         check_gaussians)
 from arc_warp._src.splat.renderer import GaussianRenderer
 from arc_warp._src.splat.surface_ops import check_surfaces
-from arc_warp._src.splat.validate import check_gaussians, check_grads
-from arc_warp._src.splat.workspace import Workspace
 from arc_warp._src.tape import active_tape
 from arc_warp._src.validate import check_array
 
 # Names and dtypes of the (H, W) images a caller may supply through ``outputs``.
 IMAGE_OUTPUTS = {"color": wp.vec3, "alpha": wp.float32, "depth": wp.float32, "expected_depth": wp.float32}
+
+
+class Workspace:
+    """The objects that repeated functional calls reuse on one device (explicit state, no
+    globals): pass it as ``workspace=`` to :func:`render_gaussians` and to the mesh ops.
+
+    One dict holds one object per kind and size, keyed by what sizes it: ``(GaussianRenderer,
+    width, height, cameras, sh_coeffs, settings)`` (:meth:`renderer`; a new Gaussian count
+    resizes it) and ``(op class, sizes..., options...)`` for a mesh op object
+    (``Rasterizer.of`` and the like; :meth:`get`). Entries live as long as the workspace.
+    The ARC thresholds are resolved once, here, so no step calibrates lazily (``threshold``
+    None: the device's calibrated values). Use a workspace from one thread (and one stream)
+    at a time. ``allocator``: None, or the renderers' (see :class:`GaussianRenderer`).
+    """
+
+    def __init__(self, device=None, threshold: int | None = None, allocator=None):
+        self.device = wp.get_device(device)
+        self.threshold = resolve_threshold(self.device, threshold)
+        self.keyed_threshold = resolve_threshold(self.device, threshold, keyed=True)
+        self.allocator = allocator
+        self._objects: dict[tuple, object] = {}  # (kind, sizes..., options...) -> its object
+
+    def get(self, key: tuple, make):
+        """The object of ``key`` (its kind, sizes and options), made by ``make()`` on first use."""
+        obj = self._objects.get(key)
+        if obj is None:
+            obj = self._objects[key] = make()
+        return obj
+
+    def renderer(self, width: int, height: int, gaussians: int, cameras: int, sh_coeffs: int,
+                 settings: RenderSettings) -> GaussianRenderer:
+        """The renderer of this size and settings (made on first use), resized to
+        ``gaussians`` if it rendered another count."""
+        renderer = self.get((GaussianRenderer, width, height, cameras, sh_coeffs, settings), lambda: GaussianRenderer(
+            width, height, gaussians, cameras, sh_coeffs, settings, self.device, self.threshold,
+            allocator=self.allocator))
+        if renderer.num_gaussians != gaussians:
+            renderer.resize(gaussians)
+        return renderer
+
+    def objects(self, kind: type | None = None) -> list:
+        """The objects held (of class ``kind`` only, if given), in the order they were made."""
+        return [obj for obj in self._objects.values() if kind is None or isinstance(obj, kind)]
+
+    def renderers(self) -> list[GaussianRenderer]:
+        """The :class:`GaussianRenderer` objects held (a graph capture marks them capturing)."""
+        return self.objects(GaussianRenderer)
 
 
 def render_gaussians(
@@ -46,11 +93,10 @@ def render_gaussians(
     All arrays live on one device (cpu or cuda); outputs are allocated there.
 
     This is one :meth:`GaussianRenderer.forward` with its checks read before it returns
-    (``check=True``): types, dtypes, shapes and devices raise TypeError/ValueError
-    before any launch; NaN/Inf in any input (and an all-zero quaternion) is found by the
-    device and raises ValueError here; the images are always complete (a camera whose
-    tile intersections outgrew the renderer's sort is rendered again). For renders that
-    never wait for the device, hold a :class:`GaussianRenderer` yourself.
+    (``check=True``): types, dtypes, shapes and devices raise TypeError/ValueError before
+    any launch; NaN/Inf in any input (and an all-zero quaternion) raises ValueError once
+    the device has found it; the images are always complete. For renders that never wait
+    for the device, hold a :class:`GaussianRenderer` yourself.
 
     Gradients: if any input has ``requires_grad`` and a ``wp.Tape`` is given (``tape=``)
     or active (``with tape:``), the outputs get ``requires_grad`` and the backward is
@@ -77,28 +123,18 @@ def render_gaussians(
             :class:`DeviceCameras` (matrices on the device, read there); a list or
             DeviceCameras renders each camera and returns a list.
         settings: :class:`RenderSettings`; ``None`` uses the defaults.
-        workspace: a :class:`Workspace` whose renderer of this size is reused (no Warp
-            arrays allocated for its scratch, launches prepared once, threshold resolved
-            when the workspace was made); None makes a renderer for this call.
+        workspace: a :class:`Workspace` whose renderer of this size is reused (its scratch
+            and prepared launches); None makes a renderer for this call.
         outputs: optional caller-owned (H, W) arrays for the images, by name: ``color``
             (wp.vec3), ``alpha``, ``depth``, ``expected_depth`` (float32), and (N,)
             ``means2d`` (wp.vec2) and ``radii`` (wp.vec2i); the render writes into them.
             For several cameras, a list of such dicts (or None), one per camera.
         tape: the ``wp.Tape`` to record the backward on; ``None`` uses the tape of an
             enclosing ``with tape:`` block, if any.
-        surface_colors, surface_depths: an opaque surface behind the Gaussians (a mesh,
-            see :func:`surface_from_mesh`), per pixel a colour and a camera depth (z, world
-            units, the depth the Gaussians are sorted by; +inf where there is none), both
-            or neither. At a pixel, every Gaussian whose centre is not in front of the
-            surface (depth >= surface depth) is hidden, and the surface colour shows
-            through the transmittance the others leave (``T_final * colour``) instead of
-            the background; where the depth is +inf the background shows, so a surface at
-            +inf everywhere renders what no surface renders, bit for bit. ``alpha``,
-            ``depth`` and ``expected_depth`` stay the visible Gaussians' own. Checked like
-            the inputs (NaN depths and non-finite colours by the device). The backward adds
-            ``T_final * dL/dcolor`` into the colours' gradient (``.grad`` on the tape,
-            ``grad_surface_colors`` of :func:`render_gaussians_backward`); the depths get
-            none.
+        surface_colors, surface_depths: an opaque surface behind the Gaussians, both or
+            neither: per pixel a colour and a camera depth (+inf where there is none); see
+            :class:`Surface` for how it composites. On the tape the colours' ``.grad`` gets
+            their gradient (``grad_surface_colors`` of :func:`render_gaussians_backward`).
 
     Returns:
         :class:`RenderOutput` (or a list of them for several cameras).
@@ -136,13 +172,8 @@ def render_gaussians(
         renderer = GaussianRenderer(sized.width, sized.height, n, c, g.sh_coeffs, settings, g.device, record=False)
     else:
         renderer = workspace.renderer(sized.width, sized.height, n, c, g.sh_coeffs, settings)
-    images = RenderImages(
-        color=wp.empty((c, *shape), dtype=wp.vec3, device=g.device),
-        alpha=wp.empty((c, *shape), dtype=wp.float32, device=g.device),
-        depth=wp.empty((c, *shape), dtype=wp.float32, device=g.device),
-        expected_depth=wp.empty((c, *shape), dtype=wp.float32, device=g.device),
-        means2d=wp.empty((c, n), dtype=wp.vec2, device=g.device),
-        radii=wp.empty((c, n), dtype=wp.vec2i, device=g.device))
+    images = RenderImages(*(wp.empty((c, *shape), dtype=dtype, device=g.device) for dtype in IMAGE_OUTPUTS.values()),
+                          *(wp.empty((c, n), dtype=dtype, device=g.device) for dtype in (wp.vec2, wp.vec2i)))
     state = renderer.new_state()
     status = renderer.forward(g, cameras, state, images, check=True, surfaces=surfaces)
     outs = []
@@ -211,12 +242,10 @@ def render_gaussians_backward(
     """Gradients of a scalar loss w.r.t. the inputs of the render that made ``out``.
 
     ``grad_*`` are cotangents shaped like the outputs, on the same device; ``None``
-    means zero. The rasteriser backward runs one 256-thread block per tile and reduces
-    the per-Gaussian gradients with the accumulator of ``out.settings.reduce``
-    (``"floor"`` yields no rasteriser gradients: benchmarking only). Then the SH
-    backward, one thread per coefficient row, and one per-Gaussian kernel through the
-    projection. The 2D mean gradients are added into ``out.means2d_grad`` and, with
-    ``settings.absgrad``, their per-pixel absolute sums into ``out.means2d_absgrad``.
+    means zero. This is :meth:`GaussianRenderer.backward` (``out.settings.reduce``
+    ``"floor"`` yields no rasteriser gradients: benchmarking only). The 2D mean gradients
+    are added into ``out.means2d_grad`` and, with ``settings.absgrad``, their per-pixel
+    absolute sums into ``out.means2d_absgrad``.
 
     ``accumulate`` False writes the gradients into ``grads`` (every entry: culled
     Gaussians and SH coefficients past ``settings.sh_degree`` get 0) instead of adding
@@ -234,17 +263,17 @@ def render_gaussians_backward(
     g = out._state.gaussians
     shape, device = out.alpha.shape, g.device
 
-    def cotangent(value, name, dtype):
-        return None if value is None else check_array(value, name, dtype, 2, shape, device)
-
-    cot = ImageGrads(cotangent(grad_color, "grad_color", wp.vec3), cotangent(grad_alpha, "grad_alpha", wp.float32),
-                     cotangent(grad_depth, "grad_depth", wp.float32),
-                     cotangent(grad_expected_depth, "grad_expected_depth", wp.float32))
+    cot = ImageGrads(*(None if value is None else check_array(value, f"grad_{name}", dtype, 2, shape, device)
+                       for value, (name, dtype) in zip((grad_color, grad_alpha, grad_depth, grad_expected_depth),
+                                                       IMAGE_OUTPUTS.items())))
     if grads is None:
         grads = GaussianGrads(*(wp.empty_like(a) for a in g.arrays))
         accumulate = False
-    else:
-        check_grads(grads, g)
+    elif not isinstance(grads, GaussianGrads):
+        raise TypeError(f"grads must be a GaussianGrads, got {type(grads).__name__}")
+    else:  # shaped like the Gaussians
+        for name, src in zip(("means", "quats", "scales", "opacities", "colors"), g.arrays):
+            check_array(getattr(grads, name), f"grads.{name}", src.dtype, src.ndim, src.shape, src.device)
     if means2d_grad is not None:
         check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (g.count,), device)
     else:

@@ -1,6 +1,17 @@
 """GaussianRenderer: N Gaussians into C cameras of one image size, with buffers and prepared
 launches made once, and RenderState, what one forward leaves for its backward.
 
+A camera's stages (kernels in ``*_kernels.py``): the projection writes the splats, 2D
+means, radii, tile counts and depth keys; SH colours are evaluated (RGB is used as-is);
+the Gaussians are sorted by depth, their tile counts scanned in that order and the total
+written to the camera's flags; the tile keys are written front to back into a sort of
+``capacity`` entries and sorted stably by tile alone (each tile's range in depth order,
+equal depths in Gaussian order, as one sort of ``tile << 32 | depth`` keys would give,
+in ~log2(tiles) radix bits, not 32 more); the rasteriser composites each 16x16 tile.
+The backward runs the rasteriser's, the SH stage's and one per-Gaussian pass through the
+projection. CPU launches of kernels with block storage hold ``cpu_launch_guard`` (their
+CPU block storage is C static).
+
 The overflow rule. The tile sort needs the number of Gaussian-tile intersections, which
 only the device knows once the Gaussians are projected. The renderer sorts ``capacity``
 entries per camera, set by its first forward (which reads the totals back, one wait) to
@@ -24,59 +35,99 @@ being able to know it first.
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
 import warp as wp
+import warp.utils
 
 from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD, resolve_threshold
-from arc_warp._src.camera import Camera, DeviceCameras
-from arc_warp._src.launches import Bindings, Launches
-from arc_warp._src.splat.bin_ops import count_intersections, sort_intersections, tile_grid
-from arc_warp._src.splat.geometry_funcs import CameraParams, Splat2D, grad_vector
-from arc_warp._src.splat.project_ops import is_plain_pinhole, project, project_backward, write_cameras
-from arc_warp._src.splat.raster_ops import raster_backward, rasterize
+from arc_warp._src.arc.intrinsics import cpu_launch_guard
+from arc_warp._src.arc.scatter_ops import ordered_scatter_add
+from arc_warp._src.camera import CAMERA_MODELS, Camera, DeviceCameras
+from arc_warp._src.launches import Bindings, Launches, View, ptr
+from arc_warp._src.splat.bin_kernels import (STAGED_KEYS_PER_GAUSSIAN, gather_counts, store_total, tile_ranges,
+                                             write_keys, write_keys_staged)
+from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, TILE_SIZE, CameraParams, Splat2D, grad_vector
+from arc_warp._src.splat.project_kernels import camera_from_matrices, make_project_bwd, make_project_fwd
+from arc_warp._src.splat.raster_kernels import make_raster_bwd, make_raster_fwd
 from arc_warp._src.splat.records import GaussianGrads, Gaussians, ImageGrads, RenderImages, RenderSettings, Surface
-from arc_warp._src.splat.sh_ops import color_backward, compute_colors
+from arc_warp._src.splat.sh_kernels import make_sh_bwd, make_sh_fwd
 from arc_warp._src.splat.status import RenderStatus
-from arc_warp._src.splat.surface_ops import flag_surface
-from arc_warp._src.splat.validate import check_intersections
-from arc_warp._src.splat.validate_kernels import FLAG_SLOTS
+from arc_warp._src.splat.validate_kernels import BAD_SLOTS, FLAG_SLOTS, OVERFLOW_SLOT, flag_nan, flag_nonfinite
 from arc_warp._src.validate import check_array
 
 SORT_SLACK = 4096  # entries added to every capacity, so small scenes rarely overflow
 ALIGN = 256  # byte alignment of each part carved from one allocation
+MAX_ISECTS = (2**31 - 1) // 2  # radix_sort_pairs needs keys of 2 x count entries; a Warp array holds < 2^31
+# the rasteriser runs one thread per pixel of the tile grid with int32 thread ids (which
+# also keeps the tile keys, filler tile n_tiles included, in int32)
+MAX_TILES = (2**31 - 1) // BLOCK_PIXELS
+WRITE_KEYS_BLOCK = 256  # write_keys_staged's block, whose threads stage their keys in shared memory together
+# the SH backward's block: whole warps reach the accumulator (wp.config.enable_cpu_blocks emulates them on the CPU)
+SH_BWD_BLOCK = 256
+CAMERA_RECORD = CameraParams.numpy_dtype()  # numpy's layout of one CameraParams (made once: it parses)
+SLOT = {name: 1 + i for i, name in enumerate(BAD_SLOTS)}  # the flag slot of each input check
 
 
-def _nbytes(shape, dtype) -> int:
-    size = wp.types.type_size_in_bytes(dtype)
-    for d in (shape,) if isinstance(shape, int) else shape:
-        size *= d
-    return size
+def tile_grid(width: int, height: int) -> tuple[int, int]:
+    """Number of 16x16 tiles along x and y; ValueError past ``MAX_TILES`` (about 2^31 pixels)."""
+    tiles_x, tiles_y = (width + TILE_SIZE - 1) // TILE_SIZE, (height + TILE_SIZE - 1) // TILE_SIZE
+    if tiles_x * tiles_y > MAX_TILES:
+        raise ValueError(
+            f"render_gaussians: a {width}x{height} image has {tiles_x * tiles_y} tiles of {TILE_SIZE}x{TILE_SIZE}, "
+            f"more than the {MAX_TILES} one render can index; render it in crops")
+    return tiles_x, tiles_y
+
+
+def camera_params(cameras: list[Camera], out: np.ndarray | None = None) -> np.ndarray:
+    """(C,) numpy records of ``CameraParams`` for host cameras (into ``out`` if given): their
+    float64 values rounded once to float32, as the kernels read them."""
+    params = np.zeros(len(cameras), dtype=CAMERA_RECORD) if out is None else out
+    for i, camera in enumerate(cameras):
+        w2c, lens = camera.world_to_camera, camera.distortion
+        if lens is None:
+            terms = ((0.0,) * 4, (0.0,) * 3, (0.0, 0.0), 0.0)
+        else:
+            num, den = lens.radial(camera.model)
+            terms = (tuple(num[1:]) + (0.0,) * (5 - len(num)), tuple(den[1:]) + (0.0,) * (4 - len(den)),
+                     (lens.p1, lens.p2), camera.r2_max)
+        # one record at once, in CameraParams' field order (a field at a time costs ~10x)
+        params[i] = (w2c[:3, :3], w2c[:3, 3], camera.center, camera.fx, camera.fy, camera.cx, camera.cy,
+                     camera.width, camera.height, camera.near, camera.far, CAMERA_MODELS.index(camera.model),
+                     lens is not None, *terms)
+    return params
+
+
+def is_plain_pinhole(cameras) -> bool:
+    """True for undistorted pinhole cameras (a sequence of Camera, or DeviceCameras): the
+    projection may then use kernels without the other models' code (``pinhole_only``)."""
+    if isinstance(cameras, DeviceCameras):
+        return cameras.model == "pinhole" and cameras.distortion is None
+    return all(cam.model == "pinhole" and cam.distortion is None for cam in cameras)
 
 
 class _Block:
-    """Typed views carved from one allocation of ``allocator(nbytes) -> (pointer, owner)``
-    (None: a Warp byte array, which each view keeps alive, as Warp's own views do), each
-    part ``ALIGN``-aligned. With an allocator the views do not keep the ``owner`` alive:
-    its caller does (torch frees a render's memory when its backward is done), and they
-    come from ``renderer.bound`` (made once per pointer and layout)."""
+    """Typed views of ``parts`` ((shape, dtype) each, ``ALIGN``-aligned) carved from one
+    allocation of ``allocator(nbytes) -> (pointer, owner)`` (None: a Warp array, which
+    each view keeps alive). With an allocator the caller keeps the ``owner`` alive (torch
+    frees a render's memory when its backward is done) and the views come from
+    ``renderer.bound``."""
 
     def __init__(self, renderer: GaussianRenderer, parts: list[tuple], allocator=None):
         offsets, total = [], 0
         for shape, dtype in parts:
             offsets.append(total)
-            total += -(-_nbytes(shape, dtype) // ALIGN) * ALIGN
-        device = renderer.device
-        if allocator is None:
-            # 16-byte elements: a byte array stops at 2 GiB (Warp's int32 shapes)
-            self.owner = wp.empty(max(-(-total // 16), 1), dtype=wp.vec4i, device=device)
+            total += -(-wp.types.type_size_in_bytes(dtype) * math.prod(shape) // ALIGN) * ALIGN
+        if allocator is None:  # 16-byte elements: a byte array stops at 2 GiB (Warp's int32 shapes)
+            self.owner = wp.empty(max(-(-total // 16), 1), dtype=wp.vec4i, device=renderer.device)
             base = self.owner.ptr
         else:
             base, self.owner = allocator(max(total, 1))
 
         def views():
-            return [wp.array(ptr=base + offset, dtype=dtype, shape=shape, device=device)
+            return [wp.array(ptr=base + offset, dtype=dtype, shape=shape, device=renderer.device)
                     for offset, (shape, dtype) in zip(offsets, parts)]
 
         if allocator is None:
@@ -87,11 +138,6 @@ class _Block:
             self.views = renderer.bound(("block", base, tuple(parts)), views)
 
 
-def _ptr(a: wp.array | None) -> int:
-    """An optional array's pointer for a plan's key (0: none)."""
-    return 0 if a is None else a.ptr
-
-
 class _CameraState:
     """One camera's part of a :class:`RenderState` (views into its allocations)."""
 
@@ -99,9 +145,8 @@ class _CameraState:
 
 
 def _camera_parts(renderer: GaussianRenderer, views: list, per_camera: int, absgrad: bool) -> tuple:
-    """Each camera's :class:`_CameraState` over a state's views (``per_camera`` of them per
-    camera), the (C,) CameraParams of all cameras, which are evenly spaced, and on the CPU
-    their numpy records (written in place), else None."""
+    """Each camera's :class:`_CameraState` over a state's views, the (C,) CameraParams of
+    all cameras (evenly spaced) and on the CPU their numpy records (written in place)."""
     cameras = []
     for i in range(len(views) // per_camera):
         cs = _CameraState()
@@ -123,25 +168,22 @@ class RenderState:
     Gaussian ids and tile ranges, the final transmittance and last contributor per pixel,
     and with ``settings.absgrad`` the (N,) vec2 absolute 2D mean gradients the backward
     adds. Made by :meth:`GaussianRenderer.new_state` from one allocation of ``allocator``
-    (and one more for the sort, sized by the renderer's capacity when a forward uses it):
-    a caller that allocates from torch passes torch's allocator and keeps ``owners`` alive
+    (and one more for the sort): a caller that allocates from torch keeps ``owners`` alive
     while the backward may run. ``gaussians``, ``images`` and ``status`` are the forward's.
     """
 
     def __init__(self, renderer: GaussianRenderer, allocator=None):
         n, c, shape = renderer.num_gaussians, renderer.num_cameras, (renderer.height, renderer.width)
-        self.renderer, self.num_gaussians = renderer, n
-        self.allocator = allocator
-        sh = renderer.sh_coeffs > 0
-        absgrad = renderer.settings.absgrad
+        self.renderer, self.num_gaussians, self.allocator = renderer, n, allocator
+        sh, absgrad = renderer.sh_coeffs > 0, renderer.settings.absgrad
         per_camera = [((1,), CameraParams), ((n,), Splat2D), ((n if sh else 0,), wp.vec3),
                       ((renderer.tiles_x * renderer.tiles_y,), wp.vec2i), (shape, wp.float32), (shape, wp.int32),
                       ((n if absgrad else 0,), wp.vec2)]
         block = _Block(renderer, per_camera * c, allocator)
         self.owners = [block.owner]
-        self.cameras, self.cams, self.cam_records = _camera_parts(renderer, block.views, len(per_camera), absgrad) if allocator is None \
-            else renderer.bound(("camera parts", block.views[0].ptr, n, c, sh, absgrad),
-                                lambda: _camera_parts(renderer, block.views, len(per_camera), absgrad))
+        parts = lambda: _camera_parts(renderer, block.views, len(per_camera), absgrad)  # noqa: E731
+        self.cameras, self.cams, self.cam_records = parts() if allocator is None else \
+            renderer.bound(("camera parts", block.views[0].ptr, n, c, sh, absgrad), parts)
         self.capacity = 0
         self.pinhole_only = False  # the forward's cameras were all plain pinholes (its kernel variant)
         self.surfaces: list[Surface] | None = None
@@ -150,8 +192,7 @@ class RenderState:
         self.status: RenderStatus | None = None
 
     def sort_room(self, capacity: int) -> None:
-        """Make each camera's sorted ids hold a sort of ``capacity`` entries (2 x capacity
-        int32: the radix sort's room)."""
+        """Each camera's sorted ids made to hold a sort of ``capacity`` (2 x capacity int32)."""
         if capacity <= self.capacity:
             return
         block = _Block(self.renderer, [((2 * capacity,), wp.int32)] * len(self.cameras), self.allocator)
@@ -169,18 +210,13 @@ class RenderState:
 class GaussianRenderer:
     """Renders N Gaussians into C cameras of one H x W size (gsplat 1.5.3 "classic"
     conventions; see :func:`arc_warp.render_gaussians`), with its buffers and prepared
-    launches made once and reused by every forward and backward.
-
-    What sizes it: ``width``, ``height``, ``cameras`` (C), ``gaussians`` (N; change it with
-    :meth:`resize`), the SH coefficients evaluated (``sh_coeffs``, 0 for RGB colours) and
-    ``settings``. A forward's state (what its backward reads) lives in a
-    :class:`RenderState` the caller holds, so several renders can wait for their
-    backwards; the scratch of a call (sort keys, scans, the backward's packed gradients)
-    is the renderer's own, or comes from ``allocator`` at each call and goes back at its end.
+    launches made once and reused by every forward and backward. A forward's state (what
+    its backward reads) lives in a :class:`RenderState` the caller holds, so several
+    renders can wait for their backwards.
 
     Args:
         width, height: image size in pixels.
-        gaussians: N.
+        gaussians: N (change it with :meth:`resize`).
         cameras: C, the cameras of one forward.
         sh_coeffs: coefficients evaluated per Gaussian, (degree + 1)^2, or 0 for RGB.
         settings: :class:`RenderSettings` (None: the defaults).
@@ -188,11 +224,11 @@ class GaussianRenderer:
         threshold: the ARC threshold when ``settings.threshold`` is None (None: the device's
             calibrated one, resolved here, never inside a step).
         capacity: tile intersections per camera the sort holds; None: measured by the first
-            forward (see the module notes: the overflow rule).
-        allocator: None (the renderer keeps its scratch in Warp arrays, grown as needed) or
-            ``nbytes -> (pointer, owner)``: each call's scratch is allocated through it and
-            dropped at the call's end (torch's caching allocator shares it with the rest of
-            a training step). Must be stream-ordered on the stream the work runs on.
+            forward (the module notes: the overflow rule).
+        allocator: None (the call's scratch, sort keys, scans and packed gradients, is the
+            renderer's, grown as needed) or ``nbytes -> (pointer, owner)``, stream-ordered
+            on the stream the work runs on: each call's scratch comes from it and goes back
+            at the call's end (torch's caching allocator shares it with a training step).
         record: prepare launches for reuse (False for a renderer used once).
     """
 
@@ -218,8 +254,7 @@ class GaussianRenderer:
             self.threshold = resolve_threshold(self.device, threshold)
         self.allocator = allocator
         self._launches = Launches(self.device, record)
-        # the device status of the last forward, and its host copy (pinned: copied without a
-        # wait; on the CPU the flags themselves)
+        # the last forward's device flags, and their host copy (pinned; on the CPU the flags)
         self._flags = wp.zeros((cameras, FLAG_SLOTS), dtype=wp.int32, device=self.device)
         self._host_flags = (self._flags if self.device.is_cpu else
                             wp.zeros((cameras, FLAG_SLOTS), dtype=wp.int32, device="cpu", pinned=True))
@@ -249,29 +284,24 @@ class GaussianRenderer:
         self.num_gaussians, self.capacity = gaussians, capacity
 
     def new_state(self, allocator=None) -> RenderState:
-        """A :class:`RenderState` for one forward (its memory from ``allocator``, as the
-        constructor's, or Warp arrays)."""
+        """A :class:`RenderState` for one forward (memory from ``allocator``, or Warp arrays)."""
         return RenderState(self, allocator)
+
+    def bound(self, key: tuple, make):
+        """What ``make()`` builds of the memory ``key`` names (Warp views, say), made once per
+        memory (:meth:`Bindings.bound`). The caller keeps the memory alive while it uses them."""
+        return self._bindings.bound(key, make)
 
     # ---------------------------------------------------------------- forward
 
     def forward(self, gaussians: Gaussians, cameras, state: RenderState, images: RenderImages,
                 check: bool | None = None, surfaces: list[Surface] | None = None) -> RenderStatus:
         """Renders ``gaussians`` into each camera of ``cameras`` (a sequence of C
-        :class:`Camera`, or :class:`DeviceCameras` of C), writing ``images`` and ``state``.
-
-        ``surfaces``: one :class:`Surface` per camera ((H, W) colours and camera depths,
-        +inf where a pixel has none), composited behind the Gaussians: at a pixel every
-        Gaussian whose centre is not in front of the surface is hidden, and the surface
-        colour shows through the transmittance the others leave, where the background
-        would (``alpha`` and the depths stay the visible Gaussians' own).
-
-        ``check``: read the render's status before returning (raise for bad inputs, render
-        an overflowed camera again): None does it where it costs no wait (the CPU). See the
-        module notes for the overflow rule. Before anything is queued, the status of the
-        previous forward still unread is read (its ValueError raises here).
-
-        Returns the render's :class:`RenderStatus` (also ``state.status``)."""
+        :class:`Camera`, or :class:`DeviceCameras` of C), writing ``images`` and ``state``;
+        ``surfaces``: None, or one :class:`Surface` per camera. ``check``: read the status
+        before returning (None: where it costs no wait, the CPU); the previous forward's,
+        if unread, is read first (the module notes: the overflow rule). Returns the
+        render's :class:`RenderStatus` (also ``state.status``)."""
         self._check_call(gaussians, cameras, state, images, surfaces)
         self._read_pending()
         if check is None:
@@ -290,20 +320,17 @@ class GaussianRenderer:
         state.pinhole_only = is_plain_pinhole(cameras)
         device_cameras = isinstance(cameras, DeviceCameras)
         if not device_cameras:  # host values, new each call: written outside any plan
-            if self._staged is not None:
-                # the previous forward's copy has read the staging records: waits only if the
-                # device is a whole step behind
+            if self._staged is not None:  # the previous copy has read the staging records (a step ago)
                 wp.synchronize_event(self._staged)
             self._write_cameras(cameras, state)
             if self._staged is not None:
                 self.device.stream.record_event(self._staged)
-        rows = gaussians.coeff_rows
         if self.capacity is None:
             measuring = self._scratch(False)  # held until the work is queued
-            self._measure(gaussians, cameras, state, rows, measuring.views)
+            self._measure(cameras, state, measuring.views)
         scratch = self._scratch(False)  # held until the work is queued (an allocator's memory)
         state.sort_room(self.capacity)
-        cameras_key = ((cameras.viewmats.ptr, cameras.intrinsics.ptr, _ptr(cameras.distortion), cameras.model)
+        cameras_key = ((cameras.viewmats.ptr, cameras.intrinsics.ptr, ptr(cameras.distortion), cameras.model)
                        if device_cameras else None)
         key = ("forward", self.capacity, state.pinhole_only, cameras_key, *(a.ptr for a in gaussians.arrays),
                *(a.ptr for a in (images.color, images.alpha, images.depth, images.expected_depth, images.means2d,
@@ -315,12 +342,12 @@ class GaussianRenderer:
             self._launches.call(self._flags.zero_)
             if device_cameras:
                 self._write_cameras(cameras, state)
-            self._render(gaussians, state, images, rows, scratch.views, range(self.num_cameras))
+            self._render(state, scratch.views, range(self.num_cameras))
 
         self._run(key, body)
         status = state.status = self._status()
         if check:
-            self._settle(status, gaussians, state, images, rows)
+            self._settle(status, state)
         else:
             self._pending = status
         return status
@@ -371,11 +398,10 @@ class GaussianRenderer:
                 check_array(surface.depths, f"surfaces[{i}].depths", wp.float32, 2, (h, w), self.device)
 
     def _scratch(self, backward: bool, n: int | None = None, capacity: int | None = None) -> _Block:
-        """This call's scratch: the forward's (N-sized counts, depth order and scan, then
-        keys that the depth sort and, with twice the capacity's room, the tile sort use in
-        turn) or the backward's (the packed rasteriser gradients, the SH stage's share of
-        dL/dmeans, and ``deterministic``'s per-entry partials, ``capacity`` of them: the
-        largest camera's intersections). Owned and grown, or fresh from the allocator."""
+        """This call's scratch, owned and grown or fresh from the allocator: the forward's
+        (tile counts, depth order, int64 scan, then keys the depth sort and the tile sort
+        use in turn) or the backward's (packed rasteriser gradients, the SH share of
+        dL/dmeans, and ``capacity`` of ``deterministic``'s per-entry partials)."""
         n = self.num_gaussians if n is None else n
         cap = (self.capacity or 0) if capacity is None else capacity
         if backward:
@@ -393,57 +419,89 @@ class GaussianRenderer:
             setattr(self, attr, block)
         return block
 
-    def _measure(self, gaussians: Gaussians, cameras, state: RenderState, rows, scratch) -> None:
-        """Sets the capacity from the cameras' totals, read back (the one wait of a first
-        forward): 1.25x the largest plus ``SORT_SLACK``."""
+    def _write_cameras(self, cameras, state: RenderState) -> None:
+        """``state.cams`` from ``cameras``: device cameras by a kernel (an invalid one sets
+        its flags), host values through the pinned staging records (on the CPU in place)."""
+        if isinstance(cameras, DeviceCameras):
+            for c in range(len(cameras)):
+                self._launches.launch(camera_from_matrices, 1, [
+                    cameras.viewmats, cameras.intrinsics, c, cameras.width, cameras.height, float(cameras.near),
+                    float(cameras.far), CAMERA_MODELS.index(cameras.model), cameras.distortion, state.cams[c:c + 1],
+                    self._flags[c], SLOT["cameras"], SLOT["camera distortion"]], key=("camera", c))
+        elif state.cam_records is not None:
+            camera_params(cameras, state.cam_records)
+        else:
+            camera_params(cameras, self._staged_records)
+            wp.copy(state.cams, self._staging)
+
+    def _count(self, c: int, state: RenderState, scratch, capacity: int) -> None:
+        """Camera ``c``'s projection, colours, depth sort and tile-count scan; its flags get
+        the total (saturated at 2^31 - 1) and whether it passed ``capacity``."""
         tiles_per_gauss, order, cum_tiles, keys = scratch
-        n = gaussians.count
+        g, s, cs, flags, launches = state.gaussians, self.settings, state.cameras[c], self._flags[c], self._launches
+        *_, means2d, radii = state.images.planes[c]
+        launches.launch(make_project_fwd(s.antialiased, s.scale_activation, s.opacity_activation, state.pinhole_only),
+                        g.count, [g.means, g.quats, g.scales, g.opacities, cs.cam, s.eps2d, self.tiles_x, self.tiles_y,
+                                  means2d, cs.splats, radii, tiles_per_gauss, keys, order, flags], key=("project", c))
+        if not g.count:
+            return
+        if g.sh_coeffs:
+            launches.launch(make_sh_fwd(g.sh_coeffs, g.colors.shape[1]), g.count,
+                            [g.means, g.coeff_rows, radii, cs.cam, SLOT["colors"], cs.rgb, flags], key=("sh_fwd", c))
+        else:  # plain RGB is used as-is: one flat check pass
+            launches.launch(flag_nonfinite, 3 * g.count, [View(g.colors, wp.float32, (3 * g.count,)), flags,
+                                                          SLOT["colors"]], key=("flag_colors", c))
+        # stable: equal depths keep index order; the positive keys need 31 bits
+        launches.call(wp.utils.radix_sort_pairs, keys, order, g.count, 0, 31)
+        launches.launch(gather_counts, g.count, [order, tiles_per_gauss, cum_tiles], key=("gather_counts", c))
+        launches.call(wp.utils.array_scan, cum_tiles, cum_tiles, inclusive=True)  # in place (cub and the CPU allow it)
+        launches.launch(store_total, 1, [cum_tiles, capacity, flags, OVERFLOW_SLOT], key=("store_total", c))
+
+    def _measure(self, cameras, state: RenderState, scratch) -> None:
+        """The capacity from the cameras' totals, read back (a first forward's one wait)."""
         self._flags.zero_()
         if isinstance(cameras, DeviceCameras):
             self._write_cameras(cameras, state)
-        for c, cs in enumerate(state.cameras):
-            flags = self._flags[c]
-            *_, means2d, radii = state.images.planes[c]
-            project(self._launches, c, gaussians, cs.cam, self.settings, self.tiles_x, self.tiles_y, flags,
-                    means2d, radii, cs.splats, tiles_per_gauss, keys, order, state.pinhole_only)
-            if n:
-                compute_colors(self._launches, c, gaussians, rows, cs.cam, radii, cs.rgb, flags)
-                count_intersections(self._launches, c, n, keys, order, tiles_per_gauss, cum_tiles, 2**31 - 1, flags)
+        for c in range(self.num_cameras):
+            self._count(c, state, scratch, 2**31 - 1)
         if self._host_flags is not self._flags:
             wp.copy(self._host_flags, self._flags)
         self._record_event()
         status = self._status()
         status.check_inputs()
-        for total in status.totals:
-            check_intersections(total, lambda: int(cum_tiles[-1:].numpy()[0]), n, self.tiles_x, self.tiles_y)
-        # (the main pass re-projects: a first forward's cost, once per renderer or resize)
-        self.capacity = max(status.totals) * 5 // 4 + SORT_SLACK
+        self._grow(max(status.totals), lambda: int(scratch[2][-1:].numpy()[0]))
 
-    def _render(self, gaussians: Gaussians, state: RenderState, images: RenderImages, rows, scratch,
-                cameras) -> RenderStatus:
-        """Queues the renders of ``cameras`` (indices), one after another through the shared
-        scratch, each copying its flags to the host after its count (the event follows the
-        last copy, so a wait for it ends before the last sort and rasteriser)."""
+    def _render(self, state: RenderState, scratch, cameras) -> None:
+        """Queues the renders of ``cameras`` (indices) through the shared scratch, each copying
+        its flags to the host after its sort (the event follows the last copy)."""
         tiles_per_gauss, order, cum_tiles, keys = scratch
-        n, cap, settings = gaussians.count, self.capacity, self.settings
-        launches = self._launches
+        g, cap, launches = state.gaussians, self.capacity, self._launches
+        n = g.count
+        tx, ty, n_tiles = self.tiles_x, self.tiles_y, self.tiles_x * self.tiles_y
         for c in cameras:
-            cs = state.cameras[c]
-            flags = self._flags[c]
+            cs, flags = state.cameras[c], self._flags[c]
+            color, alpha, depth, expected_depth, _, radii = state.images.planes[c]
+            surface = None if state.surfaces is None else state.surfaces[c]
             if cs.absgrad is not None:
                 launches.call(cs.absgrad.zero_)  # backwards add into it
-            rgb = cs.rgb if gaussians.sh_coeffs else gaussians.colors
-            color, alpha, depth, expected_depth, means2d, radii = images.planes[c]
-            project(launches, c, gaussians, cs.cam, settings, self.tiles_x, self.tiles_y, flags, means2d, radii,
-                    cs.splats, tiles_per_gauss, keys, order, state.pinhole_only)
-            surface = None if state.surfaces is None else state.surfaces[c]
             if surface is not None:
-                flag_surface(launches, c, surface, flags)
+                pixels = self.height * self.width
+                launches.launch(flag_nonfinite, 3 * pixels, [View(surface.colors, wp.float32, (3 * pixels,)), flags,
+                                                             SLOT["surface_colors"]], key=("surface_colors", c))
+                launches.launch(flag_nan, pixels, [View(surface.depths, wp.float32, (pixels,)), flags,
+                                                   SLOT["surface_depths (NaN)"]], key=("surface_depths", c))
+            self._count(c, state, scratch, cap)
             if n:
-                compute_colors(launches, c, gaussians, rows, cs.cam, radii, cs.rgb, flags)
-                count_intersections(launches, c, n, keys, order, tiles_per_gauss, cum_tiles, cap, flags)
-                sort_intersections(launches, c, order, cs.splats, radii, tiles_per_gauss, cum_tiles,
-                                   self.tiles_x, self.tiles_y, cap, keys, cs.sort_ids, cs.ranges)
+                # past the total: the filler tile n_tiles; past the capacity: dropped (flagged)
+                args = [order, cs.splats, radii, tiles_per_gauss, cum_tiles, tx, ty, cap, keys, cs.sort_ids]
+                if cap > STAGED_KEYS_PER_GAUSSIAN * n:  # large splats: through shared memory
+                    with cpu_launch_guard(self.device):  # block barriers: whole blocks, CPU statics
+                        launches.launch(write_keys_staged, -(-n // WRITE_KEYS_BLOCK) * WRITE_KEYS_BLOCK, args,
+                                        block_dim=WRITE_KEYS_BLOCK, key=("write_keys_staged", c))
+                else:
+                    launches.launch(write_keys, n, args, key=("write_keys", c))
+                launches.call(wp.utils.radix_sort_pairs, keys, cs.sort_ids, cap, 0, n_tiles.bit_length())
+                launches.launch(tile_ranges, n_tiles + 1, [keys, cap, cs.ranges], key=("tile_ranges", c))
             else:
                 launches.call(cs.ranges.zero_)
             if self._host_flags is not self._flags:
@@ -451,83 +509,72 @@ class GaussianRenderer:
                               src_offset=c * FLAG_SLOTS, count=FLAG_SLOTS)
             if c == cameras[-1]:
                 launches.call(self._record_event)
-            rasterize(launches, c, self.tiles_x, self.tiles_y, settings.background, cs.sort_ids, cs.ranges,
-                      cs.splats, rgb, color, alpha, depth, expected_depth, cs.final_t, cs.last_ids, surface)
-
-    def _write_cameras(self, cameras, state: RenderState) -> None:
-        """``state.cams`` from ``cameras``: host values through the staging records (on the
-        CPU in place), device cameras by a kernel."""
-        if state.cam_records is not None:
-            write_cameras(self._launches, cameras, state.cams, self._flags, None, state.cam_records)
-        else:
-            write_cameras(self._launches, cameras, state.cams, self._flags, self._staging, self._staged_records)
+            with cpu_launch_guard(self.device):
+                launches.launch(make_raster_fwd(surface is not None), n_tiles * BLOCK_PIXELS, [
+                    cs.sort_ids, cs.ranges, cs.splats, cs.rgb if g.sh_coeffs else g.colors, self.width, self.height,
+                    tx, wp.vec3(*self.settings.background), None if surface is None else surface.colors,
+                    None if surface is None else surface.depths, color, alpha, depth, expected_depth, cs.final_t,
+                    cs.last_ids], block_dim=BLOCK_PIXELS, key=("raster_fwd", c))
 
     def _record_event(self) -> None:
-        """The event after the flags' host copies (an event node of the graph, inside one)."""
+        """The event after the flags' host copies (a node of the graph, inside one)."""
         if self._event is not None:
             self.device.stream.record_event(self._event, external=self.device.is_capturing)
 
     def _status(self) -> RenderStatus:
-        """The status of the forward just queued (read without a wait inside a capture of
-        the caller's, whose replays the caller synchronises with)."""
+        """The status of the forward just queued (read without a wait inside a capture)."""
         return RenderStatus(self._flags, self._host, None if self.capturing else self._event, self.capacity or 0)
 
     def _run(self, key: tuple, body) -> None:
-        """``body()``, the device work of a call on the memory ``key`` names, through the
-        bindings (:meth:`Bindings.run`: a plan from the second time; on CUDA a graph,
-        unless a capture of the caller's is recording this renderer)."""
-        self._bindings.run(key, body, None if self.capturing or self.device.is_cpu else self._capture_stream())
-
-    def _capture_stream(self) -> wp.Stream:
-        """The stream plans are captured on (made on first use)."""
-        if self._capture is None:
+        """``body()`` through the bindings (:meth:`Bindings.run`: a plan from the second call on
+        ``key``'s memory; on CUDA a graph, unless the caller's capture records this one)."""
+        if self.capturing or self.device.is_cpu:
+            self._bindings.run(key, body)
+            return
+        if self._capture is None:  # the stream plans are captured on (made on first use)
             self._capture = wp.Stream(self.device)
-        return self._capture
+        self._bindings.run(key, body, self._capture)
 
-    def _settle(self, status: RenderStatus, gaussians, state, images, rows) -> None:
-        """Reads ``status`` now: ValueError for bad inputs; the cameras that overflowed are
-        rendered again with a grown capacity (rare: it has 25% headroom)."""
+    def _settle(self, status: RenderStatus, state: RenderState) -> None:
+        """Reads ``status`` now: ValueError for bad inputs; cameras that overflowed (rare: 25%
+        headroom) are rendered again with a grown capacity."""
         status.check_inputs()
         over = status.overflowed
         if over:
-            self._grow(status)
+            self._grow(max(status.totals))
             state.sort_room(self.capacity)
             scratch = self._scratch(False)
             for c in over:
                 self._flags[c].zero_()
-            self._render(gaussians, state, images, rows, scratch.views, over)
+            self._render(state, scratch.views, over)
             redone = self._status()
             redone.check_inputs()
             merged = status.read().copy()
             merged[over] = redone.read()[over]
             status._values, status.capacity = merged, self.capacity
-            state.status = status
 
-    def _grow(self, status: RenderStatus) -> None:
-        """A capacity that holds the status's largest total, with the usual headroom."""
-        total = max(status.totals)
-        check_intersections(total, lambda: total, self.num_gaussians, self.tiles_x, self.tiles_y)
+    def _grow(self, total: int, exact_total=None) -> None:
+        """A capacity that holds ``total`` intersections with the usual headroom; ValueError
+        past ``MAX_ISECTS`` (``exact_total()`` reads the int64 total for the message)."""
+        if total > MAX_ISECTS:
+            raise ValueError(
+                f"render_gaussians: {self.num_gaussians} Gaussians on a {16 * self.tiles_x}x{16 * self.tiles_y}-pixel "
+                f"image ({self.tiles_x}x{self.tiles_y} tiles) make {total if exact_total is None else exact_total()} "
+                f"tile intersections, more than the {MAX_ISECTS} one sort can hold; render fewer or smaller Gaussians, "
+                "or the image in crops")
         self.capacity = max(self.capacity or 0, total * 5 // 4 + SORT_SLACK)
 
-    def bound(self, key: tuple, make):
-        """What ``make()`` builds (Warp views, for one) of the memory ``key`` names by its
-        pointers and layout, made once per memory (:meth:`Bindings.bound`; the renderer's
-        bindings keep ``launches.BINDINGS`` views and plans, the least recently used
-        dropped first). The caller keeps the memory alive while it uses them."""
-        return self._bindings.bound(key, make)
-
     def host_status(self, capacity: int | None = None) -> RenderStatus:
-        """The status that the host copy of the flags holds now, read without a wait: for a
-        caller that has synchronised with the last render, such as the replay of a CUDA
-        graph that captured it (whose sorts held ``capacity``; default: the current one)."""
+        """The status the host copy of the flags holds now, read without a wait: for a caller
+        synchronised with the last render, as after a CUDA graph replay (whose sorts held
+        ``capacity``; default: the current one)."""
         status = RenderStatus(self._flags, self._host, None, self.capacity if capacity is None else capacity)
         status.read()
         return status
 
     def _read_pending(self) -> None:
-        """The previous forward's status, if unread: bad inputs raise (naming it), an
-        overflow grows the capacity with a RuntimeWarning. Inside a capture it is read
-        without a wait (the capture began after the device was synchronised)."""
+        """Reads the previous forward's status, if unread (without a wait inside a capture,
+        which began synchronised): bad inputs raise, an overflow grows the capacity."""
         status, self._pending = self._pending, None
         if status is None:
             return
@@ -539,12 +586,12 @@ class GaussianRenderer:
             raise ValueError(f"{e} (found in the previous render on this renderer, whose checks ran now)") from None
         over = status.overflowed
         if over:
-            self._grow(status)
+            self._grow(max(status.totals))
             warnings.warn(
-                f"arc_warp: the previous render's camera(s) {over} had more tile intersections than the {status.capacity} "
-                f"its sort held, so their images left out the farthest Gaussians of some tiles (status.overflowed; "
-                f"SparseGaussianAdam.step(skip=status.flags) skips such a step); renders sort {self.capacity} from now on",
-                RuntimeWarning, stacklevel=3)
+                f"arc_warp: the previous render's camera(s) {over} had more tile intersections than the "
+                f"{status.capacity} its sort held, so their images left out the farthest Gaussians of some tiles "
+                f"(status.overflowed; SparseGaussianAdam.step(skip=status.flags) skips such a step); renders sort "
+                f"{self.capacity} from now on", RuntimeWarning, stacklevel=3)
 
     # ---------------------------------------------------------------- backward
 
@@ -558,14 +605,14 @@ class GaussianRenderer:
         with ``accumulate``, adds into them; the others add. ``means2d_grads``: per camera
         an (N,) vec2 that receives dL/dmeans2d in pixels (written) or None (not computed).
         With ``settings.absgrad`` each camera's ``state.cameras[c].absgrad`` receives the
-        per-pixel absolute sums (written). ``grad_surface_colors``: per camera rendered with a
-        surface, an (H, W) wp.vec3 that ``T_final * dL/dcolor`` is added into (None: not
-        wanted); surface depths get no gradient.
+        per-pixel absolute sums (written). ``grad_surface_colors``: per camera with a
+        surface, an (H, W) wp.vec3 that ``T_final * dL/dcolor`` is added into, or None.
 
         The rasteriser backward runs one 256-thread block per tile and reduces the
-        per-Gaussian gradients with the accumulator of ``settings.reduce``; then the SH
-        backward (one thread per coefficient row) and one per-Gaussian kernel through the
-        projection. Under ``deterministic`` the forward's totals are read first (a wait)."""
+        per-Gaussian gradients with ``settings.reduce``'s accumulator (``deterministic``: a
+        partial per sorted entry, summed per Gaussian in entry order, after a wait for the
+        totals); then the SH backward (one thread per coefficient row; RGB colours and
+        ``deterministic`` take theirs in the projection's) and one pass through the projection."""
         g = state.gaussians
         if g is None:
             raise ValueError("GaussianRenderer.backward: the state holds no forward (run forward first)")
@@ -573,46 +620,52 @@ class GaussianRenderer:
             raise ValueError(f"cotangents: expected {self.num_cameras} entries (one per camera), got {len(cotangents)}")
         if means2d_grads is None:
             means2d_grads = [None] * self.num_cameras
-        settings, launches = self.settings, self._launches
-        det = settings.reduce == "deterministic"
+        s, launches, n = self.settings, self._launches, g.count
+        det = s.reduce == "deterministic"
         totals = state.status.totals if (det or state.status.is_read) else None
-        # sized by the state's render (the renderer may have been resized since); held until
-        # the work is queued (an allocator's memory)
+        # sized by the state's render (the renderer may have been resized since); held until queued
         entries = max(min(t, state.status.capacity) for t in totals) if det else 0
-        scratch = self._scratch(True, g.count, entries)
+        scratch = self._scratch(True, n, entries)
         raster_grads, sh_share, entry_grads = scratch.views
         surfaces = state.surfaces or [None] * self.num_cameras
         surface_grads = grad_surface_colors or [None] * self.num_cameras
-        # a camera skips the rasteriser backward when its render has no intersections (known
-        # once its status is read) and no surface
-        rastered = [cot is not None and ((g.count and (totals is None or totals[c] > 0)) or surfaces[c] is not None)
+        # no rasteriser backward for a camera without intersections (once known) and surface
+        rastered = [cot is not None and ((n and (totals is None or totals[c] > 0)) or surfaces[c] is not None)
                     for c, cot in enumerate(cotangents)]
         key = ("backward", accumulate, tuple(rastered), tuple(totals) if det else None, state.cams.ptr,
                state.cameras[0].sort_ids.ptr, scratch.views[0].ptr, *(a.ptr for a in g.arrays),
                *(a.ptr for a in grads.arrays),
-               *(_ptr(a) for cot in cotangents for a in ((cot.color, cot.alpha, cot.depth, cot.expected_depth)
+               *(ptr(a) for cot in cotangents for a in ((cot.color, cot.alpha, cot.depth, cot.expected_depth)
                                                          if cot is not None else (None,))),
-               *(_ptr(a) for a in means2d_grads), *(_ptr(a) for a in surface_grads),
-               *(_ptr(s.colors) for s in surfaces if s is not None))
+               *(ptr(a) for a in means2d_grads), *(ptr(a) for a in surface_grads),
+               *(ptr(s.colors) for s in surfaces if s is not None))
+        # the SH backward as a kernel of its own, its shares summed with the accumulator
+        sh_apart = g.sh_coeffs > 0 and not det
 
         def body():
             first = True
             for c, cot in enumerate(cotangents):
                 if cot is None:
                     continue
-                cs = state.cameras[c]
+                cs, surface = state.cameras[c], surfaces[c]
                 _, _, depth, _, _, radii = state.images.planes[c]
                 launches.call(raster_grads.zero_)
                 rgb = cs.rgb if g.sh_coeffs else g.colors
                 if rastered[c]:
                     if det:
                         launches.call(entry_grads.zero_)
-                    raster_backward(launches, c, self.tiles_x, self.tiles_y, settings.background, cs.sort_ids,
-                                    cs.ranges, cs.splats, rgb, cs.final_t, cs.last_ids, depth, cot.color, cot.alpha,
-                                    cot.depth, cot.expected_depth, settings.reduce, settings.absgrad, self.threshold,
-                                    raster_grads, entry_grads if det else None,
-                                    min(totals[c], state.status.capacity) if det else 0, surfaces[c],
-                                    surface_grads[c])
+                    isects = min(totals[c], state.status.capacity) if det else 0
+                    with cpu_launch_guard(self.device):
+                        launches.launch(make_raster_bwd(s.reduce, s.absgrad, surface=surface is not None),
+                                        self.tiles_x * self.tiles_y * BLOCK_PIXELS, [
+                            cs.sort_ids, cs.ranges, cs.splats, rgb, self.width, self.height, self.tiles_x,
+                            wp.vec3(*s.background), None if surface is None else surface.colors,
+                            None if surface is None else surface.depths, cs.final_t, cs.last_ids, depth, cot.color,
+                            cot.alpha, cot.depth, cot.expected_depth, self.threshold,
+                            entry_grads if isects > 0 else raster_grads, surface_grads[c], None],
+                            block_dim=BLOCK_PIXELS, key=("raster_bwd", c))
+                    if isects > 0:
+                        launches.call(ordered_scatter_add, raster_grads, cs.sort_ids[:isects], entry_grads[:isects])
                 add = accumulate or not first
                 if add and not accumulate:  # this camera's own outputs are written, but the kernel adds
                     for own in (means2d_grads[c], cs.absgrad):
@@ -620,10 +673,25 @@ class GaussianRenderer:
                             launches.call(own.zero_)
                 # a backward that writes dL/dmeans holds the SH share there (read before it is written)
                 share = sh_share if add else grads.means
-                shared = color_backward(launches, c, g, cs.cam, radii, rgb, raster_grads,
-                                        settings.absgrad, grads.colors, settings.reduce, self.threshold, add, share)
-                project_backward(launches, c, g, cs.cam, settings, radii, cs.splats, rgb, raster_grads, grads,
-                                 means2d_grads[c], cs.absgrad, add, share if shared else None, state.pinhole_only)
+                if sh_apart:
+                    # threads per Gaussian: the power of two covering the rows written (all stored when
+                    # overwriting), so for up to 32 rows a warp's lanes hold whole Gaussians
+                    lanes = 1 << (max(g.sh_coeffs if add else g.colors.shape[1], 1) - 1).bit_length()
+                    if g.sh_coeffs > 1:
+                        launches.call(share.zero_)
+                    with cpu_launch_guard(self.device):
+                        launches.launch(make_sh_bwd(g.sh_coeffs, lanes, s.absgrad, s.reduce, not add),
+                                        -(-n * lanes // SH_BWD_BLOCK) * SH_BWD_BLOCK,
+                                        [g.means, g.colors, cs.cam, radii, rgb, raster_grads, self.threshold,
+                                         grads.colors, share], block_dim=SH_BWD_BLOCK, key=("sh_bwd", c))
+                # the projection's and colour stage's shares (w.r.t. the raw log-scales / logits
+                # with the activations), written or added, 0 for culled Gaussians
+                launches.launch(make_project_bwd(g.sh_coeffs, s.absgrad, s.antialiased, not add, sh_apart,
+                                                 s.scale_activation, s.opacity_activation,
+                                                 means2d_grads[c] is not None, state.pinhole_only), n, [
+                    g.means, g.quats, g.scales, g.colors, g.opacities, cs.cam, s.eps2d, radii, cs.splats, rgb,
+                    raster_grads, grads.means, grads.quats, grads.scales, grads.opacities, grads.colors,
+                    means2d_grads[c], cs.absgrad, share if sh_apart else None], key=("project_bwd", c))
                 first = False
 
         self._run(key, body)

@@ -257,7 +257,7 @@ def make_clear_colors(n_coeffs: int):
 @functools.cache
 def make_sh_bwd(n_coeffs: int, lanes: int, absgrad: bool, mode: str, overwrite: bool):
     """SH backward with thread ``t = i * lanes + k`` on coefficient row ``k`` of Gaussian ``i``
-    (``lanes`` a power of two, ``sh_ops.sh_lanes``), so consecutive threads touch
+    (``lanes`` a power of two, ``GaussianRenderer.backward``), so consecutive threads touch
     consecutive 12-byte rows.
 
     Reads ``means`` (N,) vec3, ``colors`` (N, K) vec3, ``cams`` (1,) CameraParams,

@@ -7,40 +7,31 @@ import warp as wp
 
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS, OVERFLOW_SLOT
 
-_ZERO_QUAT_SLOT = BAD_SLOTS.index("quats (zero norm)") + 1
-_CAMERA_SLOT = BAD_SLOTS.index("cameras") + 1
-_DISTORTION_SLOT = BAD_SLOTS.index("camera distortion") + 1
-_SURFACE_DEPTH_SLOT = BAD_SLOTS.index("surface_depths (NaN)") + 1
+# what a set slot means, where it is more than non-finite values of the input it names
+_PROBLEMS = {
+    "quats (zero norm)": "quats has quaternions of zero norm (all four components 0), which cannot be normalised "
+                         "into a rotation; use (1, 0, 0, 0) for an unrotated Gaussian",
+    "cameras": "a camera's viewmat/K (DeviceCameras) is non-finite, has a focal length <= 0 or a viewmat whose last "
+               "row is not (0, 0, 0, 1); check the camera matrices",
+    "camera distortion": "a camera's distortion coefficients (DeviceCameras.distortion) are non-finite or make the "
+                         "lens mapping non-monotonic inside the image (the distorted radius stops increasing before "
+                         "the image corner); check the coefficients and their order (Camera(..., distortion=...) "
+                         "names the values)",
+    "surface_depths (NaN)": "surface_depths has NaN values; give +inf where a pixel has no surface",
+}
 
 
 def raise_on_flags(flags, context: str = "render_gaussians") -> None:
-    """ValueError naming each input the device checks of one or more cameras found
-    non-finite, zero quaternions, invalid device cameras and NaN surface depths. ``flags`` is a (C,
-    FLAG_SLOTS) array or a list of rows (slot 0, the total, and the overflow slot are not
-    input checks)."""
+    """ValueError naming each input check that one or more cameras' rows of ``flags`` set
+    (a (C, FLAG_SLOTS) array or a list of rows; slot 0, the total, and the overflow slot
+    are not input checks)."""
     rows = np.atleast_2d(np.asarray(flags))
     if not rows[:, 1:OVERFLOW_SLOT].any():
         return
-    seen = rows[:, 1:OVERFLOW_SLOT].any(axis=0)
-    special = (_ZERO_QUAT_SLOT, _CAMERA_SLOT, _DISTORTION_SLOT, _SURFACE_DEPTH_SLOT)
-    bad = [name for slot, name in enumerate(BAD_SLOTS, start=1) if seen[slot - 1] and slot not in special]
-    problems = [f"non-finite (NaN/Inf) values in {', '.join(bad)}"] if bad else []
-    if seen[_ZERO_QUAT_SLOT - 1]:
-        problems.append(
-            "quats has quaternions of zero norm (all four components 0), which cannot be normalised "
-            "into a rotation; use (1, 0, 0, 0) for an unrotated Gaussian")
-    if seen[_CAMERA_SLOT - 1]:
-        problems.append(
-            "a camera's viewmat/K (DeviceCameras) is non-finite, has a focal length <= 0 or a viewmat "
-            "whose last row is not (0, 0, 0, 1); check the camera matrices")
-    if seen[_DISTORTION_SLOT - 1]:
-        problems.append(
-            "a camera's distortion coefficients (DeviceCameras.distortion) are non-finite or make the lens "
-            "mapping non-monotonic inside the image (the distorted radius stops increasing before the image "
-            "corner); check the coefficients and their order (Camera(..., distortion=...) names the values)")
-    if seen[_SURFACE_DEPTH_SLOT - 1]:
-        problems.append("surface_depths has NaN values; give +inf where a pixel has no surface")
-    raise ValueError(f"{context}: " + "; ".join(problems))
+    seen = [name for name, bad in zip(BAD_SLOTS, rows[:, 1:OVERFLOW_SLOT].any(axis=0)) if bad]
+    plain = [name for name in seen if name not in _PROBLEMS]
+    problems = [f"non-finite (NaN/Inf) values in {', '.join(plain)}"] if plain else []
+    raise ValueError(f"{context}: " + "; ".join(problems + [_PROBLEMS[name] for name in seen if name in _PROBLEMS]))
 
 
 class RenderStatus:
@@ -96,8 +87,7 @@ class RenderStatus:
         raise_on_flags(self.read(), context)
 
     def check(self, context: str = "render_gaussians") -> None:
-        """Raise ValueError if the device found bad inputs (:func:`raise_on_flags`), and
-        RuntimeError if a camera overflowed the sort."""
+        """:meth:`check_inputs`, and RuntimeError if a camera overflowed the sort."""
         self.check_inputs(context)
         over = self.overflowed
         if over:

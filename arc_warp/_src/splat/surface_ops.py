@@ -1,5 +1,6 @@
-"""Surfaces composited behind the Gaussians: checks, device flags, and the mesh ops' images
-turned into a surface (:func:`surface_from_mesh`)."""
+"""Surfaces composited behind the Gaussians (:class:`Surface`): the checks of
+``render_gaussians``' surface arguments, and the mesh ops' images turned into a surface
+(:func:`surface_from_mesh`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,6 @@ import warp as wp
 
 from arc_warp._src.splat.records import Surface
 from arc_warp._src.splat.surface_kernels import surface_from_mesh_bwd, surface_from_mesh_fwd
-from arc_warp._src.splat.validate_kernels import BAD_SLOTS, flag_nan, flag_nonfinite
-from arc_warp._src.launches import Launches
 from arc_warp._src.tape import active_tape
 from arc_warp._src.validate import check_array
 
@@ -29,24 +28,18 @@ def surface_from_mesh(
     points, so this is the point's own ``w``), +inf where no triangle covers the pixel.
     That is the depth the Gaussians are sorted by when ``pos`` has ``w`` = camera z of the
     splat camera, as every projection ``P @ world_to_camera`` with P's last row (0, 0, 1, 0)
-    gives (OpenCV axes, z forward; e.g. ``arc_warp_newton.camera_clip_matrix``). The depth
-    needs neither near nor far, and keeps float32's relative precision at any depth, which
-    inverting ``z/w`` would not.
+    gives (OpenCV axes, z forward; e.g. ``arc_warp_newton.camera_clip_matrix``); unlike
+    inverting ``z/w``, it needs neither near nor far and keeps float32's relative precision.
 
     ``flip_y``: True when the mesh image's row 0 is the picture's bottom, as with an
     OpenGL-style projection (y up) and nvdiffrast's memory order (``rasterize`` puts row 0
     at NDC y = -1); False when the projection maps the camera's y (down) to NDC y, so that
     row 0 is the picture's top, as ``arc_warp_newton.camera_clip_matrix`` does.
 
-    Silhouettes: the composite uses a pixel's colour only where it has a surface, so of
-    ``antialias``'s blend across a silhouette only the pixels inside the mesh reach the
-    image and carry its gradient to the vertices; a pixel outside it shows the Gaussians
-    and the background.
-
-    Recorded on an active ``wp.Tape`` when ``color.requires_grad``: the colours require
-    grad and their gradient is added into ``color.grad`` (and so, through the mesh ops,
-    into vertices, attributes and textures). The depths have no gradient: visibility is
-    a step in them.
+    Silhouettes: of ``antialias``'s blend across a silhouette only the pixels inside the
+    mesh reach the image (and carry its gradient to the vertices). Recorded on an active
+    ``wp.Tape`` when ``color.requires_grad``: the colours' gradient is added into
+    ``color.grad``; the depths have none (visibility is a step in them).
 
     Example (one camera; ``clip`` [1, V, 4] from an OpenGL-style projection whose w is
     the camera z; inside ``with tape:`` the loss's gradient reaches ``clip.grad``)::
@@ -95,11 +88,9 @@ def surface_from_mesh(
 
 def check_surfaces(colors, depths, shapes: list[tuple[int, int]], batch: bool, device) -> list[Surface] | None:
     """The per-camera :class:`Surface` of ``render_gaussians``' ``surface_colors`` /
-    ``surface_depths`` (both None: no surface, None), for cameras of image sizes
-    ``shapes`` ((H, W) each). One camera: (H, W) arrays; a batch: lists of C of them, or
-    (C, H, W) arrays. TypeError / ValueError for anything else (a missing half, a wrong
-    dtype, shape or device); NaN depths and non-finite colours are found on the device
-    (:func:`flag_surface`)."""
+    ``surface_depths`` (both None: None) for cameras of image sizes ``shapes``: (H, W)
+    arrays for one camera, lists of C of them or (C, H, W) arrays for a batch. TypeError /
+    ValueError for anything else (a missing half, a wrong dtype, shape or device)."""
     if colors is None and depths is None:
         return None
     if colors is None or depths is None:
@@ -126,16 +117,3 @@ def check_surfaces(colors, depths, shapes: list[tuple[int, int]], batch: bool, d
         surfaces.append(Surface(check_array(c, f"surface_colors{at}", wp.vec3, 2, shape, device),
                                 check_array(d, f"surface_depths{at}", wp.float32, 2, shape, device)))
     return surfaces
-
-
-def flag_surface(launches: Launches, key, surface: Surface, flags: wp.array) -> None:
-    """Sets the render's flags for non-finite surface colours and NaN surface depths
-    (``status.raise_on_flags`` names them)."""
-    h, w = surface.depths.shape
-    device = surface.depths.device
-    launches.launch(flag_nonfinite, 3 * h * w,
-                    [wp.array(ptr=surface.colors.ptr, dtype=wp.float32, shape=(3 * h * w,), device=device), flags,
-                     1 + BAD_SLOTS.index("surface_colors")], key=("surface_colors", key))
-    launches.launch(flag_nan, h * w,
-                    [wp.array(ptr=surface.depths.ptr, dtype=wp.float32, shape=(h * w,), device=device), flags,
-                     1 + BAD_SLOTS.index("surface_depths (NaN)")], key=("surface_depths", key))
