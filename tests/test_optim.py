@@ -370,3 +370,76 @@ def test_a_step_inside_a_cuda_graph_capture_needs_capturable(rng, monkeypatch):
     opt.step()
     step = opt.state[params["means"]]["step"]
     assert step.dtype == torch.float32 and float(step) == 2
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "sparse"])
+def test_tensor_learning_rates_are_read_where_they_are_kept(rng, device, sparse):
+    """A capturable optimizer whose groups hold their lr as device tensors steps as the one
+    whose groups hold the same floats, bitwise; a value written into the tensor in place
+    between steps (a schedule: what a CUDA graph replay reads) is the one the next step
+    uses."""
+    ours = _params(rng, device)
+    ref = {k: v.detach().clone().requires_grad_(True) for k, v in ours.items()}
+    lrs = {k: torch.tensor(lr, dtype=torch.float32, device=device) for k, lr in LRS.items()}
+    opt = SparseGaussianAdam([{"params": [v], "lr": lrs[k]} for k, v in ours.items()], lr=0.0, eps=1e-15,
+                             bias_correction=True, capturable=True)
+    ref_opt = SparseGaussianAdam(_groups(ref), lr=0.0, eps=1e-15, bias_correction=True, capturable=True)
+    visible = torch.tensor(rng.random(50) < 0.6, device=device) if sparse else None
+    for it in range(4):
+        if it == 2:  # the means' rate decays; the tensor is written in place
+            lrs["means"].fill_(LRS["means"] * 0.3)
+            ref_opt.param_groups[0]["lr"] = float(lrs["means"])
+        grads = _grads(rng, device)
+        for k in SHAPES:
+            ours[k].grad, ref[k].grad = grads[k].clone(), grads[k].clone()
+        for o in (opt, ref_opt):
+            o.step(visible, 50) if sparse else o.step()
+    for k in SHAPES:
+        assert torch.equal(ours[k], ref[k]), k
+
+
+def test_tensor_learning_rates_need_the_capturable_kernel(rng):
+    """A tensor lr on a host-count optimizer raises TypeError, and one of another dtype
+    ValueError, before anything (a step count included) is updated."""
+    params = _params(rng)
+    for k in SHAPES:
+        params[k].grad = torch.ones(SHAPES[k])
+    before = {k: v.detach().clone() for k, v in params.items()}
+    host = SparseGaussianAdam([{"params": [v], "lr": torch.tensor(1e-2)} for v in params.values()], lr=0.0,
+                              eps=1e-15)
+    with pytest.raises(TypeError, match="capturable=True"):
+        host.step()
+    double = SparseGaussianAdam([{"params": [v], "lr": torch.tensor(1e-2, dtype=torch.float64)}
+                                 for v in params.values()], lr=0.0, eps=1e-15, capturable=True)
+    with pytest.raises(ValueError, match="one float32"):
+        double.step()
+    for opt in (host, double):
+        assert all(float(state["step"]) == 0 for state in opt.state.values())
+    assert all(torch.equal(params[k].detach(), before[k]) for k in SHAPES)
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 10, 1000, 10**6])
+def test_capturable_bias_corrections_match_the_hosts_to_float32_rounding(rng, count):
+    """The capturable kernel works out 1 - beta^t from the count on the device to a few
+    float32 ulps of the host's float64 figure: at small counts, where 1 - pow(beta, t) in
+    float32 is off by ~1e-5 (it rounds beta first: 1 - float32(0.999)), and at counts
+    whose beta^t underflows."""
+    grads = torch.tensor(rng.normal(size=(2, 64)), dtype=torch.float32)
+    updates = []
+    for capturable in (True, False):
+        p = torch.zeros(64, requires_grad=True)
+        opt = SparseGaussianAdam([p], lr=1e-3, eps=1e-15, bias_correction=True, capturable=capturable)
+        p.grad = grads[0].clone()
+        opt.step()  # makes the state; then the count and moments of `count` - 1 steps, p at 0
+        state = opt.state[p]
+        state["step"].fill_(count - 1)
+        state["exp_avg"].copy_(grads[0] * 0.3)
+        state["exp_avg_sq"].copy_(grads[0] ** 2 * 0.2)
+        with torch.no_grad():
+            p.zero_()
+        p.grad = grads[1].clone()
+        opt.step()
+        updates.append(p.detach().clone())  # from 0: the update at full float32 precision
+    # a few float32 ulps (1.2e-7 each) of the bias corrections and the update's own
+    # rounding; beta2's rounding in pow made 6.5e-6 of the update at count 1
+    torch.testing.assert_close(updates[0], updates[1], rtol=1e-6, atol=0)

@@ -162,7 +162,8 @@ def _train_rank(args) -> int:
                           checkpoint_every=args.checkpoint_every, seed=args.seed,
                           device=args.device, reduce=args.reduce, init_points=args.init_points,
                           cpu_threads=args.threads, progress=not args.no_progress,
-                          check_sync=args.check_sync, optimizer=args.optimizer)
+                          check_sync=args.check_sync, optimizer=args.optimizer,
+                          capture=False if args.eager else None)
         if dist.is_main:
             for line in dataset.extras.get("camera_notes", []):
                 print(f"note: {line}", file=sys.stderr)
@@ -212,12 +213,23 @@ def _train_rank(args) -> int:
                 viewer.close()
         if dist.is_main:
             print(f"final test-view PSNR {result.psnr:.2f} dB, SSIM {result.ssim:.4f}, "
-                  f"{result.num_gaussians} Gaussians, {result.wall_s:.0f} s")
+                  f"{result.num_gaussians} Gaussians, {result.wall_s:.0f} s; "
+                  f"{training_line(result.training)}")
             for kind, path in result.files.items():
                 print(f"  {kind}: {path}")
     finally:
         dist.close()
     return 0
+
+
+def training_line(training: dict) -> str:
+    """`Trainer.training_summary` in words: steps, their seconds and rate, the step mode."""
+    rate = f"{training['it_per_s']:.1f} it/s" if training["it_per_s"] else "no steps timed"
+    line = f"{training['steps']} steps in {training['seconds']:.1f} s ({rate}), {training['mode']}"
+    if training["mode"] == "captured":
+        line += (f": {training['captures']} graphs captured ({training['recaptures']} recaptures), "
+                 f"{training['skipped_steps']} steps skipped")
+    return line
 
 
 def torch_cuda_available() -> bool:
@@ -307,6 +319,12 @@ def add_train_parser(sub) -> None:
     p.add_argument("--optimizer", choices=("sparse_adam", "fused_adam", "adam"), default="adam",
                    help="sparse_adam: fused Warp Adam over visible Gaussians; "
                         "fused_adam: the same over all (= torch Adam); adam: torch.optim.Adam")
+    p.add_argument("--eager", action="store_true",
+                   help="run every step in Python (render, backward, optimizer step each launched "
+                   "from the host). Default: on CUDA each step is replayed from a CUDA graph, captured "
+                   "again after each densification, SH degree change and new image size (with every "
+                   "--optimizer the graph steps arc_warp's fused Adam, which skips a step whose render "
+                   "overflowed); on the CPU steps are eager")
     p.add_argument("--seed", type=int, default=0,
                    help="random seed")
     p.add_argument("--device", default=None, help="torch device (None: cuda if available)")
@@ -314,7 +332,7 @@ def add_train_parser(sub) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--gpus", type=positive_int, default=1,
                    help="data-parallel processes to spawn, one GPU each (NCCL); with --device "
-                   "cpu, CPU processes (gloo). Under torchrun leave at 1")
+                   "cpu, CPU processes (gloo); their steps are eager. Under torchrun leave at 1")
     p.add_argument("--batch-size", type=positive_int, default=None,
                    help="training views per step over all processes, split evenly among them "
                    "(None: one per process)")

@@ -66,9 +66,11 @@ def random_points(count: int, half_extent: float, generator: torch.Generator):
 OPTIMIZERS = ("sparse_adam", "fused_adam", "adam")
 
 
-def make_optimizer(params: dict, lrs: dict, kind: str = "adam") -> torch.optim.Optimizer:
+def make_optimizer(params: dict, lrs: dict, kind: str = "adam",
+                   capturable: bool = False) -> torch.optim.Optimizer:
     """One Adam over all parameters (eps 1e-15 as in 3DGS): one param group per parameter, in
-    PARAM_NAMES order, each with key "name" (the parameter's) and learning rate `lrs[name]`.
+    PARAM_NAMES order, each with key "name" (the parameter's) and learning rate `lrs[name]`
+    (a float, or with `capturable` a 0-d float32 tensor on the parameters' device).
 
     Adam updates each parameter from its own moments, step count and group settings, so
     this makes the same updates as one Adam per parameter (the trainer's layout before);
@@ -77,15 +79,21 @@ def make_optimizer(params: dict, lrs: dict, kind: str = "adam") -> torch.optim.O
     kind: "adam" = torch.optim.Adam; "fused_adam" = arc_warp_torch.SparseGaussianAdam
     stepped densely, with torch's bias correction (the same updates); "sparse_adam" = the
     same class stepped over visible Gaussians only (`step(visible, N)`: invisible rows keep
-    their values and moments)."""
+    their values and moments).
+
+    capturable: the captured trainer's optimizer (captured.py): SparseGaussianAdam with
+    its step counts and learning rates read on the device, for every kind, "adam"
+    included, since only its kernel skips a step whose render overflowed on the device
+    (for "adam" it steps densely with torch's bias correction, as "fused_adam")."""
     if kind not in OPTIMIZERS:
         raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {kind!r}")
     groups = [{"params": [params[name]], "lr": lrs[name], "name": name} for name in PARAM_NAMES]
-    if kind == "adam":
+    if kind == "adam" and not capturable:
         return torch.optim.Adam(groups, eps=1e-15)
     from arc_warp_torch import SparseGaussianAdam
 
-    return SparseGaussianAdam(groups, lr=0.0, eps=1e-15, bias_correction=True)  # lr: per group
+    return SparseGaussianAdam(groups, lr=0.0, eps=1e-15, bias_correction=True,  # lr: per group
+                              capturable=capturable)
 
 
 def render_views(params: dict, viewmats: torch.Tensor, Ks: torch.Tensor, width: int,
@@ -107,8 +115,8 @@ def render_views(params: dict, viewmats: torch.Tensor, Ks: torch.Tensor, width: 
     lens = {}
     if distortion is not None and camera_model == "fisheye":
         lens["radial_coeffs"] = distortion
-    elif distortion is not None:  # gsplat's keywords split OpenCV's vector
-        lens["radial_coeffs"] = distortion[:, [0, 1, 4, 5, 6, 7]]
+    elif distortion is not None:  # gsplat's keywords split OpenCV's vector (slices: no host index)
+        lens["radial_coeffs"] = torch.cat([distortion[:, :2], distortion[:, 4:8]], dim=1)
         lens["tangential_coeffs"] = distortion[:, 2:4]
     # raw log-scales and logits: exp and sigmoid run inside the projection (no torch ops)
     return rasterization(

@@ -4,6 +4,7 @@ import contextlib
 import dataclasses
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ from arc_warp.files import write_atomically
 from arc_warp.ply import write_ply
 
 from . import densify as dens
+from .captured import CapturedSteps
 from .checkpoint import check_checkpoint, dataset_fingerprint, read_checkpoint
 from .datasets import Dataset
 from .distributed import DistContext
@@ -46,6 +48,12 @@ class TrainConfig:
     float32 rounding) or "sparse_adam" (that kernel over the Gaussians visible in the
     step's views only); one optimizer with a named param group per parameter, see
     model.make_optimizer.
+    capture: None (default) replays each step from a CUDA graph on CUDA (captured.py) and
+    runs it eagerly on the CPU; False always eagerly (`--eager`: the Python loop of
+    `Trainer.train_step`); True captured on any device (on the CPU, which has no graphs,
+    the captured path's logic with its step function called in place of a graph: for
+    tests). Data-parallel ranks always step eagerly. The captured path steps every
+    optimizer kind with SparseGaussianAdam (see model.make_optimizer's capturable).
     """
 
     steps: int = 30000
@@ -75,6 +83,7 @@ class TrainConfig:
     cpu_threads: int = None
     check_sync: bool = False
     optimizer: str = "adam"
+    capture: bool = None
 
     def __post_init__(self):
         if isinstance(self.densify, dict):
@@ -92,6 +101,8 @@ class TrainConfig:
                              f"{self.optimizer!r}")
         if not 0 <= self.sh_degree <= 3:
             raise ValueError(f"TrainConfig.sh_degree must be in 0..3, got {self.sh_degree!r}")
+        if self.capture not in (None, True, False):
+            raise ValueError(f"TrainConfig.capture must be None, True or False, got {self.capture!r}")
 
 
 @dataclass
@@ -142,7 +153,8 @@ class TrainingInterrupted(Exception):
 @dataclass
 class TrainResult:
     """Final held-out metrics (PSNR dB, SSIM), Gaussian count, wall seconds, the
-    evaluation history and the files written."""
+    evaluation history, the files written and the training figures of this process
+    (`Trainer.training_summary`)."""
 
     psnr: float
     ssim: float
@@ -150,6 +162,7 @@ class TrainResult:
     wall_s: float
     history: list
     files: dict
+    training: dict = None
 
 
 class Trainer:
@@ -161,6 +174,10 @@ class Trainer:
     the densification statistics are summed over ranks before each refinement. `train`,
     `save_checkpoint`, `state_dict` and `check_consistency` are then collective (call them
     on every rank); `export` and the evaluation history belong to rank 0.
+
+    Steps run eagerly or from CUDA graphs (`TrainConfig.capture`; `captured` holds the
+    `captured.CapturedSteps` then, else None). `notes` lists what the run was told of
+    its step mode (fallbacks to eager steps, overflows).
     """
 
     def __init__(self, dataset: Dataset, cfg: TrainConfig, out_dir, dist: DistContext = None):
@@ -201,7 +218,9 @@ class Trainer:
         # Ranks build the same model from the same seeds; the broadcast also covers a
         # GPU kNN (scale init) whose bits could differ between processes.
         self.dist.broadcast_(*self.params.values())
-        self.optimizer = make_optimizer(self.params, self._lrs(0), cfg.optimizer)
+        self.notes = []
+        capture = self._captures()
+        self.optimizer = make_optimizer(self.params, self._lrs(0), cfg.optimizer, capturable=capture)
         self._background = torch.as_tensor(dataset.background, dtype=torch.float32,
                                            device=self.device)
         self.stats = dens.DensifyStats(len(points), self.device)
@@ -212,6 +231,26 @@ class Trainer:
         self._cursor = 0
         self._train = [ViewTensors.of(v, self.device) for v in dataset.train]
         self._test = [ViewTensors.of(v, self.device) for v in dataset.test]
+        self.timing = {"steps": 0, "seconds": 0.0}  # the steps this process ran and their time
+        self.captured = CapturedSteps(self, self._note) if capture else None
+
+    def _captures(self) -> bool:
+        """Whether steps replay from graphs (TrainConfig.capture), with a note where they
+        cannot."""
+        capture = self.cfg.capture if self.cfg.capture is not None else self.device.type == "cuda"
+        if capture and self.dist.enabled:
+            self._note("data-parallel ranks step eagerly (their gradients' all-reduce runs between the "
+                       "backward and the optimizer step, outside any graph)")
+            return False
+        return capture
+
+    def _note(self, message: str) -> None:
+        """Tell the run (rank 0 prints it, above the progress bar)."""
+        self.notes.append(message)
+        if self.dist.is_main:
+            from tqdm.auto import tqdm
+
+            tqdm.write(f"note: {message}", file=sys.stderr)
 
     def _lrs(self, step: int) -> dict:
         c = self.cfg
@@ -245,7 +284,11 @@ class Trainer:
         """One optimisation step on the next batch_size training views (this rank renders
         its contiguous share) -> [2] device tensor (loss, MSE) over the whole batch. Nothing
         in a step waits for the device except refinement steps; read the metrics at the
-        logging interval (`metrics_of`)."""
+        logging interval (`metrics_of`). Captured (`self.captured`), the step is replayed
+        from a graph and the tensor is a row of a ring the graph writes, valid for
+        cfg.log_every steps; eagerly, it runs in Python here."""
+        if self.captured is not None:
+            return self.captured.step()
         cfg = self.cfg
         views = self._next_views(cfg.batch_size)
         start = self.dist.rank * self.local_batch
@@ -333,19 +376,27 @@ class Trainer:
         bar = tqdm(total=cfg.steps, initial=self.step, disable=not (cfg.progress and main),
                    dynamic_ncols=True, desc="train")
         window = []
+        clock = self._clock()  # the steps' time: evaluations and checkpoints left out
         while self.step < end and not self.stop_requested:
             result = self.train_step()
+            self.timing["steps"] += 1
             window.append(result)
             if self.on_step is not None:
                 self.on_step(self, result)
             bar.update(1)
             if self.step % cfg.log_every == 0 or self.step == end:
                 mean_loss, mean_psnr = self.metrics_of(window)
+                if self.captured is not None:
+                    self.captured.check()
                 self.train_log.append({"step": self.step, "loss": mean_loss, "psnr": mean_psnr})
                 bar.set_postfix(loss=f"{mean_loss:.4f}", psnr=f"{mean_psnr:.2f}",
                                 n=int(self.params["means"].shape[0]))
                 window = []
-            if self.step % cfg.eval_every == 0 or self.step == cfg.steps:
+            evaluates = self.step % cfg.eval_every == 0 or self.step == cfg.steps
+            saves = cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0
+            if evaluates or saves:
+                self.timing["seconds"] += self._clock() - clock
+            if evaluates:
                 if cfg.check_sync:
                     self.check_consistency()
                 if main:  # the other ranks wait at the barrier
@@ -353,9 +404,29 @@ class Trainer:
                     bar.write(f"step {self.step}: held-out PSNR {ev['psnr']:.2f} dB, SSIM "
                               f"{ev['ssim']:.4f}, {self.history[-1]['num_gaussians']} Gaussians")
                 self.dist.barrier()
-            if cfg.checkpoint_every and self.step % cfg.checkpoint_every == 0:
+            if saves:
                 self.save_checkpoint(os.path.join(ensure_dir(self.out_dir), "checkpoint.pt"))
+            if evaluates or saves:
+                clock = self._clock()
+        self.timing["seconds"] += self._clock() - clock
         bar.close()
+
+    def _clock(self) -> float:
+        """time.perf_counter() once the device has done the work queued (the steps' time)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def training_summary(self) -> dict:
+        """This process's training figures: the steps it ran, their seconds (evaluations and
+        checkpoints left out) and steps per second, the step mode and, when captured, the
+        graphs' counts (`CapturedSteps.summary`)."""
+        steps, seconds = self.timing["steps"], self.timing["seconds"]
+        summary = {"steps": steps, "seconds": seconds, "it_per_s": steps / seconds if seconds else None,
+                   "mode": "eager" if self.captured is None else "captured"}
+        if self.captured is not None:
+            summary.update(self.captured.summary())
+        return summary
 
     def state_dict(self) -> dict:
         """Collective with several ranks: the densification statistics are stored summed
@@ -364,10 +435,13 @@ class Trainer:
         checkpoint.read_checkpoint converts the per-parameter "optimizers" of older files)."""
         stats = self.stats.state_dict()
         self.dist.sum_(*stats.values())
+        optimizer = self.optimizer.state_dict()
+        for group in optimizer["param_groups"]:  # captured: the device learning rates as numbers
+            group["lr"] = float(group["lr"])
         return {
             "step": self.step,
             "params": {k: v.detach().clone() for k, v in self.params.items()},
-            "optimizer": self.optimizer.state_dict(),
+            "optimizer": optimizer,
             "stats": stats,
             "view_gen": self.view_gen.get_state(),
             "densify_gen": self.densify_gen.get_state(),
@@ -383,8 +457,11 @@ class Trainer:
         self.step = int(state["step"])
         self.params = {k: torch.nn.Parameter(v.to(self.device).contiguous())
                        for k, v in state["params"].items()}
-        self.optimizer = make_optimizer(self.params, self._lrs(self.step), self.cfg.optimizer)
+        capturable = self.captured is not None
+        self.optimizer = make_optimizer(self.params, self._lrs(self.step), self.cfg.optimizer, capturable)
         self.optimizer.load_state_dict(state["optimizer"])
+        for group in self.optimizer.param_groups:  # a checkpoint of the other step mode saved the other
+            group["capturable"] = capturable
         stats = {k: v.to(self.device) for k, v in state["stats"].items()}
         if not self.dist.is_main:  # rank 0 carries the saved sums; the others restart at 0
             stats = {k: torch.zeros_like(v) for k, v in stats.items()}
@@ -396,6 +473,8 @@ class Trainer:
         n = len(self._train)
         self._cursor = int(state.get("view_cursor", self.step % n or n))
         self.history, self.train_log = list(state["history"]), list(state["train_log"])
+        if self.captured is not None:
+            self.captured.reset()
 
     def save_checkpoint(self, path) -> None:
         """Everything needed to resume bit-for-bit: parameters, Adam moments, densification
@@ -461,6 +540,7 @@ class Trainer:
             "held-out views": [(e["step"], e["psnr"]) for e in self.history]})
         write_json(files["metrics"], {"step": self.step, "psnr": ev["psnr"], "ssim": ev["ssim"],
                                       "num_gaussians": int(self.params["means"].shape[0]),
+                                      "training": self.training_summary(),
                                       "views": per_view, "history": self.history,
                                       "source": self.data.source,
                                       "undistort": self.data.extras.get("undistort", False)})
@@ -507,7 +587,7 @@ def _train(trainer: Trainer, resume, on_step, start: float) -> TrainResult:
     trainer.save_checkpoint(files["checkpoint"])
     metrics, history, files = trainer.dist.broadcast_object((metrics, trainer.history, files))
     return TrainResult(metrics[0], metrics[1], int(trainer.params["means"].shape[0]),
-                       time.perf_counter() - start, list(history), files)
+                       time.perf_counter() - start, list(history), files, trainer.training_summary())
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 import ctypes
 import functools
+import math
 from typing import Optional
 
 import numpy as np
@@ -17,8 +18,22 @@ MAX_SEGMENTS = 16  # parameters one launch updates: at most Warp's max_unroll (1
 # search unrolls into constant table indices; its table is then ~1 KiB of kernel parameters
 MAX_ELEMENTS = 2**31 - 1  # floats one launch updates (wp.tid() is an int32)
 CPU_SPAN = 4096  # floats per thread on the CPU (one per thread on CUDA; see `_adam_kernel`)
-SCALARS = 8  # per parameter: beta2, 1 - beta1, 1 - beta2, step_size, bias2_sqrt, eps, and the bases
-# of the bias corrections the kernel works out from the step count on the device (capturable)
+SCALARS = 8  # per parameter: beta2, 1 - beta1, 1 - beta2, step_size, bias2_sqrt, eps, and the logs of
+# the bases of the bias corrections the kernel works out from the step count on the device (capturable)
+
+
+@wp.func
+def _one_minus_exp(y: float):
+    """1 - exp(y) for y < 0 (1 - beta^t = 1 - exp(t log beta)) to a few float32 ulps, also
+    where exp(y) is near 1: Kahan's expm1, whose quotient cancels the rounding error of
+    exp(y). (1 - pow(beta, t) in float32 would round beta first: 1 - 0.999 then comes out
+    1.3e-5 off, an error that a training run amplifies.)"""
+    u = wp.exp(y)
+    if u == 1.0:
+        return -y
+    if u == 0.0:  # underflow (t log beta < -104): log(u) would be -inf
+        return 1.0
+    return (1.0 - u) * y / wp.log(u)
 
 
 @wp.func
@@ -52,11 +67,13 @@ def _table_fields(capacity: int) -> dict:
     type, so the kernel's struct and the host's ctypes struct (`_table_type`) are made
     of the same fields, in the same order: their layouts agree.
 
-    - ``pointers``, uint64 [5 * capacity + 2]: segment k's parameter, gradient, exp_avg and
+    - ``pointers``, uint64 [6 * capacity + 2]: segment k's parameter, gradient, exp_avg and
       exp_avg_sq (float32, contiguous, n_k floats each) at 4k .. 4k + 3; the visible mask
       (uint8 [N], read only when sparse) at 4 * capacity; segment k's step count (a float32
-      on the device, read only by the capturable kernel) at 4 * capacity + 1 + k; the
-      renders' status flags (int32, ``skip`` on the device; 0: none) last;
+      on the device, read only by the capturable kernel) at 4 * capacity + 1 + k; segment
+      k's learning rate on the device (its group's ``lr`` tensor, one float32; 0: the lr is
+      the scalar; read only by the capturable kernel) at 5 * capacity + 1 + k; the renders'
+      status flags (int32, ``skip`` on the device; 0: none) last;
     - ``ints``, int32 [3 * capacity + 3]: ``starts`` at 0 .. capacity (segment k has the
       threads starts[k] <= i < starts[k + 1]; unused segments are empty, at the end), n_k at
       capacity + 1 + k, segment k's row width M_k (floats per Gaussian) at 2 * capacity + 1 + k,
@@ -64,11 +81,13 @@ def _table_fields(capacity: int) -> dict:
     - ``scalars``, float32 [SCALARS * capacity]: segment k's beta2, 1 - beta1, 1 - beta2,
       step_size, bias2_sqrt and eps at SCALARS * k .. SCALARS * k + 5 (see `_adam_update`);
       for the capturable kernel, step_size and bias2_sqrt without the bias corrections (lr
-      and 1), whose bases (beta1 and beta2 with bias correction, 0 without) follow at
-      SCALARS * k + 6 and + 7: it divides step_size by 1 - base1^t and multiplies
-      bias2_sqrt by sqrt(1 - base2^t), t the step count read on the device.
+      and 1), whose bases' logarithms (log beta1 and log beta2, from the host in double
+      precision, with bias correction; 0 without) follow at SCALARS * k + 6 and + 7: it
+      multiplies step_size by the learning rate on the device (when its pointer is set;
+      step_size is then 1), divides it by 1 - beta1^t and multiplies bias2_sqrt by
+      sqrt(1 - beta2^t) (`_one_minus_exp`), t the step count read on the device.
     """
-    return {"pointers": wp.types.vector(length=5 * capacity + 2, dtype=wp.uint64),
+    return {"pointers": wp.types.vector(length=6 * capacity + 2, dtype=wp.uint64),
             "ints": wp.types.vector(length=3 * capacity + 3, dtype=wp.int32),
             "scalars": wp.types.vector(length=SCALARS * capacity, dtype=wp.float32)}
 
@@ -89,16 +108,17 @@ def _adam_kernel(capacity: int, sparse: bool, span: int, capturable: bool):
     loads; thousands on the CPU, whose threads run one after another: the per-thread table
     lookup is paid once per block). With ``sparse`` only rows whose ``visible`` byte is set
     are read or written (the Taming 3DGS / INRIA sparse Adam). With ``capturable`` the bias
-    corrections come from each segment's step count on the device (`_table_fields`), so
-    the launch's arguments do not change from step to step (a CUDA graph can replay it)."""
+    corrections come from each segment's step count on the device, and its learning rate
+    from a tensor when its group holds one (`_table_fields`), so the launch's arguments do
+    not change from step to step (a CUDA graph can replay it, a schedule included)."""
     K = capacity
     Table = wp.struct(type(f"AdamTable{capacity}", (), {"__annotations__": _table_fields(capacity)}))
 
     @wp.kernel(enable_backward=False, module="unique")
     def adam_step(table: Table):
         i = wp.tid()
-        if table.pointers[5 * K + 1] != wp.uint64(0):  # skip the step if a render flagged anything
-            flags = wp.array(ptr=table.pointers[5 * K + 1], shape=(table.ints[3 * K + 2],), dtype=wp.int32)
+        if table.pointers[6 * K + 1] != wp.uint64(0):  # skip the step if a render flagged anything
+            flags = wp.array(ptr=table.pointers[6 * K + 1], shape=(table.ints[3 * K + 2],), dtype=wp.int32)
             for f in range(table.ints[3 * K + 2]):
                 if f % wp.static(FLAG_SLOTS) != 0 and flags[f] != 0:
                     return
@@ -113,9 +133,13 @@ def _adam_kernel(capacity: int, sparse: bool, span: int, capturable: bool):
                 step_size = table.scalars[SCALARS * k + 3]
                 bias2_sqrt = table.scalars[SCALARS * k + 4]
                 if wp.static(capturable):
+                    if table.pointers[5 * K + 1 + k] != wp.uint64(0):  # lr on the device (step_size is 1)
+                        step_size = step_size * wp.array(ptr=table.pointers[5 * K + 1 + k], shape=(1,),
+                                                         dtype=wp.float32)[0]
                     t = wp.array(ptr=table.pointers[4 * K + 1 + k], shape=(1,), dtype=wp.float32)[0]
-                    step_size = step_size / (1.0 - wp.pow(table.scalars[SCALARS * k + 6], t))
-                    bias2_sqrt = bias2_sqrt * wp.sqrt(1.0 - wp.pow(table.scalars[SCALARS * k + 7], t))
+                    if table.scalars[SCALARS * k + 6] != 0.0:  # log beta1, log beta2: bias correction
+                        step_size = step_size / _one_minus_exp(t * table.scalars[SCALARS * k + 6])
+                        bias2_sqrt = bias2_sqrt * wp.sqrt(_one_minus_exp(t * table.scalars[SCALARS * k + 7]))
                 first = (i - table.ints[k]) * span
                 stop = first + span  # span 1 (CUDA): a loop of one float, which the compiler removes
                 if wp.static(span > 1):
@@ -173,20 +197,22 @@ class _Launch:
             widths.append(width)
         pad = self.capacity - (hi - lo)
         self.threads = starts[-1]
-        self.pointers[:] = [*pointers, *[0] * (4 * pad), 0, *steps, *[0] * pad, 0]
+        self.pointers[:] = [*pointers, *[0] * (4 * pad), 0, *steps, *[0] * pad, *[0] * self.capacity, 0]
         self.ints[:] = [*starts, *[self.threads] * pad, *counts, *[0] * pad, *widths, *[1] * pad, n_rows, 0]
         if self.threads:
             self.cmd.set_dim(self.threads)
 
-    def run(self, scalars: list, mask_ptr: int, flags: wp.array | None) -> None:
+    def run(self, scalars: list, lrs: list, mask_ptr: int, flags: wp.array | None) -> None:
         """Launch with ``scalars`` (SCALARS per active parameter, all of the step's), the
-        visible mask at ``mask_ptr`` (0 when dense) and the status ``flags`` to skip on
-        (None: none), on torch's current stream."""
+        addresses of the learning rates on the device (one per active parameter, 0 where
+        the scalar holds it), the visible mask at ``mask_ptr`` (0 when dense) and the
+        status ``flags`` to skip on (None: none), on torch's current stream."""
         if not self.threads:
             return
         self.scalars[:SCALARS * (self.hi - self.lo)] = scalars[SCALARS * self.lo:SCALARS * self.hi]
+        self.pointers[5 * self.capacity + 1:5 * self.capacity + 1 + self.hi - self.lo] = lrs[self.lo:self.hi]
         self.pointers[4 * self.capacity] = mask_ptr
-        self.pointers[5 * self.capacity + 1] = 0 if flags is None else flags.ptr
+        self.pointers[6 * self.capacity + 1] = 0 if flags is None else flags.ptr
         self.ints[3 * self.capacity + 2] = 0 if flags is None else flags.size
         self.cmd.set_param_at_index_from_ctype(0, self.table)  # read when launched: launches copy it
         with self.context.stream():
@@ -218,11 +244,16 @@ class SparseGaussianAdam(torch.optim.Adam):
             kernel reads it for the bias corrections, as ``torch.optim.Adam(capturable=True)``
             does: nothing in ``step`` then depends on the host, so it can be captured in a
             CUDA graph (``torch.cuda.graph`` with ``arc_warp_torch.capture_step``) and
-            replayed, each replay counting one step. The graph holds the learning rates,
-            betas and eps of the capture, and the pointers of the tensors: capture again
-            after changing any of them (densification, a new learning rate). False
-            (default) keeps the counts on the host, and ``step`` raises RuntimeError if
-            called during a CUDA graph capture (a replay could not count its step).
+            replayed, each replay counting one step. A group's ``lr`` may then be a
+            float32 tensor of one element on its parameter's device, which the kernel
+            reads at each step: a replay uses the value it holds then, so a schedule
+            written into it in place (or inside the graph) needs no new capture, where a
+            float lr is baked into the graph. The graph also holds the betas and eps of
+            the capture, and the addresses of the tensors: capture again after changing
+            any of them (densification, another lr tensor). False (default) keeps the
+            counts on the host; ``step`` then raises RuntimeError if called during a
+            CUDA graph capture (a replay could not count its step), and TypeError for a
+            tensor lr.
 
     ``step(visibility, N, skip)``: ``visibility`` is a bool tensor [N] on the parameters'
     device (INRIA passes ``radii > 0``); rows with False keep their values AND their
@@ -272,6 +303,7 @@ class SparseGaussianAdam(torch.optim.Adam):
                                "with capturable=True")
         visible = None if visibility is None else self._visible(visibility, N)
         active = []  # (param, grad, state, group) of each parameter with a gradient
+        lrs = []  # the address of each one's lr tensor (0: a float lr)
         key = [None if visible is None else (visible.shape[0], visible.device)]
         for group in self.param_groups:
             for p in group["params"]:
@@ -288,6 +320,7 @@ class SparseGaussianAdam(torch.optim.Adam):
                 elif self.capturable and (state["step"].device != p.device or state["step"].dtype != torch.float32):
                     self._move_step(state, p.device, capturing)
                 active.append((p, grad, state, group))
+                lrs.append(self._lr_address(group["lr"], p) if isinstance(group["lr"], torch.Tensor) else 0)
                 m, v = state["exp_avg"], state["exp_avg_sq"]
                 key.append((p.data_ptr(), grad.data_ptr(), m.data_ptr(), v.data_ptr(), state["step"].data_ptr(),
                             p.shape, m.shape, v.shape))
@@ -306,19 +339,30 @@ class SparseGaussianAdam(torch.optim.Adam):
             kept = (wp.to_torch(flags)[:, 1:] == 0).all().to(torch.float32)
             torch._foreach_add_(steps, [kept.to(s.device) for s in steps])
         scalars = []
-        for (_, _, _, group), step in zip(active, steps):
+        for (_, _, _, group), step, lr in zip(active, steps, lrs):
             beta1, beta2 = group["betas"]
-            step_size, bias2_sqrt, bases = group["lr"], 1.0, (0.0, 0.0)
+            # a tensor lr: the kernel multiplies a step_size of 1 by it
+            step_size, bias2_sqrt, logs = 1.0 if lr else group["lr"], 1.0, (0.0, 0.0)
             if self.bias_correction and self.capturable:
-                bases = (beta1, beta2)  # the kernel divides by 1 - beta^t, t read on the device
+                logs = (math.log(beta1), math.log(beta2))  # the kernel divides by 1 - beta^t, t read on the device
             elif self.bias_correction:
                 t = float(step)
                 step_size = group["lr"] / (1.0 - beta1 ** t)
                 bias2_sqrt = (1.0 - beta2 ** t) ** 0.5
-            scalars += (beta2, 1.0 - beta1, 1.0 - beta2, step_size, bias2_sqrt, group["eps"], *bases)
+            scalars += (beta2, 1.0 - beta1, 1.0 - beta2, step_size, bias2_sqrt, group["eps"], *logs)
         mask_ptr = 0 if visible is None else visible.data_ptr()
         for launch in self._bound:
-            launch.run(scalars, mask_ptr, flags)
+            launch.run(scalars, lrs, mask_ptr, flags)
+
+    def _lr_address(self, lr: torch.Tensor, param: torch.Tensor) -> int:
+        """The address of a group's learning rate tensor, checked (TypeError/ValueError)."""
+        if not self.capturable:
+            raise TypeError("SparseGaussianAdam: a group's lr is a tensor, which only the capturable kernel reads "
+                            "(on the device); make the optimizer with capturable=True, or give a float lr")
+        if lr.dtype != torch.float32 or lr.numel() != 1 or lr.device != param.device:
+            raise ValueError(f"SparseGaussianAdam: a tensor lr must be one float32 on its parameter's device "
+                             f"({param.device}), got {lr.dtype} {list(lr.shape)} on {lr.device}")
+        return lr.data_ptr()
 
     @staticmethod
     def _move_step(state: dict, device: torch.device, capturing: bool) -> None:

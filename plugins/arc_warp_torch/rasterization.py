@@ -70,9 +70,12 @@ def _distortion(camera_model: str, radial, tangential, viewmats) -> Optional[tor
         return check_tensor("radial_coeffs", radial, (c, 4))
     if camera_model != "pinhole":
         raise ValueError(f"radial_coeffs / tangential_coeffs: a {camera_model!r} camera has no lens distortion")
-    radial = (torch.zeros(c, 6) if radial is None else check_tensor("radial_coeffs", radial, (c, 6))).cpu()
-    tangential = (torch.zeros(c, 2) if tangential is None
-                  else check_tensor("tangential_coeffs", tangential, (c, 2))).cpu()
+    radial = None if radial is None else check_tensor("radial_coeffs", radial, (c, 6))
+    tangential = None if tangential is None else check_tensor("tangential_coeffs", tangential, (c, 2))
+    # on the device of the coefficients given: CUDA ones stay there (a CUDA graph can hold the render)
+    device = (radial if radial is not None else tangential).device
+    radial = torch.zeros(c, 6, device=device) if radial is None else radial
+    tangential = torch.zeros(c, 2, device=device) if tangential is None else tangential.to(device)
     return torch.cat([radial[:, :2], tangential, radial[:, 2:]], dim=1)
 
 
