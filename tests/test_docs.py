@@ -29,6 +29,7 @@ import subprocess
 import sys
 
 import pytest
+import warp as wp
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -75,8 +76,6 @@ BLOCKS = [block for page in PAGES for block in blocks_of(page)]
 
 
 def cuda_available() -> bool:
-    import warp as wp
-
     wp.config.log_level = wp.LOG_WARNING
     return wp.is_cuda_available()
 
@@ -117,8 +116,6 @@ def _execute(block: Block, run: PageRun) -> None:
     # padded so that tracebacks (and Warp's kernel source lookup, which reads the page
     # through linecache) give the page's own line numbers
     code = compile("\n" * (block.line - 1) + block.code, str(block.page), "exec")
-    import warp as wp
-
     cwd, cpu_blocks = os.getcwd(), wp.config.enable_cpu_blocks  # a page may change either
     os.chdir(run.folder)
     try:
