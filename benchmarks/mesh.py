@@ -39,7 +39,10 @@ def add_arguments(parser) -> None:
 
 
 def cosine(a, b) -> float:
+    """Cosine similarity of two gradients; 1 where both are zero (they agree)."""
     a, b = a.reshape(-1).double(), b.reshape(-1).double()
+    if not (a.any() or b.any()):
+        return 1.0
     return float(a @ b / (a.norm() * b.norm() + 1e-30))
 
 
@@ -128,7 +131,7 @@ class Runner:
             rows[label] = {"workload": name, "variant": label}
             if mode == "arc":
                 ref = (out.detach(), grads)
-            if lib is self.nvdr and ref is not None:
+            if label == "nvdiffrast" and ref is not None:
                 rows[label]["max_abs_image_diff"] = float((out.detach() - ref[0]).abs().max())
                 for k in grads:
                     rows[label][k] = min(cosine(a, b) for a, b in zip(ref[1][k], grads[k])

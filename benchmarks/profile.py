@@ -78,6 +78,7 @@ def mesh_body(args, device):
 
 def run(args) -> dict:
     import torch
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     if args.smoke:
@@ -96,8 +97,9 @@ def run(args) -> dict:
     rows = []
     for e in prof.key_averages():
         device_us = getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
-        kind = "kernel" if device_us > 0 and e.cpu_time_total == 0 else "host"
-        us = device_us if kind == "kernel" else e.cpu_time_total
+        on_device = getattr(e, "device_type", None) == DeviceType.CUDA or (device_us > 0 and e.cpu_time_total == 0)
+        kind = "kernel" if on_device else "host"
+        us = device_us if on_device else e.cpu_time_total
         rows.append({"kind": kind, "name": e.key, "us_per_step": us / args.reps, "calls_per_step": e.count / args.reps})
     rows = [r for kind in ("kernel", "host") for r in sorted((r for r in rows if r["kind"] == kind),
                                                              key=lambda r: -r["us_per_step"])[:args.top]]
