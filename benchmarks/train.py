@@ -89,7 +89,7 @@ def arc_record(name: str, data: str, out: str, steps: int, train_args: list) -> 
 
 
 def run(args) -> dict:
-    previous = args.out / "train.json"
+    previous = args.out / ("train.json" if args.label is None else f"train-{args.label}.json")
     rows = results.load(previous)["rows"] if previous.exists() and not args.smoke else []
     if args.smoke:
         from arc_warp_train.synthetic import make_synthetic_dataset
