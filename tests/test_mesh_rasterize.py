@@ -329,7 +329,7 @@ def test_backward_where_snapping_covers_a_centre_outside(rng, order):
 
 def clamp_mask(rast):
     """[B, H, W] bool: the pixels whose u, v the resolve clamps (rast's u, v on the triangle's
-    border: u = 0, v = 0 or u + v = 1 to rounding), as benchmarks/bench_mesh.py's clamp_mask."""
+    border: u = 0, v = 0 or u + v = 1 to rounding), as benchmarks/mesh.py's clamp_mask."""
     u, v = rast[..., 0].astype(np.float64), rast[..., 1].astype(np.float64)
     return (rast[..., 3] > 0) & ((u <= 1e-6) | (v <= 1e-6) | (u + v >= 1 - 1e-6))
 
@@ -343,7 +343,7 @@ def ours_and_unclamped(pos, tri, rast, g, gdb):
 def test_backward_off_the_clamps_pixels_is_the_unclamped_one(rng):
     # With the upstream gradient zero at the pixels whose u, v the resolve clamps, the
     # gradient is that of the unclamped barycentrics, as nvdiffrast differentiates them: the
-    # clamp's derivative adds nothing elsewhere. benchmarks/bench_mesh.py (clamp_mask)
+    # clamp's derivative adds nothing elsewhere. benchmarks/mesh.py (clamp_mask)
     # compares the two libraries so; with those pixels' gradient kept, the clamp matters.
     pos, tri = random_mesh(rng, n_tri=200, n_vert=300, spread=1.0)  # slivers: snapping covers centres outside
     rast, _ = run(pos, tri)

@@ -10,11 +10,7 @@ bodies, camera transforms, shape scale and Gaussian parameters against central
 differences; bad input; and the example's 5 % bar.
 """
 
-import json
 import math
-import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -384,19 +380,6 @@ def test_example_command_line(capsys):
     assert fit_throw_pose.main(["--steps", "2", "--size", "16"]) == 0
     out = capsys.readouterr().out
     assert "step   1 loss" in out and "final pose error:" in out
-
-
-def test_benchmark_script_runs(tmp_path):
-    # benchmarks/bench_sensor.py is for the GPU; --smoke checks the script on the CPU
-    script = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "bench_sensor.py"
-    out = tmp_path / "bench.json"
-    proc = subprocess.run([sys.executable, str(script), "--smoke", "--json", str(out)], capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(out.read_text())
-    assert set(result["ms"]) == {f"{a}_{b}" for a in ("batched", "separate", "composite", "plain")
-                                 for b in ("fwd", "fwd_bwd")}
-    assert all(v > 0 for v in result["ms"].values()) and "separate / batched (fwd)" in proc.stdout
 
 
 def test_bad_input_raises_before_launching(rng):

@@ -1,42 +1,27 @@
-"""Timing of arc_warp_newton.SensorHybridCamera and of hybrid compositing (needs a CUDA GPU;
-``--smoke`` runs tiny sizes on the CPU, host timing, to check the script itself).
+"""SensorHybridCamera: 64 worlds in one update against 64 updates, and hybrid compositing's cost.
 
 Workloads (issue 39), on a newton model of W worlds, each a box and a sphere on a body
 among N Gaussians (a ``GeoType.GAUSSIAN`` shape per world), one camera per world:
 
-* ``batched`` / ``separate``: one ``update`` over the W views against W updates of one
+- ``batched`` / ``separate``: one ``update`` over the W views against W updates of one
   view each, forward (``fwd``) and forward + backward (``fwd_bwd``: the update and a
   squared-image loss on a ``wp.Tape``, then ``tape.backward``);
-* ``composite`` / ``plain``: one view's splat render (``arc_warp.render_gaussians`` of the
+- ``composite`` / ``plain``: one view's splat render (``arc_warp.render_gaussians`` of the
   world's Gaussians) with the shapes' surface (``surface_colors=``, ``surface_depths=``,
   made once outside the timing) against the same render without it, forward and
   forward + backward (``render_gaussians_backward``): the cost of compositing.
 
-Each call is timed with CUDA events recorded around it on an idle device (its host work
-included, as a user's call sees it; on the CPU with the host clock), ``--warmup`` untimed
-calls first, then the median of ``--reps``. Writes the medians to ``--json`` and prints a
-table with the ratios.
-
-Usage::
-
-    python benchmarks/bench_sensor.py [--worlds 64] [--size 128] [--gaussians 5000] [--reps 20] [--json out.json]
-    python benchmarks/bench_sensor.py --smoke
+Each call is timed as a user's call on an idle device (CUDA events on Warp's stream around
+it, its host work included; the host clock on the CPU), the cases interleaved, medians of
+``--reps`` after ``--warmup``. Needs newton.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import statistics
-import time
-
-import newton
 import numpy as np
 import warp as wp
 
-import arc_warp_newton as awn
-from arc_warp import Camera, RenderSettings, Workspace, render_gaussians, render_gaussians_backward
-from arc_warp.splat import surface_from_mesh
+from benchmarks import results, timing
 
 BACKGROUND = (0.05, 0.05, 0.08)
 
@@ -50,6 +35,8 @@ def squared_sum(image: wp.array3d(dtype=wp.vec3), loss: wp.array(dtype=float)):
 def build_model(worlds: int, gaussians: int, device):
     """W worlds of one body (a box and a sphere) among ``gaussians`` blobs (one static,
     unscaled Gaussian shape per world, sharing its asset)."""
+    import newton
+
     rng = np.random.default_rng(0)
     n = gaussians
     blobs = newton.Gaussian(positions=np.stack([rng.uniform(-1.2, 1.2, n), rng.uniform(-0.6, 0.9, n),
@@ -65,28 +52,6 @@ def build_model(worlds: int, gaussians: int, device):
     for _ in range(worlds):
         builder.add_world(world)
     return builder.finalize(device=device, requires_grad=True)
-
-
-def timed(fn, reps: int, warmup: int, device) -> float:
-    """Median milliseconds of ``fn()`` over ``reps`` calls after ``warmup`` calls."""
-    for _ in range(warmup):
-        fn()
-    wp.synchronize_device(device)
-    times = []
-    for _ in range(reps):
-        if device.is_cuda:
-            start, end = wp.Event(device, enable_timing=True), wp.Event(device, enable_timing=True)
-            wp.record_event(start)
-            fn()
-            wp.record_event(end)
-            wp.synchronize_event(end)
-            times.append(wp.get_event_elapsed_time(start, end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            wp.synchronize_device(device)
-            times.append(1e3 * (time.perf_counter() - t0))
-    return statistics.median(times)
 
 
 def sensor_cases(sensor, state, cameras, worlds: int) -> dict:
@@ -121,6 +86,12 @@ def sensor_cases(sensor, state, cameras, worlds: int) -> dict:
 
 def composite_cases(model, sensor, state, camera_transform) -> dict:
     """One view's splat render with and without the shapes' surface (core calls)."""
+    import newton
+
+    import arc_warp_newton as awn
+    from arc_warp import Camera, RenderSettings, Workspace, render_gaussians, render_gaussians_backward
+    from arc_warp.splat import surface_from_mesh
+
     device = sensor.device
     # world 0's Gaussians (static, unscaled: their asset frame is the world's) and shapes,
     # seen by the OpenCV camera of newton's camera transform
@@ -174,23 +145,23 @@ def _kept_triangles(tri: np.ndarray, kept: np.ndarray) -> np.ndarray:
     return index[tri[kept[tri].all(axis=1)]]
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_arguments(parser) -> None:
     parser.add_argument("--worlds", type=int, default=64)
     parser.add_argument("--size", type=int, default=128, help="image width = height, pixels")
     parser.add_argument("--gaussians", type=int, default=5000, help="Gaussians per world")
     parser.add_argument("--reps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--device", default=None)
-    parser.add_argument("--json", default=None, help="write the medians here")
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes on the CPU: checks the script")
-    args = parser.parse_args(argv)
+
+
+def run(args) -> dict:
+    import warp as wp
+
+    import arc_warp_newton as awn
+    from arc_warp import RenderSettings
+
     if args.smoke:
-        args.worlds, args.size, args.gaussians, args.reps, args.warmup, args.device = 3, 24, 50, 2, 1, "cpu"
-    wp.config.log_level = wp.LOG_WARNING
-    device = wp.get_device(args.device)
-    if not device.is_cuda and not args.smoke:
-        parser.error("needs a CUDA device (or --smoke)")
+        args.worlds, args.size, args.gaussians, args.reps, args.warmup = 3, 24, 50, 2, 1
+    device = wp.get_device("cpu" if args.smoke or not wp.is_cuda_available() else "cuda")
     model = build_model(args.worlds, args.gaussians, device)
     state = model.state(requires_grad=True)
     sensor = awn.SensorHybridCamera(model, args.size, args.size, camera_fov=0.9,
@@ -199,24 +170,20 @@ def main(argv=None) -> int:
     cameras = wp.array([eye] * args.worlds, dtype=wp.transform, device=device, requires_grad=True)
     cases = {**sensor_cases(sensor, state, cameras, args.worlds),
              **composite_cases(model, sensor, state, np.asarray(eye))}
-    ms = {name: timed(fn, args.reps, args.warmup, device) for name, fn in cases.items()}
-    ratios = {"separate / batched (fwd)": ms["separate_fwd"] / ms["batched_fwd"],
-              "separate / batched (fwd_bwd)": ms["separate_fwd_bwd"] / ms["batched_fwd_bwd"],
-              "composite / plain (fwd)": ms["composite_fwd"] / ms["plain_fwd"],
-              "composite / plain (fwd_bwd)": ms["composite_fwd_bwd"] / ms["plain_fwd_bwd"]}
-    result = {"device": str(device), "name": device.name, "worlds": args.worlds, "size": args.size,
-              "gaussians_per_world": args.gaussians, "reps": args.reps, "ms": ms, "ratios": ratios}
-    print(f"{device.name}: {args.worlds} worlds x 1 camera, {args.size}^2, {args.gaussians} Gaussians per world")
-    print(f"{'case':<22}{'median ms':>12}")
-    for name, value in ms.items():
-        print(f"{name:<22}{value:>12.3f}")
-    for name, value in ratios.items():
-        print(f"{name:<30}{value:>8.2f}x")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    return 0
+    ms = {name: t["device_ms"] for name, t in
+          timing.medians(timing.Clock(device, "warp"), cases, args.warmup, args.reps).items()}
+    row = {"worlds": args.worlds, "size": args.size, "gaussians_per_world": args.gaussians, **ms}
+    return {"device": device.name if device.is_cuda else "cpu", "rows": [row],
+            "notes": [] if device.is_cuda else ["no CUDA device: times are the host clock's"]}
 
 
-if __name__ == "__main__":
-    raise SystemExit(main())
+def table(result: dict) -> str:
+    num, ratio, out = results.num, results.ratio, []
+    for r in result["rows"]:
+        for what in ("fwd", "fwd_bwd"):
+            out.append([str(r["worlds"]), f"{r['size']}²", str(r["gaussians_per_world"]), what.replace("_", "+"),
+                        num(r[f"batched_{what}"]), num(r[f"separate_{what}"]),
+                        ratio(r[f"batched_{what}"], r[f"separate_{what}"]), num(r[f"composite_{what}"]),
+                        num(r[f"plain_{what}"]), ratio(r[f"composite_{what}"], r[f"plain_{what}"])])
+    return results.markdown(["worlds", "size", "Gaussians per world", "pass", "one update ms", "W updates ms",
+                             "one ÷ W updates", "composite ms", "plain ms", "composite ÷ plain"], out)

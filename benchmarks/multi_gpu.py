@@ -1,4 +1,4 @@
-"""Data-parallel training throughput on 1, 2, ... GPUs (weak scaling).
+"""Data-parallel training throughput of `arc-warp train`'s trainer on 1, 2, ... GPUs (weak scaling).
 
 Scene: N random Gaussians in a ball of radius ~1 (default 1M, SH degree 3 during
 training), seen by 16 orbiting cameras at WxH (default 960x544). Ground-truth images are
@@ -6,30 +6,27 @@ rendered from the scene, and the model starts from its points (kNN scales, opaci
 so every rank trains on identical data with densification off (a steady workload).
 
 For each requested GPU count G, G processes are spawned (no torchrun; NCCL, NVLink
-multicast off via NCCL_NVLS_ENABLE=0) and train with `--views-per-gpu` views per GPU
-per step (global batch G x views-per-gpu): `--warmup` steps, then `--steps` timed steps
-between barriers. Reported: steps/s, views/s, scaling efficiency
-= (views/s per GPU at G) / (views/s per GPU at the smallest G run, normally 1), the
-median time of one all-reduce of the gradient buffer, and peak memory of rank 0.
-
-Usage::
-
-    python benchmarks/bench_multi_gpu.py --gpus 1 2 [--json out.json]
-    python benchmarks/bench_multi_gpu.py --gpus 1 2 --device cpu --n 2000 --width 64 \\
-        --height 48 --steps 3 --warmup 4     # CPU smoke test (gloo processes)
+multicast off via NCCL_NVLS_ENABLE=0) and train with ``--views-per-gpu`` views per GPU
+per step (global batch G x views-per-gpu): ``--warmup`` steps, then ``--steps`` timed steps
+between barriers. Reported: steps/s, views/s, scaling efficiency = (views/s per GPU at G)
+/ (views/s per GPU at the smallest G run, normally 1), the median time of one all-reduce
+of the gradient buffer, and peak memory of rank 0. A count above the GPUs visible is
+skipped with a note. On the CPU (``--smoke``, or ``--device cpu``) the ranks are gloo
+processes.
 """
 
-import argparse
+from __future__ import annotations
+
 import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 
 import numpy as np
-import torch
+
+from benchmarks import results
 
 NUM_VIEWS = 16
 
@@ -66,6 +63,7 @@ def make_dataset(n: int, width: int, height: int, seed: int, device: str):
 
 def _worker(opts: dict, result_path: str) -> None:
     """One rank: build the data, warm up, time the steps; rank 0 writes the result JSON."""
+    import torch
     import warp as wp
 
     wp.config.log_level = wp.LOG_WARNING
@@ -110,7 +108,7 @@ def _worker(opts: dict, result_path: str) -> None:
                            "views_per_s": opts["steps"] * cfg.batch_size / elapsed,
                            "allreduce_ms": allreduce_ms, "grad_buffer_mib": buffer_mb,
                            "num_gaussians": int(trainer.params["means"].shape[0]),
-                           "final_loss": loss,
+                           "final_loss": float(loss),
                            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2 ** 30
                            if cuda else None}, f)
     finally:
@@ -119,6 +117,7 @@ def _worker(opts: dict, result_path: str) -> None:
 
 def _allreduce_ms(dist, params, cuda: bool, reps: int = 5) -> float:
     """Median wall time of one all-reduce of a buffer the size of all gradients."""
+    import torch
     import torch.distributed as tdist
 
     flat = torch.cat([p.detach().reshape(-1) for p in params.values()])
@@ -133,53 +132,43 @@ def _allreduce_ms(dist, params, cuda: bool, reps: int = 5) -> float:
     return statistics.median(times[1:])  # the first one sets up NCCL buffers
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--gpus", type=int, nargs="+", default=[1, 2],
-                    help="GPU (process) counts to run, e.g. 1 2 4")
-    ap.add_argument("--n", type=int, default=1_000_000, help="Gaussians")
-    ap.add_argument("--width", type=int, default=960)
-    ap.add_argument("--height", type=int, default=544)
-    ap.add_argument("--views-per-gpu", type=int, default=1)
-    ap.add_argument("--steps", type=int, default=30, help="timed steps")
-    ap.add_argument("--warmup", type=int, default=5,
-                    help="untimed steps, >= 4: the SH degree grows 0..3 over the first steps, "
-                    "and each degree compiles its kernels on first use")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                    help="cpu: gloo processes instead of GPUs (smoke test)")
-    ap.add_argument("--json", default=None, help="write the results here")
-    args = ap.parse_args(argv)
-    if min(args.gpus) < 1 or min(args.n, args.width, args.height, args.views_per_gpu,
-                                 args.steps) < 1:
-        ap.error("--gpus, --n, --width, --height, --views-per-gpu, --steps must be >= 1")
-    if args.warmup < 4:
-        ap.error(f"--warmup must be >= 4 (SH degree ramp), got {args.warmup}")
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+def add_arguments(parser) -> None:
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2], help="GPU (process) counts, e.g. 1 2 4")
+    parser.add_argument("--n", type=int, default=1_000_000, help="Gaussians")
+    parser.add_argument("--width", type=int, default=960)
+    parser.add_argument("--height", type=int, default=544)
+    parser.add_argument("--views-per-gpu", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=30, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=5,
+                        help="untimed steps, >= 4: the SH degree grows 0..3 over the first steps, and each degree "
+                             "compiles its kernels on first use")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="cpu: gloo processes instead of GPUs")
+
+
+def run(args) -> dict:
+    import torch
+
     from arc_warp_train.distributed import launch
 
-    if args.device == "cuda":
-        if not torch.cuda.is_available():
-            print("bench_multi_gpu: no CUDA device (use --device cpu for a smoke test)",
-                  file=sys.stderr)
-            return 2
-        available = torch.cuda.device_count()
-        device_name = torch.cuda.get_device_name(0)
-    else:
-        available, device_name = math.inf, "cpu (gloo processes)"
-    opts = {k: getattr(args, k) for k in ("n", "width", "height", "views_per_gpu", "steps",
-                                           "warmup", "seed", "device")}
-    print(f"# data-parallel training: {args.n} Gaussians, {args.width}x{args.height}, SH 3, "
-          f"{args.views_per_gpu} view(s) per GPU per step, {args.steps} timed steps after "
-          f"{args.warmup} warm-up; {device_name}, NCCL_NVLS_ENABLE="
-          f"{os.environ['NCCL_NVLS_ENABLE']}", flush=True)
-    results, skipped = [], []
+    if args.smoke:
+        args.gpus, args.n, args.width, args.height, args.steps, args.warmup, args.device = [1], 300, 32, 24, 1, 4, "cpu"
+    if min(args.gpus) < 1 or min(args.n, args.width, args.height, args.views_per_gpu, args.steps) < 1:
+        raise SystemExit("--gpus, --n, --width, --height, --views-per-gpu, --steps must be >= 1")
+    if args.warmup < 4:
+        raise SystemExit(f"--warmup must be >= 4 (SH degree ramp), got {args.warmup}")
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("multi_gpu: no CUDA device (--device cpu runs gloo processes)")
+    available = torch.cuda.device_count() if args.device == "cuda" else math.inf
+    opts = {k: getattr(args, k) for k in ("n", "width", "height", "views_per_gpu", "steps", "warmup", "seed",
+                                          "device")}
+    rows, notes = [], [f"NCCL_NVLS_ENABLE={os.environ['NCCL_NVLS_ENABLE']}"]
     for g in sorted(set(args.gpus)):
         if g > available:
-            msg = f"requested {g} GPUs but only {available} visible: skipped"
-            print(f"# WARNING: {msg}", file=sys.stderr, flush=True)
-            skipped.append({"gpus": g, "reason": msg})
+            notes.append(f"{g} GPUs requested, {available} visible: skipped")
+            print(f"# {notes[-1]}")
             continue
         with tempfile.TemporaryDirectory() as tmp:
             path = os.path.join(tmp, "result.json")
@@ -188,29 +177,21 @@ def main(argv=None) -> int:
             with open(path) as f:
                 row = json.load(f)
         row["wall_s_including_setup"] = time.perf_counter() - t0
-        results.append(row)
+        rows.append(row)
         print(f"# {g} GPU(s) done in {row['wall_s_including_setup']:.0f} s", flush=True)
-    if results:
-        base = results[0]["views_per_s"] / results[0]["gpus"]
-        for row in results:
-            row["efficiency"] = row["views_per_s"] / row["gpus"] / base
-        print(f"{'gpus':>4} {'views/step':>10} {'steps/s':>8} {'views/s':>8} {'efficiency':>10} "
-              f"{'allreduce ms':>12} {'peak GiB':>8}")
-        for r in results:
-            peak = f"{r['peak_mem_gib']:8.1f}" if r["peak_mem_gib"] is not None else f"{'-':>8}"
-            print(f"{r['gpus']:4d} {r['views_per_step']:10d} {r['steps_per_s']:8.2f} "
-                  f"{r['views_per_s']:8.2f} {r['efficiency']:10.2f} {r['allreduce_ms']:12.2f} "
-                  f"{peak}")
-        print(f"# efficiency = views/s per GPU relative to {results[0]['gpus']} GPU(s); "
-              f"gradient buffer {results[0]['grad_buffer_mib']:.0f} MiB")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device_name, "n": args.n, "width": args.width,
-                       "height": args.height, "views_per_gpu": args.views_per_gpu,
-                       "nccl_nvls_enable": os.environ["NCCL_NVLS_ENABLE"],
-                       "results": results, "skipped": skipped}, f, indent=1)
-    return 0 if results else 2
+    for row in rows:
+        row["efficiency"] = row["views_per_s"] / row["gpus"] / (rows[0]["views_per_s"] / rows[0]["gpus"])
+    name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu (gloo processes)"
+    return {"device": name, "n": args.n, "width": args.width, "height": args.height,
+            "views_per_gpu": args.views_per_gpu, "notes": notes, "rows": rows}
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def table(result: dict) -> str:
+    num = results.num
+    out = [[str(r["gpus"]), str(r["views_per_step"]), num(r["steps_per_s"], 2), num(r["views_per_s"], 1),
+            num(r["efficiency"], 2), num(r["allreduce_ms"], 2) if r["gpus"] > 1 else "-",
+            num(r["peak_mem_gib"], 1)] for r in result["rows"]]
+    return results.markdown(["GPUs", "views/step", "steps/s", "views/s", "scaling efficiency", "all-reduce ms",
+                             "peak GiB (rank 0)"], out) + (
+        f"\n\n{results.count(result['n'])} Gaussians, {result['width']}x{result['height']}, SH 3, "
+        f"{result['views_per_gpu']} view(s) per GPU per step.")
