@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import pathlib
 import platform
 import shlex
@@ -25,7 +26,10 @@ MEASURED = "measured"
 
 
 def commit() -> str:
-    """The checkout's short commit, ``-dirty`` if it has uncommitted changes, or ``unknown``."""
+    """The checkout's short commit, ``-dirty`` if it has uncommitted changes, or ``unknown``;
+    ``ARC_WARP_COMMIT`` overrides it (a copy of the tree without its git folder)."""
+    if os.environ.get("ARC_WARP_COMMIT"):
+        return os.environ["ARC_WARP_COMMIT"]
     try:
         out = subprocess.run(["git", "describe", "--always", "--dirty", "--abbrev=7"], cwd=ROOT, capture_output=True,
                              text=True, timeout=30)

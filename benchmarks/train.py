@@ -84,8 +84,11 @@ def arc_record(name: str, data: str, out: str, steps: int, train_args: list) -> 
         raise RuntimeError(f"arc-warp train exited with status {rc}")
     with open(os.path.join(out, "metrics.json")) as f:
         m = json.load(f)
+    training = m.get("training", {})  # the step loop's own figures (evaluation and checkpoints excluded)
     return {"name": name, "trainer": "arc-warp", "step": m["step"], "psnr": m["psnr"], "ssim": m["ssim"],
-            "gaussians": m["num_gaussians"], "wall_s": wall, "test_views": [v["name"] for v in m["views"]]}
+            "gaussians": m["num_gaussians"], "wall_s": wall, "it_per_s": training.get("it_per_s"),
+            "mode": training.get("mode"), "captures": training.get("captures"),
+            "test_views": [v["name"] for v in m["views"]]}
 
 
 def run(args) -> dict:
@@ -122,8 +125,10 @@ def _device_name() -> str:
 def table(result: dict) -> str:
     num = results.num
     arc = next((r for r in result["rows"] if r["trainer"] == "arc-warp"), {})
-    out = [[r["name"], r["trainer"], str(r["step"]), num(r["psnr"], 3), num(r["ssim"], 4), str(r["gaussians"]),
-            num(r["wall_s"], 1), results.ratio(arc.get("wall_s"), r["wall_s"]) if r["trainer"] != "arc-warp" else "-"]
+    out = [[r["name"], r["trainer"] + (f" ({r['mode']})" if r.get("mode") else ""), str(r["step"]),
+            num(r["psnr"], 3), num(r["ssim"], 4), str(r["gaussians"]), num(r["wall_s"], 1),
+            num(r["it_per_s"], 1) if r.get("it_per_s") else "-",
+            results.ratio(arc.get("wall_s"), r["wall_s"]) if r["trainer"] != "arc-warp" else "-"]
            for r in result["rows"]]
-    return results.markdown(["run", "trainer", "steps", "test PSNR dB", "SSIM", "Gaussians", "wall s",
+    return results.markdown(["run", "trainer", "steps", "test PSNR dB", "SSIM", "Gaussians", "wall s", "it/s",
                              "arc-warp wall ÷ this"], out)
