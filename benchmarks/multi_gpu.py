@@ -80,7 +80,8 @@ def _worker(opts: dict, result_path: str) -> None:
         cfg = TrainConfig(steps=total, batch_size=dist.world_size * opts["views_per_gpu"],
                           sh_degree=3, sh_degree_interval=1, densify=DensifyConfig(refine_stop=0),
                           eval_every=total, log_every=total, device=opts["device"],
-                          progress=False, cpu_threads=None if cuda else 1, seed=opts["seed"])
+                          progress=False, cpu_threads=None if cuda else 1, seed=opts["seed"],
+                          capture=False)  # ranks step eagerly: one GPU alike, so the scaling compares like with like
         trainer = Trainer(data, cfg, tempfile.gettempdir(), dist)
 
         def sync():
