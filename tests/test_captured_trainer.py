@@ -48,7 +48,7 @@ CAPTURES = [(0, "first step"), (26, "densified"), (50, "sh degree"), (51, "densi
 def scene(tmp_path_factory):
     root = tmp_path_factory.mktemp("scene")
     make_synthetic_dataset(str(root), num_train=4, num_test=2, width=24, height=24, num_gaussians=120, seed=3,
-                           device="cpu")
+                           device="cpu" if wp.is_cpu_available() else "cuda")  # the accelerator's Warp may lack a CPU backend
     return load_nerf_synthetic(str(root))
 
 

@@ -86,7 +86,9 @@ def _param(block: Block):
         marks.append(pytest.mark.skip(reason=f"{block.id}: {block.reason or 'marked skip'}"))
     elif block.marker == "gpu":
         marks += [pytest.mark.gpu,
-                  pytest.mark.skipif("not cuda_available()", reason=f"{block.id}: needs CUDA: {block.reason}")]
+                  pytest.mark.skipif("not cuda_available()", reason=f"{block.id}: needs CUDA: {block.reason}"),
+                  # the page's earlier blocks run on Warp's CPU backend, which a GPU build may lack
+                  pytest.mark.skipif(not wp.is_cpu_available(), reason=f"{block.id}: this Warp has no CPU backend")]
     return pytest.param(block, id=block.id, marks=marks)
 
 

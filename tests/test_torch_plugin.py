@@ -11,7 +11,7 @@ torch = pytest.importorskip("torch", reason="arc_warp_torch needs torch")
 wp = pytest.importorskip("warp")
 
 from arc_warp import Camera, RenderSettings, render_gaussians, render_gaussians_backward  # noqa: E402
-from arc_warp_torch import rasterization  # noqa: E402
+from arc_warp_torch import RenderContext, rasterization  # noqa: E402
 from arc_warp_torch.inria import GaussianRasterizationSettings, GaussianRasterizer  # noqa: E402
 from conftest import random_scene  # noqa: E402
 

@@ -152,9 +152,10 @@ class Plan:
             for step in self.steps:
                 step()
             return
-        if self.graph is None:
-            with wp.ScopedCapture(self.device, stream=capture_stream, force_module_load=False,
-                                  capture_mode=wp.CaptureMode.RELAXED) as capture:
+        if self.graph is None:  # the steps launch on the device's current stream: the capture's, here
+            with wp.ScopedStream(capture_stream, sync_enter=False, sync_exit=False), \
+                    wp.ScopedCapture(self.device, stream=capture_stream, force_module_load=False,
+                                     capture_mode=wp.CaptureMode.RELAXED) as capture:
                 for step in self.steps:
                     step()
             self.graph = capture.graph

@@ -72,7 +72,6 @@ class RenderContext:
         self.check = check
         # CPU only: numpy byte blocks by size, kept for the next call once free (see empty)
         self._host_blocks = collections.defaultdict(list) if self.device.type == "cpu" else None
-        self._stream = None  # see warp_stream
 
     def empty(self, shape, dtype=torch.float32) -> torch.Tensor:
         """A new tensor on this device for a call's memory: from torch's caching allocator
@@ -102,14 +101,13 @@ class RenderContext:
         return t.data_ptr(), t
 
     def warp_stream(self) -> wp.Stream:
-        """The Warp stream over torch's current stream (CUDA only): the one this context
-        made for that stream, made again when torch's current stream changes. One object
-        per stream, held: Warp forgets a stream's record (its capture among them) when any
-        Warp stream object over it is collected."""
+        """The Warp stream over torch's current stream (CUDA only), from :data:`_WARP_STREAMS`."""
         current = torch.cuda.current_stream(self.device)
-        if self._stream is None or self._stream.cuda_stream != current.cuda_stream:
-            self._stream = wp.stream_from_torch(current)
-        return self._stream
+        key = (self.device.index, current.cuda_stream)
+        stream = _WARP_STREAMS.get(key)
+        if stream is None:
+            stream = _WARP_STREAMS[key] = wp.stream_from_torch(current)
+        return stream
 
     def stream(self):
         """Context in which Warp launches on torch's current stream (no-op on the CPU)."""
@@ -119,6 +117,11 @@ class RenderContext:
 
 
 _NO_STREAM = contextlib.nullcontext()
+
+# (CUDA ordinal, torch stream handle) -> the process's one Warp stream over it, never dropped
+# (a few per process). One object per stream: when a Warp stream object over a handle is
+# collected, Warp forgets that handle's record, its capture among them, whoever else wraps it.
+_WARP_STREAMS: dict = {}
 
 
 class _TorchStream:
