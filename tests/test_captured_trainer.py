@@ -307,7 +307,9 @@ def test_cuda_graph_steps_train_as_the_eager_loop(scene, tmp_path, optimizer, ca
     cfg = _cfg("cuda", optimizer=optimizer, capture=False)
     _, eager, eager_counts = _run(scene, cfg, tmp_path / "eager")
     trainer, captured, counts = _run(scene, dataclasses.replace(cfg, capture=True), tmp_path / "captured")
-    assert counts == eager_counts
+    # on the GPU a float32 rounding apart (capturable Adam's device learning rate, atomics'
+    # order) tips a few Gaussians across a densification threshold: counts agree to 2%
+    assert all(abs(c - e) <= 0.02 * e for c, e in zip(counts, eager_counts, strict=True)), (counts, eager_counts)
     # as on the CPU; the eager loop's own spread also holds its atomics' run-to-run order
     spread = _float32_spread(scene, cfg, tmp_path / "nudged", eager)
     assert _apart(captured, eager) <= 4 * spread, (_apart(captured, eager), spread)
