@@ -11,7 +11,7 @@ captured step cannot wait for the device, so their checks run after replays, whe
     def step():
         image, _, meta = rasterization(..., context=context)
         (image - target).abs().mean().backward()
-        optimizer.step(skip=meta["status"].flags)   # no update where the render overflowed
+        optimizer.step(skip=meta["status"])   # no update where the render overflowed
 
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -53,7 +53,7 @@ class CapturedStep:
     Warp is told of torch's capture, so the memory its sorts and scans take inside it
     becomes allocation and free nodes of the graph. The graph replays with the capacities
     of the capture; a replay that outgrows them sets the overflow flag (the renderers'
-    overflow rule), which ``SparseGaussianAdam.step(skip=meta["status"].flags)`` reads in
+    overflow rule), which ``SparseGaussianAdam.step(skip=meta["status"])`` reads in
     the same graph and :meth:`check` reports."""
 
     def __init__(self, context: RenderContext, capture_error_mode: str):

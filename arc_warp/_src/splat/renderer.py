@@ -26,7 +26,7 @@ its input checks and an overflow flag (total > capacity) to the device
   the renderer's next forward, when the device is long past the copy: bad inputs raise
   there, and an overflow grows the capacity with a RuntimeWarning. Until then the
   overflow is a device flag: a fused optimizer step reads it and skips its update
-  (``SparseGaussianAdam.step(skip=status.flags)``, as torch's GradScaler skips a step
+  (``SparseGaussianAdam.step(skip=status)``, as torch's GradScaler skips a step
   with infinite gradients), and ``RenderStatus.check()`` raises for it on request.
 
 So a loss computed on an image that lacks Gaussians is never used without the caller
@@ -268,7 +268,7 @@ class GaussianRenderer:
         self._bindings = Bindings(self._launches)  # views and plans by memory: see bound() and _run()
         self._capture = None  # the stream plans are captured on (CUDA)
         self._forward_scratch = self._backward_scratch = None  # owned scratch (no allocator)
-        self.capturing = False  # set by CapturedRenders: no waits, no growth
+        self.capturing = False  # set by arc_warp_torch.capture.CapturedStep: no waits, no growth
         self.num_gaussians = 0
         self.capacity = None
         self.resize(gaussians, capacity)
@@ -590,7 +590,7 @@ class GaussianRenderer:
             warnings.warn(
                 f"arc_warp: the previous render's camera(s) {over} had more tile intersections than the "
                 f"{status.capacity} its sort held, so their images left out the farthest Gaussians of some tiles "
-                f"(status.overflowed; SparseGaussianAdam.step(skip=status.flags) skips such a step); renders sort "
+                f"(status.overflowed; SparseGaussianAdam.step(skip=status) skips such a step); renders sort "
                 f"{self.capacity} from now on", RuntimeWarning, stacklevel=3)
 
     # ---------------------------------------------------------------- backward
