@@ -30,6 +30,7 @@ import sys
 
 import pytest
 import warp as wp
+from conftest import needs_cpu_kernels
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -87,8 +88,7 @@ def _param(block: Block):
     elif block.marker == "gpu":
         marks += [pytest.mark.gpu,
                   pytest.mark.skipif("not cuda_available()", reason=f"{block.id}: needs CUDA: {block.reason}"),
-                  # the page's earlier blocks run on Warp's CPU backend, which a GPU build may lack
-                  pytest.mark.skipif(not wp.is_cpu_available(), reason=f"{block.id}: this Warp has no CPU backend")]
+                  needs_cpu_kernels]  # the page's earlier blocks run on Warp's CPU backend
     return pytest.param(block, id=block.id, marks=marks)
 
 
