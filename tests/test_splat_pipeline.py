@@ -9,10 +9,14 @@ import pytest
 import warp as wp
 
 from arc_warp import Camera, GaussianGrads, RenderSettings, render_gaussians, render_gaussians_backward
+from arc_warp._src.splat.geometry_funcs import ALPHA_MIN, TILE_SIZE
+from arc_warp._src.splat.raster_kernels import SUB_COLS, SUB_H, SUB_ROWS, SUB_W, subtile_mask, warp_skips
+from conftest import bins_of
 
 wp.config.log_level = wp.LOG_WARNING
 
 IDENTITY_QUAT = (1.0, 0.0, 0.0, 0.0)
+SUB_COUNT = SUB_COLS * SUB_ROWS  # a tile's warps
 
 
 def gaussians(means, scales, opacities, colors, quats=None, device="cpu", requires_grad=False):
@@ -457,61 +461,108 @@ def test_sh_backward_over_cameras_matches_deterministic(rng, device, cpu_blocks,
             np.testing.assert_allclose(g, w, rtol=1e-4, atol=2e-5 * np.abs(w).max(), err_msg=str(key))
 
 
-def small_splat_scene(rng, n, width, height, device):
-    """Gaussians 0.2-1.5 px wide all over the image, opaque enough to composite: most
-    reach a few of a tile's 8x4 warp blocks, and some, between two pixel centres, none."""
-    cam = camera(width, height, focal=25.0)
-    means, scales = _in_view(rng, n, cam, 1, (0.2, 1.5))
-    colors = rng.uniform(0.0, 1.0, (n, 3))
-    return gaussians(means, scales, rng.uniform(0.3, 0.99, n), colors, rng.normal(size=(n, 4)), device), cam
+@wp.kernel(enable_backward=False, module="unique", module_options={"fast_math": True})
+def _subtile_masks(geom: wp.array(dtype=wp.vec4), conic: wp.array(dtype=wp.vec4), origin: wp.array(dtype=wp.vec2i),
+                   out: wp.array(dtype=wp.int32)):
+    # the rasteriser's mask of splat i in the tile whose first pixel is origin[i] (fast math, as there)
+    i = wp.tid()
+    out[i] = subtile_mask(geom[i], conic[i], origin[i][0], origin[i][1])
 
 
-@pytest.mark.parametrize("mode", ["atomic", "arc", "deterministic"])
-def test_backward_skips_entries_off_a_warps_pixels_exactly(rng, device, cpu_blocks, mode):
-    """The raster backward passes over the entries whose footprint box misses a warp's
-    8x4 pixel block (the forward's subtile mask), and its gradients are those of
-    evaluating every entry, bit for bit on the CPU."""
-    from arc_warp._src.arc.intrinsics import cpu_launch_guard
-    from arc_warp._src.arc.scatter_ops import ordered_scatter_add
-    from arc_warp._src.splat.geometry_funcs import BLOCK_PIXELS, grad_vector
-    from arc_warp._src.splat.raster_kernels import make_raster_bwd
+@wp.kernel(enable_backward=False, module="unique")
+def _warp_skips(out: wp.array(dtype=wp.int32)):
+    # out[mask * SUB_COUNT + sub]: 1 where the backward's warp of subtile sub passes over an entry
+    # staged with mask
+    i = wp.tid()
+    out[i] = wp.where(warp_skips(i // SUB_COUNT, i % SUB_COUNT), 1, 0)
 
-    # 32x16 = two tiles: with cpu_blocks each tile is one emulated 256-lane block of 8 warps
-    # (which skips together, the entries that reach none of its warps)
-    arrays, cam = small_splat_scene(rng, 200, 32, 16, device)
-    settings = RenderSettings(reduce=mode, threshold=1 if mode == "arc" else None, background=(0.3, 0.1, 0.2),
-                              absgrad=True)
-    out = render_gaussians(*arrays, cam, settings)
-    assert out.alpha.numpy().mean() > 0.5  # the splats cover the image and composite
-    cots = cotangents(rng, cam.width, cam.height, device)
-    cs, renderer, total = out._state.cameras[0], out._renderer, out.status.totals[0]
-    n = out.radii.shape[0]
-    runs = {}
-    for skip in (True, False):  # the kernel's test variants: skip off, entries counted
-        counts = wp.zeros(2, dtype=wp.int32, device=device)
-        per = total if mode == "deterministic" else n
-        grads = wp.zeros(per, dtype=grad_vector(True), device=device)
-        with cpu_launch_guard(device):
-            wp.launch(make_raster_bwd(mode, True, skip, True), dim=renderer.tiles_x * renderer.tiles_y * BLOCK_PIXELS,
-                      inputs=[cs.sort_ids, cs.ranges, cs.splats, arrays[4], cam.width, cam.height, renderer.tiles_x,
-                              wp.vec3(*settings.background), None, None, cs.final_t, cs.last_ids, out.depth, *cots,
-                              settings.threshold or 0, grads, None, counts], block_dim=BLOCK_PIXELS, device=device)
-        if mode == "deterministic":
-            summed = wp.zeros(n, dtype=grad_vector(True), device=device)
-            ordered_scatter_add(summed, cs.sort_ids[:total], grads)
-            grads = summed
-        runs[skip] = (grads.numpy().copy(), counts.numpy())
-    (got, (evaluated, skipped)), (want, (evaluated_all, none)) = runs[True], runs[False]
-    assert none == 0 and evaluated + skipped == evaluated_all
-    # without block emulation a CPU pixel is a warp and skips ~2/3 of the entries here; with
-    # it only the entries that reach no pixel centre of the tile (~3 %) are skipped
-    least = (0.0 if cpu_blocks else 0.4) if device == "cpu" else 0.1
-    assert skipped > least * evaluated_all, (skipped, evaluated_all)
-    assert np.abs(want).max() > 0
-    if device == "cpu" or mode == "deterministic":
-        np.testing.assert_array_equal(got, want)
-    else:  # float atomics add in any order
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * np.abs(want).max())
+
+def subtile_masks(geom, conic, origin, device):
+    """``subtile_mask`` of each splat (``Splat2D`` quads ``geom``, ``conic``: (N, 4)) in the
+    tile whose first pixel is ``origin`` (N, 2) (x, y): (N,) int32."""
+    out = wp.zeros(len(geom), dtype=wp.int32, device=device)
+    wp.launch(_subtile_masks, len(geom), [wp.array(np.asarray(geom, np.float32), dtype=wp.vec4, device=device),
+                                          wp.array(np.asarray(conic, np.float32), dtype=wp.vec4, device=device),
+                                          wp.array(np.asarray(origin, np.int32), dtype=wp.vec2i, device=device), out],
+              device=device)
+    return out.numpy()
+
+
+def staged_subtile_masks(out):
+    """The ``subtile_mask`` with which the rasteriser stages each sorted entry of a
+    ``render_gaussians`` output's tiles: (n_isects,) int32."""
+    bins = bins_of(out)
+    ranges = bins.tile_ranges.numpy()[: bins.tiles_x * bins.tiles_y]
+    tiles = np.repeat(np.arange(len(ranges)), ranges[:, 1] - ranges[:, 0])
+    ids = np.concatenate([bins.gauss_ids.numpy()[r0:r1] for r0, r1 in ranges])
+    splats = bins.splats.numpy()[ids]
+    origin = np.column_stack([tiles % bins.tiles_x, tiles // bins.tiles_x]) * TILE_SIZE
+    return subtile_masks(splats["geom"], splats["conic"], origin, str(bins.splats.device))
+
+
+def subtiles_of(hit):
+    """Per splat, the subtile mask (bit ``SUB_COLS * row + col``, as ``tile_pixel``) of
+    the pixels of a 16x16 tile where ``hit`` (N, 16, 16) [y, x] holds."""
+    cells = hit.reshape(len(hit), SUB_ROWS, SUB_H, SUB_COLS, SUB_W).any(axis=(2, 4)).reshape(len(hit), -1)
+    return (cells << np.arange(SUB_COUNT)).sum(axis=1)
+
+
+def random_splats(rng, n):
+    """``Splat2D`` quads (float32) of ``n`` splats around a tile at (32, 48): std-devs 0.15-6
+    px (log-uniform), any orientation, opacities 0.02-1 (the 1/255 cut inside EXTEND_MAX),
+    centres up to 10 px past the tile's edges; and the tile's origin per splat."""
+    origin = np.tile([32, 48], (n, 1))
+    centre = origin + rng.uniform(-10.0, TILE_SIZE + 10.0, (n, 2))
+    sigma = np.exp(rng.uniform(np.log(0.15), np.log(6.0), (n, 2)))
+    angle = rng.uniform(0.0, np.pi, n)
+    rot = np.stack([np.cos(angle), -np.sin(angle), np.sin(angle), np.cos(angle)], -1).reshape(n, 2, 2)
+    cov = rot @ (sigma[:, :, None] ** 2 * np.eye(2)) @ rot.transpose(0, 2, 1)
+    inv = np.linalg.inv(cov)
+    geom = np.column_stack([centre, rng.uniform(0.02, 1.0, n), rng.uniform(1.0, 5.0, n)]).astype(np.float32)
+    conic = np.column_stack([inv[:, 0, 0], inv[:, 0, 1], inv[:, 1, 1], np.zeros(n)]).astype(np.float32)
+    return geom, conic, origin
+
+
+def test_subtile_mask_holds_every_subtile_a_splat_reaches_and_little_more(rng, device):
+    """The mask by which the forward evaluates an entry in a warp, and the backward skips
+    it, holds every 8x4 subtile with a pixel centre where the splat's alpha passes 1/255
+    (float64), and none that its 1/255 ellipse's box misses by more than the mask's slack."""
+    geom, conic, origin = random_splats(rng, 4000)
+    got = subtile_masks(geom, conic, origin, device)
+    g, c = geom.astype(np.float64), conic.astype(np.float64)
+    centres = np.arange(TILE_SIZE) + 0.5
+    dx = g[:, 0, None] - origin[:, 0, None] - centres  # (N, 16) centre - pixel, per column
+    dy = g[:, 1, None] - origin[:, 1, None] - centres
+    power = 0.5 * (c[:, 0, None, None] * dx[:, None, :] ** 2 + c[:, 2, None, None] * dy[:, :, None] ** 2) \
+        + c[:, 1, None, None] * dx[:, None, :] * dy[:, :, None]
+    # 1e-3 below the cut: more than float32 moves alpha (~1e-6 relative), less than the
+    # footprint's BIN_SLACK widening (t * 2^-10, alpha ~0.6 % lower at the box's edge)
+    reached = subtiles_of(g[:, 2, None, None] * np.exp(-power) >= ALPHA_MIN * (1.0 - 1e-3))
+    missing = reached & ~got
+    assert not missing.any(), f"{np.count_nonzero(missing)} splats lack a subtile they reach, e.g. {np.argmax(missing)}"
+    # the ellipse opacity * exp(-Q / 2) = 1/255 has the box half-sizes sqrt(t c / det), sqrt(t a / det)
+    det = c[:, 0] * c[:, 2] - c[:, 1] ** 2
+    t = 2.0 * np.log(g[:, 2] / ALPHA_MIN)
+    # widened by the mask's own slack: BIN_SLACK (x 1.0006 here) and a pad of 1e-3 (1 + half-size)
+    half_w = np.sqrt(t * c[:, 2] / det) * 1.003 + 3e-3
+    half_h = np.sqrt(t * c[:, 0] / det) * 1.003 + 3e-3
+    boxed = subtiles_of((np.abs(dy) <= half_h[:, None])[:, :, None] & (np.abs(dx) <= half_w[:, None])[:, None, :])
+    extra = got & ~boxed
+    assert not extra.any(), f"{np.count_nonzero(extra)} splats hold a subtile their box misses, e.g. {np.argmax(extra)}"
+    # the splats exercise the skip: most subtiles missed, and some splats reach no pixel centre
+    bits = np.unpackbits(got.astype(np.uint8)[:, None], axis=1).sum()
+    assert bits < 0.5 * SUB_COUNT * len(got) and (got == 0).sum() > 20, (bits, (got == 0).sum())
+
+
+def test_a_warp_skips_the_entries_its_subtile_bit_lacks(device, cpu_blocks):
+    """The backward's warp passes over an entry whose mask lacks its subtile; where the CPU
+    emulates warps (enable_cpu_blocks, 32-lane blocks) the block passes together, over
+    the entries with mask 0 only (its collectives synchronise the whole block)."""
+    out = wp.zeros((1 << SUB_COUNT) * SUB_COUNT, dtype=wp.int32, device=device)
+    wp.launch(_warp_skips, out.shape[0], [out], block_dim=32, device=device)
+    mask, sub = np.divmod(np.arange(out.shape[0]), SUB_COUNT)
+    want = mask == 0 if device == "cpu" and cpu_blocks else (mask >> sub) & 1 == 0
+    np.testing.assert_array_equal(out.numpy(), want)
 
 
 def test_backward_weights_match_the_forward_with_opacities_above_one(rng, device):

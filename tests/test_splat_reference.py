@@ -302,6 +302,30 @@ def test_gradients_match_reference(rng, device, reduce, cpu_blocks):
     assert_grads_close(arc_grads(out, cot, device), want)
 
 
+@pytest.mark.parametrize("reduce", ["atomic", "arc", "deterministic"])
+def test_gradients_match_reference_where_warps_skip_most_entries(rng, device, reduce, cpu_blocks):
+    # Splats 0.2-1.5 px wide reach few of a tile's 8x4 warp blocks: the backward passes
+    # over the entries whose subtile mask lacks a warp's block (warp_skips; emulated CPU
+    # blocks only over those reaching none), and must still restore what the forward composited.
+    from test_splat_pipeline import SUB_COUNT, staged_subtile_masks
+
+    kw = dict(n=50, width=19, height=13) if cpu_blocks else dict(n=150, width=35, height=26)
+    scene = robust_scene(rng, sh_degree=1, opacity_range=(0.3, 0.99), size_px_range=(0.2, 1.5), **kw)
+    bg = (0.25, 0.5, 0.75)
+    cot = cotangents(rng, scene)
+    want = reference_grads(scene, cot, bg)
+    out = render_arc(scene, device, bg, reduce=reduce)
+    masks = staged_subtile_masks(out)
+    if device == "cpu" and cpu_blocks:
+        skipped = (masks == 0).mean()  # entries every warp of the block skips
+    else:
+        skipped = 1.0 - np.unpackbits(masks.astype(np.uint8)[:, None], axis=1).mean()  # (entry, warp) pairs
+    assert skipped > (0.0 if device == "cpu" and cpu_blocks else 0.5), skipped
+    with torch.no_grad():
+        assert_forward_close(arc_outputs(out), reference(scene, torch_params(scene), bg))
+    assert_grads_close(arc_grads(out, cot, device), want)
+
+
 def test_tape_path_matches_reference(rng, device):
     scene = robust_scene(rng, n=40, width=24, height=18, sh_degree=1)
     cot = cotangents(rng, scene)

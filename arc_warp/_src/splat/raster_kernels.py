@@ -192,16 +192,12 @@ def stage_entry(
     row0: int,
 ):
     """Stages sorted entry ``k`` in batch ``slot`` (nothing if not ``valid``), with its
-    ``subtile_mask`` in the tile whose first pixel is (``col0``, ``row0``), or mask 0 if
-    ``row0 < 0``."""
+    ``subtile_mask`` in the tile whose first pixel is (``col0``, ``row0``)."""
     if valid:
         g = gauss_ids[k]
         geom = splat_quad(splats, g, 0)
         conic = splat_quad(splats, g, 1)
-        subtiles = int(0)
-        if row0 >= 0:
-            subtiles = subtile_mask(geom, conic, col0, row0)
-        batch_stage(buf, slot, geom, conic, colors[g], g, subtiles)
+        batch_stage(buf, slot, geom, conic, colors[g], g, subtile_mask(geom, conic, col0, row0))
 
 
 @functools.cache
@@ -335,7 +331,7 @@ def make_raster_fwd(surface: bool = False):
 
 
 @functools.cache
-def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = False, surface: bool = False):
+def make_raster_bwd(mode: str, absgrad: bool, surface: bool = False):
     """Backward of ``make_raster_fwd(surface)``; ``mode`` picks the accumulator (a
     compile-time choice).
 
@@ -344,13 +340,9 @@ def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = F
     Threads of pixels outside the image run the loop with nothing to add: every lane
     must reach the plan and, in a reducing warp, the reducer.
 
-    With ``skip`` (the default) entries are staged with their ``subtile_mask`` and a warp
-    passes over those that cannot reach its pixels (``warp_skips``), as the forward does;
-    the gradients are the same bit for bit (``skip=False`` evaluates every entry, for
-    tests). ``count`` (tests, benchmarks) adds to ``counts[0]`` each entry a warp
-    evaluates and to ``counts[1]`` each one it skips (once per warp: its lane 0; on a CPU
-    without ``enable_cpu_blocks`` every pixel is a warp); otherwise ``counts`` is unused
-    (None).
+    Entries are staged with their ``subtile_mask`` and a warp passes over those that
+    cannot reach its pixels (``warp_skips``), as the forward does: no lane of it could
+    find them valid, so the gradients are those of evaluating every entry.
 
     ``out_grads`` is (N,) per Gaussian, except for ``deterministic``: (n_isects,) per
     sorted entry, zero-initialised, each written by its tile's block alone. An image
@@ -474,7 +466,6 @@ def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = F
         threshold: int,
         out_grads: wp.array(dtype=grad_t),
         grad_surface_colors: wp.array2d(dtype=wp.vec3),
-        counts: wp.array(dtype=wp.int32),
     ):
         tp = tile_pixel(wp.tid(), tiles_x)
         x = tp.x
@@ -528,36 +519,24 @@ def make_raster_bwd(mode: str, absgrad: bool, skip: bool = True, count: bool = F
         rgb_behind = wp.vec3(0.0)
         depth_behind = float(0.0)
         sub = tp.sub
-        row0 = int(-1)  # -1: staged without masks
-        if wp.static(skip):
-            row0 = y - y % TILE_SIZE
         hi = wp.min(r[1], block_last + 1)  # batch [lo, hi), slot s holds entry hi - 1 - s
         while hi > r[0]:
             lo = wp.max(r[0], hi - size)
             block_sync()  # the previous batch is no longer read
             stage_entry(buf, rank, gauss_ids, splats, colors, hi - 1 - rank, hi - 1 - rank >= lo,
-                        x - x % TILE_SIZE, row0)
+                        x - x % TILE_SIZE, y - y % TILE_SIZE)
             block_sync()
             # chunks of slots [c0, c1): one per batch, except deterministic's flushes
             c0 = int(0)
             while c0 < hi - lo:
                 c1 = wp.min(c0 + wp.static(chunk), hi - lo)
                 for s in range(wp.max(c0, hi - 1 - warp_last), c1):
-                    reach = True
-                    if wp.static(skip):
-                        # the entry's footprint box misses the warp's pixels (the forward
-                        # never evaluated it there): no lane can be valid
-                        subtiles = batch_subtiles(buf, s)
-                        reach = reaches(subtiles, sub)
-                        passed = warp_skips(subtiles, sub)
-                        if wp.static(count):
-                            if lane_id() == 0:
-                                wp.atomic_add(counts, wp.where(passed, 1, 0), 1)
-                        if passed:
-                            continue
-                    elif wp.static(count):
-                        if lane_id() == 0:
-                            wp.atomic_add(counts, 0, 1)
+                    # the entry's footprint box misses the warp's pixels (the forward
+                    # never evaluated it there): no lane can be valid
+                    subtiles = batch_subtiles(buf, s)
+                    reach = reaches(subtiles, sub)
+                    if warp_skips(subtiles, sub):
+                        continue
                     geom = batch_get(buf, GEOM, s)
                     conic = batch_get(buf, CONIC, s)
                     f = splat_falloff(geom, conic, px, py)

@@ -662,7 +662,7 @@ class GaussianRenderer:
                             wp.vec3(*s.background), None if surface is None else surface.colors,
                             None if surface is None else surface.depths, cs.final_t, cs.last_ids, depth, cot.color,
                             cot.alpha, cot.depth, cot.expected_depth, self.threshold,
-                            entry_grads if isects > 0 else raster_grads, surface_grads[c], None],
+                            entry_grads if isects > 0 else raster_grads, surface_grads[c]],
                             block_dim=BLOCK_PIXELS, key=("raster_bwd", c))
                     if isects > 0:
                         launches.call(ordered_scatter_add, raster_grads, cs.sort_ids[:isects], entry_grads[:isects])
