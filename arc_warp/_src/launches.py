@@ -162,7 +162,34 @@ class Plan:
         wp.capture_launch(self.graph)
 
 
-class Bindings:
+class LRU:
+    """Values by key, made on first use (:meth:`get`) and kept until more than ``limit`` are
+    held: then the least recently used one is dropped."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._entries: collections.OrderedDict = collections.OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def values(self):
+        """The values held, least recently used first."""
+        return self._entries.values()
+
+    def get(self, key: tuple, make):
+        """The value of ``key``, made by ``make()`` if not held."""
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = make()
+            if len(self._entries) > self.limit:
+                self._entries.popitem(last=False)
+        else:
+            self._entries.move_to_end(key)
+        return entry
+
+
+class Bindings(LRU):
     """What one object (a renderer, a mesh op) keeps by the memory of its calls: values made
     of that memory (:meth:`bound`: Warp views, say) and the plans of calls on it
     (:meth:`run`); the one place where the object's calls' pointers are kept.
@@ -175,27 +202,12 @@ class Bindings:
     """
 
     def __init__(self, launches: Launches, limit: int = BINDINGS):
-        self._launches, self.limit = launches, limit
-        self._entries: collections.OrderedDict = collections.OrderedDict()
+        super().__init__(limit)
+        self._launches = launches
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
-    def values(self):
-        """The values and plans held, least recently used first."""
-        return self._entries.values()
-
-    def bound(self, key: tuple, make):
-        """What ``make()`` builds of the memory ``key`` names, made once (a Warp view costs
-        about 4 us of host time; launches that take the same one repack nothing)."""
-        entry = self._entries.get(key)
-        if entry is None:
-            entry = self._entries[key] = make()
-            if len(self._entries) > self.limit:
-                self._entries.popitem(last=False)
-        else:
-            self._entries.move_to_end(key)
-        return entry
+    # what make() builds of the memory key names, made once (a Warp view costs about 4 us of
+    # host time; launches that take the same one repack nothing)
+    bound = LRU.get
 
     def run(self, key: tuple, body, capture_stream: wp.Stream | None = None) -> None:
         """``body()``, the device work of a call on the memory ``key`` names (everything its

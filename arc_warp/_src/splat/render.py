@@ -7,6 +7,7 @@ import warp as wp
 
 from arc_warp._src.arc.calibrate import resolve_threshold
 from arc_warp._src.camera import Camera, DeviceCameras
+from arc_warp._src.launches import LRU
 from arc_warp._src.splat.records import (GaussianGrads, ImageGrads, RenderImages, RenderOutput, RenderSettings,
                                          check_gaussians)
 from arc_warp._src.splat.renderer import GaussianRenderer
@@ -18,32 +19,34 @@ from arc_warp._src.validate import check_array
 IMAGE_OUTPUTS = {"color": wp.vec3, "alpha": wp.float32, "depth": wp.float32, "expected_depth": wp.float32}
 
 
+WORKSPACE_OBJECTS = 32
+"""Objects a :class:`Workspace` keeps: a few image sizes' renderers and mesh op chains."""
+
+
 class Workspace:
     """The objects that repeated functional calls reuse on one device (explicit state, no
     globals): pass it as ``workspace=`` to :func:`render_gaussians` and to the mesh ops.
 
-    One dict holds one object per kind and size, keyed by what sizes it: ``(GaussianRenderer,
+    It holds one object per kind and size, keyed by what sizes it: ``(GaussianRenderer,
     width, height, cameras, sh_coeffs, settings)`` (:meth:`renderer`; a new Gaussian count
     resizes it) and ``(op class, sizes..., options...)`` for a mesh op object
-    (``Rasterizer.of`` and the like; :meth:`get`). Entries live as long as the workspace.
-    The ARC thresholds are resolved once, here, so no step calibrates lazily (``threshold``
-    None: the device's calibrated values). Use a workspace from one thread (and one stream)
-    at a time. ``allocator``: None, or the renderers' (see :class:`GaussianRenderer`).
+    (``Rasterizer.of`` and the like; :meth:`get`). Past ``limit`` objects the least recently
+    used is dropped (a viewer whose window takes new sizes keeps the last few). The ARC
+    thresholds are resolved once, here, so no step calibrates lazily (``threshold`` None:
+    the device's calibrated values). Use a workspace from one thread (and one stream) at a
+    time. ``allocator``: None, or the renderers' (see :class:`GaussianRenderer`).
     """
 
-    def __init__(self, device=None, threshold: int | None = None, allocator=None):
+    def __init__(self, device=None, threshold: int | None = None, allocator=None, limit: int = WORKSPACE_OBJECTS):
         self.device = wp.get_device(device)
         self.threshold = resolve_threshold(self.device, threshold)
         self.keyed_threshold = resolve_threshold(self.device, threshold, keyed=True)
         self.allocator = allocator
-        self._objects: dict[tuple, object] = {}  # (kind, sizes..., options...) -> its object
+        self._objects = LRU(limit)  # (kind, sizes..., options...) -> its object
 
     def get(self, key: tuple, make):
-        """The object of ``key`` (its kind, sizes and options), made by ``make()`` on first use."""
-        obj = self._objects.get(key)
-        if obj is None:
-            obj = self._objects[key] = make()
-        return obj
+        """The object of ``key`` (its kind, sizes and options), made by ``make()`` if not held."""
+        return self._objects.get(key, make)
 
     def renderer(self, width: int, height: int, gaussians: int, cameras: int, sh_coeffs: int,
                  settings: RenderSettings) -> GaussianRenderer:
@@ -57,7 +60,7 @@ class Workspace:
         return renderer
 
     def objects(self, kind: type | None = None) -> list:
-        """The objects held (of class ``kind`` only, if given), in the order they were made."""
+        """The objects held (of class ``kind`` only, if given), least recently used first."""
         return [obj for obj in self._objects.values() if kind is None or isinstance(obj, kind)]
 
     def renderers(self) -> list[GaussianRenderer]:

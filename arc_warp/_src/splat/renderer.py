@@ -1,22 +1,19 @@
 """GaussianRenderer: N Gaussians into C cameras of one image size, with buffers and prepared
 launches made once, and RenderState, what one forward leaves for its backward.
 
-A camera's stages (kernels in ``*_kernels.py``): the projection writes the splats, 2D
-means, radii, tile counts and depth keys; SH colours are evaluated (RGB is used as-is);
-the Gaussians are sorted by depth, their tile counts scanned in that order and the total
-written to the camera's flags; the tile keys are written front to back into a sort of
-``capacity`` entries and sorted stably by tile alone (each tile's range in depth order,
-equal depths in Gaussian order, as one sort of ``tile << 32 | depth`` keys would give,
-in ~log2(tiles) radix bits, not 32 more); the rasteriser composites each 16x16 tile.
-The backward runs the rasteriser's, the SH stage's and one per-Gaussian pass through the
-projection. CPU launches of kernels with block storage hold ``cpu_launch_guard`` (their
-CPU block storage is C static).
+A camera's stages (ARCHITECTURE.md lists the kernels): projection, SH colours, a depth
+sort and a scan of the tile counts in that order (the total goes to the camera's flags),
+then the tile keys written front to back into a sort of ``capacity`` entries sorted
+stably by tile alone (each tile's range in depth order, equal depths in Gaussian order,
+as one sort of ``tile << 32 | depth`` keys would give, in ~log2(tiles) radix bits, not
+32 more), and the rasteriser per 16x16 tile. CPU launches of kernels with block storage
+hold ``cpu_launch_guard`` (their CPU block storage is C static).
 
 The overflow rule. The tile sort needs the number of Gaussian-tile intersections, which
 only the device knows once the Gaussians are projected. The renderer sorts ``capacity``
 entries per camera, set by its first forward (which reads the totals back, one wait) to
-1.25x the largest total plus ``SORT_SLACK``. Every forward writes each camera's total,
-its input checks and an overflow flag (total > capacity) to the device
+:meth:`GaussianRenderer.capacity_for` the largest total. Every forward writes each camera's total, its
+input checks and an overflow flag (total > capacity) to the device
 (``RenderStatus.flags``) and copies them to the host. The host reads them
 
 - in the forward itself when ``check`` is on (the default on the CPU, where nothing waits):
@@ -58,7 +55,7 @@ from arc_warp._src.splat.status import RenderStatus
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS, FLAG_SLOTS, OVERFLOW_SLOT, flag_nan, flag_nonfinite
 from arc_warp._src.validate import check_array
 
-SORT_SLACK = 4096  # entries added to every capacity, so small scenes rarely overflow
+SORT_SLACK = 4096  # entries added to every capacity (capacity_for), so small scenes rarely overflow
 ALIGN = 256  # byte alignment of each part carved from one allocation
 MAX_ISECTS = (2**31 - 1) // 2  # radix_sort_pairs needs keys of 2 x count entries; a Warp array holds < 2^31
 # the rasteriser runs one thread per pixel of the tile grid with int32 thread ids (which
@@ -283,6 +280,12 @@ class GaussianRenderer:
             raise ValueError(f"GaussianRenderer: capacity must be None or an int >= 1, got {capacity!r}")
         self.num_gaussians, self.capacity = gaussians, capacity
 
+    @staticmethod
+    def capacity_for(total: int) -> int:
+        """The sort capacity for ``total`` tile intersections per camera (the module notes):
+        1.25x plus ``SORT_SLACK``, so the totals of the next steps rarely outgrow it."""
+        return total * 5 // 4 + SORT_SLACK
+
     def new_state(self, allocator=None) -> RenderState:
         """A :class:`RenderState` for one forward (memory from ``allocator``, or Warp arrays)."""
         return RenderState(self, allocator)
@@ -401,13 +404,16 @@ class GaussianRenderer:
         """This call's scratch, owned and grown or fresh from the allocator: the forward's
         (tile counts, depth order, int64 scan, then keys the depth sort and the tile sort
         use in turn) or the backward's (packed rasteriser gradients, the SH share of
-        dL/dmeans, and ``capacity`` of ``deterministic``'s per-entry partials)."""
+        dL/dmeans, and for ``deterministic`` ``capacity`` per-entry partials and the scratch
+        of their ordered sum, ``ordered_scatter_scratch``'s)."""
         n = self.num_gaussians if n is None else n
         cap = (self.capacity or 0) if capacity is None else capacity
         if backward:
             grad_t = grad_vector(self.settings.absgrad)
             det = self.settings.reduce == "deterministic"
-            parts = [((n,), grad_t), ((n,), wp.vec3), ((cap if det else 0,), grad_t)]
+            cap = cap if det else 0
+            parts = [((n,), grad_t), ((n,), wp.vec3), ((cap,), grad_t), ((2 * cap,), wp.int32),
+                     ((2 * cap,), wp.int32), ((n if det else 0, 2), wp.int32)]
         else:
             parts = [((n,), wp.int32), ((2 * n,), wp.int32), ((n,), wp.int64), ((2 * max(n, cap),), wp.int32)]
         if self.allocator is not None:  # the caller holds the block until its work is queued
@@ -562,7 +568,7 @@ class GaussianRenderer:
                 f"image ({self.tiles_x}x{self.tiles_y} tiles) make {total if exact_total is None else exact_total()} "
                 f"tile intersections, more than the {MAX_ISECTS} one sort can hold; render fewer or smaller Gaussians, "
                 "or the image in crops")
-        self.capacity = max(self.capacity or 0, total * 5 // 4 + SORT_SLACK)
+        self.capacity = max(self.capacity or 0, self.capacity_for(total))
 
     def host_status(self, capacity: int | None = None) -> RenderStatus:
         """The status the host copy of the flags holds now, read without a wait: for a caller
@@ -624,9 +630,8 @@ class GaussianRenderer:
         det = s.reduce == "deterministic"
         totals = state.status.totals if (det or state.status.is_read) else None
         # sized by the state's render (the renderer may have been resized since); held until queued
-        entries = max(min(t, state.status.capacity) for t in totals) if det else 0
-        scratch = self._scratch(True, n, entries)
-        raster_grads, sh_share, entry_grads = scratch.views
+        scratch = self._scratch(True, n, state.status.capacity)
+        raster_grads, sh_share, entry_grads, *ordered = scratch.views
         surfaces = state.surfaces or [None] * self.num_cameras
         surface_grads = grad_surface_colors or [None] * self.num_cameras
         # no rasteriser backward for a camera without intersections (once known) and surface
@@ -665,7 +670,8 @@ class GaussianRenderer:
                             entry_grads if isects > 0 else raster_grads, surface_grads[c], None],
                             block_dim=BLOCK_PIXELS, key=("raster_bwd", c))
                     if isects > 0:
-                        launches.call(ordered_scatter_add, raster_grads, cs.sort_ids[:isects], entry_grads[:isects])
+                        launches.call(ordered_scatter_add, raster_grads, cs.sort_ids[:isects], entry_grads[:isects],
+                                      ordered)
                 add = accumulate or not first
                 if add and not accumulate:  # this camera's own outputs are written, but the kernel adds
                     for own in (means2d_grads[c], cs.absgrad):
