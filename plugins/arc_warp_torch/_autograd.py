@@ -179,6 +179,31 @@ def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = No
     return t.contiguous()
 
 
+def sh_colors(name: str, colors, n: int, sh_degree: Optional[int], device) -> tuple:
+    """(sh_degree or None, float32 colours with exactly the SH coefficients it needs) of
+    [N, 3] RGB (``sh_degree`` None) or [N, K, 3] SH ``colors`` (``sh_degree`` None: K =
+    (d + 1)^2 gives it), or TypeError/ValueError naming ``name``."""
+    if not isinstance(colors, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(colors).__name__}")
+    if colors.dim() == 2:
+        if sh_degree is not None:
+            raise ValueError(f"{name}: sh_degree={sh_degree} needs SH coefficients [N, K, 3], "
+                             f"got RGB shape {list(colors.shape)}")
+        return None, check_tensor(name, colors, (n, 3), device)
+    colors = check_tensor(name, colors, (n, None, 3), device)
+    k = colors.shape[1]
+    if sh_degree is None:
+        sh_degree = math.isqrt(k) - 1
+        if (sh_degree + 1) ** 2 != k:
+            raise ValueError(f"{name}: [N, K, 3] with sh_degree=None needs K = (d+1)^2, got K={k}")
+    if not isinstance(sh_degree, int) or not 0 <= sh_degree <= 3:
+        raise ValueError(f"sh_degree: expected None or an int in 0..3, got {sh_degree!r}")
+    needed = (sh_degree + 1) ** 2
+    if k < needed:
+        raise ValueError(f"{name}: sh_degree={sh_degree} needs K >= {needed} coefficients, got K={k}")
+    return sh_degree, colors[:, :needed].contiguous() if k > needed else colors
+
+
 def cameras_of(viewmats, Ks, width: int, height: int, near: float, far: float, device: torch.device,
                model: str = "pinhole", distortion: Optional[torch.Tensor] = None):
     """The cameras to render of [C, 4, 4] world-to-camera `viewmats` and [C, 3, 3] `Ks`

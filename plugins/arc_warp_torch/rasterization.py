@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import torch
 
 from arc_warp import RenderSettings
 
-from ._autograd import RenderContext, cameras_of, check_tensor, default_context, render_batch
+from ._autograd import RenderContext, cameras_of, check_tensor, default_context, render_batch, sh_colors
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 # scales_activation / opacities_activation -> RenderSettings.scale_activation / opacity_activation
@@ -22,32 +21,6 @@ UNSUPPORTED = {"radius_clip": 0.0, "tile_size": 16, "sparse_grad": False, "distr
                "covars": None, "with_eval3d": False, "thin_prism_coeffs": None, "ftheta_coeffs": None,
                "viewmats_rs": None}
 CAMERA_MODELS = ("pinhole", "ortho", "fisheye")
-
-
-def _sh_degree_and_colors(colors, n: int, sh_degree: Optional[int], device):
-    """Validate colors; return (sh_degree or None, float32 colors with exactly the needed
-    SH coefficients). [N,K,3] with sh_degree None infers the degree from K = (d+1)^2."""
-    if not isinstance(colors, torch.Tensor):
-        raise TypeError(f"colors: expected a torch.Tensor, got {type(colors).__name__}")
-    if colors.dim() == 2:
-        if sh_degree is not None:
-            raise ValueError(f"colors: sh_degree={sh_degree} needs SH coefficients [N, K, 3], "
-                             f"got RGB shape {list(colors.shape)}")
-        return None, check_tensor("colors", colors, (n, 3), device)
-    colors = check_tensor("colors", colors, (n, None, 3), device)
-    k = colors.shape[1]
-    if sh_degree is None:
-        sh_degree = math.isqrt(k) - 1
-        if (sh_degree + 1) ** 2 != k:
-            raise ValueError(f"colors: [N, K, 3] with sh_degree=None needs K = (d+1)^2, got K={k}")
-    if not isinstance(sh_degree, int) or not 0 <= sh_degree <= 3:
-        raise ValueError(f"sh_degree: expected None or an int in 0..3, got {sh_degree!r}")
-    needed = (sh_degree + 1) ** 2
-    if k < needed:
-        raise ValueError(f"colors: sh_degree={sh_degree} needs K >= {needed} coefficients, got K={k}")
-    if k > needed:
-        colors = colors[:, :needed].contiguous()
-    return sh_degree, colors
 
 
 def _option(name: str, value, allowed: dict) -> str:
@@ -239,7 +212,7 @@ def rasterization(
     quats = check_tensor("quats", quats, (n, 4), device)
     scales = check_tensor("scales", scales, (n, 3), device)
     opacities = check_tensor("opacities", opacities, (n,), device)
-    sh_degree, colors = _sh_degree_and_colors(colors, n, sh_degree, device)
+    sh_degree, colors = sh_colors("colors", colors, n, sh_degree, device)
     distortion = _distortion(camera_model, radial_coeffs, tangential_coeffs, viewmats)
     cameras, camera_tensors = cameras_of(viewmats, Ks, width, height, near_plane, far_plane, device, camera_model,
                                          distortion)

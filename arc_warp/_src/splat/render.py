@@ -104,22 +104,7 @@ def render_gaussians(
     Gradients: if any input has ``requires_grad`` and a ``wp.Tape`` is given (``tape=``)
     or active (``with tape:``), the outputs get ``requires_grad`` and the backward is
     recorded with ``tape.record_func``, so ``tape.backward()`` adds into the inputs' ``.grad``
-    and continues into upstream kernels. Example, with means made by a user kernel::
-
-        @wp.kernel
-        def offset(base: wp.array(dtype=wp.vec3), shift: wp.array(dtype=wp.vec3),
-                   out: wp.array(dtype=wp.vec3)):
-            i = wp.tid()
-            out[i] = base[i] + shift[0]
-
-        shift = wp.zeros(1, dtype=wp.vec3, requires_grad=True)
-        means = wp.zeros(n, dtype=wp.vec3, requires_grad=True)
-        tape = wp.Tape()
-        with tape:
-            wp.launch(offset, dim=n, inputs=[base, shift], outputs=[means])
-            out = render_gaussians(means, quats, scales, opacities, colors, camera)
-            wp.launch(image_loss, dim=(h, w), inputs=[out.color], outputs=[loss])
-        tape.backward(loss)  # shift.grad now holds dL/dshift
+    and continues into the kernels that made them (docs/warp.md has an example).
 
     Args:
         camera: a :class:`Camera`, a list/tuple of cameras of one image size, or

@@ -140,18 +140,16 @@ class _CameraState:
 
     __slots__ = ("cam", "splats", "rgb", "ranges", "final_t", "last_ids", "absgrad", "sort_ids")
 
+    def __init__(self, cam, splats, rgb, ranges, final_t, last_ids, absgrad):
+        self.cam, self.splats, self.rgb, self.ranges = cam, splats, rgb, ranges
+        self.final_t, self.last_ids, self.absgrad, self.sort_ids = final_t, last_ids, absgrad, None
+
 
 def _camera_parts(renderer: GaussianRenderer, views: list, per_camera: int, absgrad: bool) -> tuple:
     """Each camera's :class:`_CameraState` over a state's views, the (C,) CameraParams of
     all cameras (evenly spaced) and on the CPU their numpy records (written in place)."""
-    cameras = []
-    for i in range(len(views) // per_camera):
-        cs = _CameraState()
-        cs.cam, cs.splats, cs.rgb, cs.ranges, cs.final_t, cs.last_ids, cs.absgrad = \
-            views[i * per_camera:(i + 1) * per_camera]
-        cs.absgrad = cs.absgrad if absgrad else None
-        cs.sort_ids = None
-        cameras.append(cs)
+    cameras = [_CameraState(*views[i:i + per_camera - 1], views[i + per_camera - 1] if absgrad else None)
+               for i in range(0, len(views), per_camera)]
     first, last, c = cameras[0].cam, cameras[-1].cam, len(cameras)
     cams = first if c == 1 else wp.array(ptr=first.ptr, dtype=CameraParams, shape=(c,),
                                          strides=((last.ptr - first.ptr) // (c - 1),), device=renderer.device)
@@ -266,9 +264,7 @@ class GaussianRenderer:
         self._capture = None  # the stream plans are captured on (CUDA)
         self._forward_scratch = self._backward_scratch = None  # owned scratch (no allocator)
         self.capturing = False  # set by arc_warp_torch.capture.CapturedStep: no waits, no growth
-        self.num_gaussians = 0
-        self.capacity = None
-        self.resize(gaussians, capacity)
+        self.resize(gaussians, capacity)  # sets num_gaussians and capacity
 
     def resize(self, gaussians: int, capacity: int | None = None) -> None:
         """Render ``gaussians`` (N) from now on (after a densification, say). The capacity
@@ -307,8 +303,7 @@ class GaussianRenderer:
         render's :class:`RenderStatus` (also ``state.status``)."""
         self._check_call(gaussians, cameras, state, images, surfaces)
         self._read_pending()
-        if check is None:
-            check = self.device.is_cpu
+        check = self.device.is_cpu if check is None else check
         if self.capturing:
             check = False
             if self.capacity is None:
