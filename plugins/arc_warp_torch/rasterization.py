@@ -101,19 +101,12 @@ def rasterization(
     down, +z forward; `viewmats` are world-to-camera; K = [[fx,0,cx],[0,fy,cy],[0,0,1]] in
     pixels; pixel centres at +0.5.
 
-    gsplat keywords and what arc_warp does with them:
-    - supported: near_plane, far_plane, eps2d, sh_degree, backgrounds, render_mode,
-      absgrad, rasterize_mode ("classic", "antialiased"), camera_model ("pinhole", "ortho",
-      "fisheye"), radial_coeffs ([C, 6] pinhole k1..k6, [C, 4] fisheye k1..k4) and
-      tangential_coeffs ([C, 2] p1, p2): lens distortion rendered natively (each Gaussian
-      projected through the distorted camera, its covariance with the camera's Jacobian
-      at its mean: arc_warp's way, whatever with_ut says);
-    - accepted, with no effect: packed (meta is always dense, [C, N, ...], as gsplat's
-      packed=False), channel_chunk (colours are 3 channels) and with_ut;
-    - accepted only at gsplat's default, NotImplementedError naming the keyword and value
-      otherwise: radius_clip, tile_size (16), sparse_grad, distributed, segmented, covars,
-      with_eval3d, thin_prism_coeffs, ftheta_coeffs, rolling_shutter (global shutter),
-      viewmats_rs.
+    gsplat keywords not listed under Args are accepted with no effect (packed: meta is
+    always dense, [C, N, ...], as gsplat's packed=False; channel_chunk; with_ut: distorted
+    cameras project each Gaussian through the lens, its covariance with the camera's
+    Jacobian at its mean) or only at gsplat's default (radius_clip, tile_size, sparse_grad,
+    distributed, segmented, covars, with_eval3d, thin_prism_coeffs, ftheta_coeffs,
+    rolling_shutter: global shutter, viewmats_rs), else NotImplementedError.
 
     Args:
         means: [N, 3] Gaussian centres, world units.
@@ -142,7 +135,8 @@ def rasterization(
         rasterize_mode: "classic", or "antialiased" for the Mip-Splatting 2D filter.
         camera_model: "pinhole", "ortho" (fx, fy: pixels per world unit) or "fisheye"
             (equidistant, r = f theta), gsplat's conventions.
-        radial_coeffs, tangential_coeffs: OpenCV distortion per camera (see above).
+        radial_coeffs, tangential_coeffs: OpenCV distortion per camera: [C, 6] pinhole
+            k1..k6 or [C, 4] fisheye k1..k4, and [C, 2] p1, p2 (pinhole).
         reduce, threshold: (arc_warp) `arc_warp.RenderSettings`' (the backward's reduction,
             "arc" by default; "deterministic" whatever this says under
             torch.use_deterministic_algorithms(True)).
@@ -181,8 +175,8 @@ def rasterization(
             invalid CUDA cameras, found by the device (see "status" above).
         NotImplementedError: a gsplat keyword at a value arc_warp does not support.
 
-    Gradients flow to means, quats, scales, opacities, colors, backgrounds and surface_colors (to the raw
-    tensors passed, whatever the activations). Double backward raises RuntimeError.
+    Gradients flow to means, quats, scales, opacities, colors, backgrounds and
+    surface_colors (the raw tensors passed). Double backward raises RuntimeError.
     """
     passed = {"radius_clip": radius_clip, "tile_size": tile_size, "sparse_grad": sparse_grad,
               "distributed": distributed, "segmented": segmented, "covars": covars, "with_eval3d": with_eval3d,
