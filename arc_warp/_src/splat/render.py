@@ -29,12 +29,10 @@ class Workspace:
 
     It holds one object per kind and size, keyed by what sizes it: ``(GaussianRenderer,
     width, height, cameras, sh_coeffs, settings)`` (:meth:`renderer`; a new Gaussian count
-    resizes it) and ``(op class, sizes..., options...)`` for a mesh op object
-    (``Rasterizer.of`` and the like; :meth:`get`). Past ``limit`` objects the least recently
-    used is dropped (a viewer whose window takes new sizes keeps the last few). The ARC
-    thresholds are resolved once, here, so no step calibrates lazily (``threshold`` None:
-    the device's calibrated values). Use a workspace from one thread (and one stream) at a
-    time. ``allocator``: None, or the renderers' (see :class:`GaussianRenderer`).
+    resizes it) or ``(op class, sizes..., options...)`` (mesh ops' ``of``; :meth:`get`),
+    the least recently used dropped past ``limit``. Its ARC thresholds are resolved here
+    (``threshold`` None: the device's calibrated values), never inside a step. Use it
+    from one thread (and stream) at a time. ``allocator``: the renderers' (None: their own).
     """
 
     def __init__(self, device=None, threshold: int | None = None, allocator=None, limit: int = WORKSPACE_OBJECTS):
@@ -91,19 +89,16 @@ def render_gaussians(
     binning with a stable (tile, depth) radix sort -> front-to-back compositing
     (pixel centres at +0.5, alpha = min(0.999, o exp(-power)), alphas < 1/255 skipped,
     a Gaussian that would bring T to <= 1e-4 ends the pixel uncomposited, background
-    added as T_final * background).
+    added as T_final * background). All arrays live on one device; outputs are made there.
 
-    All arrays live on one device (cpu or cuda); outputs are allocated there.
-
-    This is one :meth:`GaussianRenderer.forward` with its checks read before it returns
-    (``check=True``): types, dtypes, shapes and devices raise TypeError/ValueError before
-    any launch; NaN/Inf in any input (and an all-zero quaternion) raises ValueError once
-    the device has found it; the images are always complete. For renders that never wait
-    for the device, hold a :class:`GaussianRenderer` yourself.
+    This is one :meth:`GaussianRenderer.forward` with ``check=True``: TypeError/ValueError
+    for types, dtypes, shapes and devices before any launch, ValueError for NaN/Inf in any
+    input (or an all-zero quaternion) once the device has found it; the images are always
+    complete. For renders that never wait, hold a :class:`GaussianRenderer` yourself.
 
     Gradients: if any input has ``requires_grad`` and a ``wp.Tape`` is given (``tape=``)
     or active (``with tape:``), the outputs get ``requires_grad`` and the backward is
-    recorded with ``tape.record_func``, so ``tape.backward()`` adds into the inputs' ``.grad``
+    recorded with ``tape.record_func``: ``tape.backward()`` adds into the inputs' ``.grad``
     and continues into the kernels that made them (docs/warp.md has an example).
 
     Args:
@@ -229,22 +224,16 @@ def render_gaussians_backward(
 ) -> GaussianGrads:
     """Gradients of a scalar loss w.r.t. the inputs of the render that made ``out``.
 
-    ``grad_*`` are cotangents shaped like the outputs, on the same device; ``None``
-    means zero. This is :meth:`GaussianRenderer.backward` (``out.settings.reduce``
-    ``"floor"`` yields no rasteriser gradients: benchmarking only). The 2D mean gradients
-    are added into ``out.means2d_grad`` and, with ``settings.absgrad``, their per-pixel
-    absolute sums into ``out.means2d_absgrad``.
-
-    ``accumulate`` False writes the gradients into ``grads`` (every entry: culled
-    Gaussians and SH coefficients past ``settings.sh_degree`` get 0) instead of adding
-    them, so ``grads`` need not be zeroed first; it also writes the 2D mean gradients
-    (and ``means2d_absgrad``). Without ``grads`` the gradients are written into new
-    arrays. ``means2d_grad``, if given, receives the 2D mean gradients in place of
-    ``out.means2d_grad``.
+    ``grad_*`` are cotangents shaped like the outputs, on their device (None: zero). This
+    is :meth:`GaussianRenderer.backward`. The 2D mean gradients are added into
+    ``means2d_grad`` (default ``out.means2d_grad``) and, with ``settings.absgrad``, their
+    per-pixel absolute sums into ``out.means2d_absgrad``. ``accumulate`` False writes all
+    of them and ``grads`` (every entry: culled Gaussians and SH coefficients past
+    ``settings.sh_degree`` get 0) instead of adding, so nothing need be zeroed first.
 
     Returns:
-        :class:`GaussianGrads` shaped like the inputs: new arrays, or ``grads`` with the
-        gradients added in (or written).
+        :class:`GaussianGrads` shaped like the inputs: ``grads`` with the gradients added
+        in (or written), or new arrays without ``grads``.
     """
     if not isinstance(out, RenderOutput) or out._state is None:
         raise TypeError(f"out must be a RenderOutput returned by render_gaussians, got {type(out).__name__}")

@@ -12,22 +12,21 @@ hold ``cpu_launch_guard`` (their CPU block storage is C static).
 The overflow rule. The tile sort needs the number of Gaussian-tile intersections, which
 only the device knows once the Gaussians are projected. The renderer sorts ``capacity``
 entries per camera, set by its first forward (which reads the totals back, one wait) to
-:meth:`GaussianRenderer.capacity_for` the largest total. Every forward writes each camera's total, its
-input checks and an overflow flag (total > capacity) to the device
+:meth:`GaussianRenderer.capacity_for` the largest total. Every forward writes each
+camera's total, its input checks and an overflow flag (total > capacity) to the device
 (``RenderStatus.flags``) and copies them to the host. The host reads them
 
 - in the forward itself when ``check`` is on (the default on the CPU, where nothing waits):
   bad inputs raise ValueError, and a camera that overflowed is rendered again with a
-  grown capacity, so the images returned are complete (nvdiffrast's synchronous retry);
-- otherwise (the default on CUDA, and always inside a CUDA graph capture) at the start of
-  the renderer's next forward, when the device is long past the copy: bad inputs raise
-  there, and an overflow grows the capacity with a RuntimeWarning. Until then the
-  overflow is a device flag: a fused optimizer step reads it and skips its update
-  (``SparseGaussianAdam.step(skip=status)``, as torch's GradScaler skips a step
-  with infinite gradients), and ``RenderStatus.check()`` raises for it on request.
+  grown capacity (nvdiffrast's synchronous retry);
+- otherwise (the default on CUDA, always inside a CUDA graph capture) at the start of the
+  renderer's next forward: bad inputs raise there, and an overflow grows the capacity
+  with a RuntimeWarning. Until then the overflow is a device flag, which a fused
+  optimizer step reads to skip its update (``SparseGaussianAdam.step(skip=status)``, as
+  torch's GradScaler does) and ``RenderStatus.check()`` raises for on request.
 
-So a loss computed on an image that lacks Gaussians is never used without the caller
-being able to know it first.
+So no loss computed on an image that lacks Gaussians is used without the caller being
+able to know it first.
 """
 
 from __future__ import annotations
@@ -203,11 +202,10 @@ class RenderState:
 
 
 class GaussianRenderer:
-    """Renders N Gaussians into C cameras of one H x W size (gsplat 1.5.3 "classic"
-    conventions; see :func:`arc_warp.render_gaussians`), with its buffers and prepared
-    launches made once and reused by every forward and backward. A forward's state (what
-    its backward reads) lives in a :class:`RenderState` the caller holds, so several
-    renders can wait for their backwards.
+    """Renders N Gaussians into C cameras of one H x W size (the conventions of
+    :func:`arc_warp.render_gaussians`), with its buffers and prepared launches made once.
+    What a forward leaves for its backward lives in a :class:`RenderState` the caller
+    holds, so several renders can wait for their backwards.
 
     Args:
         width, height: image size in pixels.
@@ -220,10 +218,9 @@ class GaussianRenderer:
             calibrated one, resolved here, never inside a step).
         capacity: tile intersections per camera the sort holds; None: measured by the first
             forward (the module notes: the overflow rule).
-        allocator: None (the call's scratch, sort keys, scans and packed gradients, is the
-            renderer's, grown as needed) or ``nbytes -> (pointer, owner)``, stream-ordered
-            on the stream the work runs on: each call's scratch comes from it and goes back
-            at the call's end (torch's caching allocator shares it with a training step).
+        allocator: None (the calls' scratch, sort keys, scans and packed gradients, is the
+            renderer's) or ``nbytes -> (pointer, owner)``, stream-ordered on the stream the
+            work runs on, which each call's scratch comes from (torch's caching allocator).
         record: prepare launches for reuse (False for a renderer used once).
     """
 
@@ -608,12 +605,7 @@ class GaussianRenderer:
         With ``settings.absgrad`` each camera's ``state.cameras[c].absgrad`` receives the
         per-pixel absolute sums (written). ``grad_surface_colors``: per camera with a
         surface, an (H, W) wp.vec3 that ``T_final * dL/dcolor`` is added into, or None.
-
-        The rasteriser backward runs one 256-thread block per tile and reduces the
-        per-Gaussian gradients with ``settings.reduce``'s accumulator (``deterministic``: a
-        partial per sorted entry, summed per Gaussian in entry order, after a wait for the
-        totals); then the SH backward (one thread per coefficient row; RGB colours and
-        ``deterministic`` take theirs in the projection's) and one pass through the projection."""
+        ``deterministic`` waits for the forward's totals (ARCHITECTURE.md: Determinism)."""
         g = state.gaussians
         if g is None:
             raise ValueError("GaussianRenderer.backward: the state holds no forward (run forward first)")
