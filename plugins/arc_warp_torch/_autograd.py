@@ -1,12 +1,10 @@
 """The torch.autograd bridge: C cameras through an `arc_warp.GaussianRenderer` in one node.
 
-Tensors cross into Warp without copies (views made from their pointers) and every Warp
-launch runs on torch's current stream of the tensors' device, so torch and Warp work
-stays ordered without synchronisation. What a render's backward reads lives in torch
-memory that the autograd node saves, so torch frees it when the backward is done (or the
-graph dropped). Callers (`rasterization`, `GaussianRasterizer`) validate and convert their
-inputs first (`check_tensor`, `cameras_of`); this module assumes float32, contiguous,
-same-device tensors.
+Tensors cross into Warp as views of their memory, and Warp launches run on torch's
+current stream, so the two stay ordered without synchronisation. What a backward reads
+lives in torch memory the autograd node saves (freed with the graph). Callers
+(`rasterization`, `GaussianRasterizer`) validate and convert their inputs first
+(`check_tensor`, `cameras_of`): float32, contiguous, on one device.
 """
 
 from __future__ import annotations

@@ -30,15 +30,12 @@ _CAPTURE_MODES = {"global": wp.CaptureMode.GLOBAL, "thread_local": wp.CaptureMod
 class CapturedStep:
     """The arc_warp renders of one ``torch.cuda.graph`` capture (:func:`capture_step`).
 
-    While it is entered, the context's renderers do not wait for the device (their checks
-    are left to :meth:`check`), read the status of a render from before the capture
-    without a wait (``torch.cuda.graph`` synchronised the device first), and a render that
-    would have to wait (a renderer whose sort's capacity is unknown) raises RuntimeError.
-    Warp is told of torch's capture, so the memory its sorts and scans take inside it
-    becomes allocation and free nodes of the graph. The graph replays with the capacities
-    of the capture; a replay that outgrows them sets the overflow flag (the renderers'
-    overflow rule), which ``SparseGaussianAdam.step(skip=meta["status"])`` reads in
-    the same graph and :meth:`check` reports."""
+    While it is entered, the context's renderers never wait for the device (a renderer
+    whose capacity is unknown raises RuntimeError), and Warp is told of torch's capture
+    (its sorts' memory becomes allocation nodes of the graph). The graph replays with the
+    capture's capacities; a replay that outgrows them sets the overflow flag, which
+    ``SparseGaussianAdam.step(skip=meta["status"])`` reads in the graph and :meth:`check`
+    reports."""
 
     def __init__(self, context: RenderContext, capture_error_mode: str):
         if context.device.type != "cuda":

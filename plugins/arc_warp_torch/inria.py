@@ -31,10 +31,8 @@ class GaussianRasterizationSettings(NamedTuple):
     image_height, image_width: ints, pixels. tanfovx, tanfovy: tan(fov/2). bg: [3] RGB
     background tensor. scale_modifier: multiplies every scale. viewmatrix: [4, 4] TRANSPOSED
     world-to-view matrix (INRIA's column-major `world_view_transform`), OpenCV axes.
-    projmatrix, campos, prefiltered, debug: accepted for compatibility and not used (the
-    projection comes from tanfov, the camera centre from viewmatrix). antialiasing: the
-    Mip-Splatting 2D filter (opacity x sqrt(det S / det(S + 0.3 I)), as INRIA's current
-    rasterizer). reduce / threshold (arc_warp extras, optional): see arc_warp.RenderSettings.
+    projmatrix, campos, prefiltered, debug: not used. antialiasing: the Mip-Splatting 2D
+    filter. reduce / threshold (arc_warp extras, optional): arc_warp.RenderSettings'.
     """
 
     image_height: int
@@ -131,17 +129,13 @@ def inria_radii(means3D: torch.Tensor, scales: torch.Tensor, rotations: torch.Te
 
 
 class GaussianRasterizer(nn.Module):
-    """INRIA-compatible rasterizer module on arc_warp (CPU or CUDA tensors).
-
-    Differences from diff_gaussian_rasterization:
-    - cov3D_precomp is not supported (NotImplementedError): pass scales and rotations.
-    - The rasteriser culls by arc_warp's opacity-aware extent; the returned radii and
-      their visibility (radii > 0) are nevertheless INRIA's (see inria_radii), so its
-      densification (visibility filter, max_radii2D, pruning) behaves as with INRIA's.
-    - The third output is INRIA's inverse depth, computed as alpha / expected_depth
-      (= alpha^2 / sum_i w_i z_i); it equals INRIA's sum_i w_i / z_i wherever one depth
-      dominates a pixel and differs (harmonic vs arithmetic mean) across overlapping layers.
-    - Gradients never reach viewmatrix/projmatrix/campos.
+    """INRIA-compatible rasterizer module on arc_warp (CPU or CUDA tensors). Differences
+    from diff_gaussian_rasterization: no cov3D_precomp (NotImplementedError); culling by
+    arc_warp's opacity-aware extent, though the radii returned (and their visibility,
+    radii > 0) are INRIA's (inria_radii), so its densification behaves as with INRIA's;
+    the inverse depth is alpha / expected_depth (= alpha^2 / sum_i w_i z_i), INRIA's
+    sum_i w_i / z_i wherever one depth dominates a pixel (harmonic vs arithmetic mean
+    across overlapping layers); no gradients to viewmatrix/projmatrix/campos.
     """
 
     def __init__(self, raster_settings: GaussianRasterizationSettings):
@@ -166,16 +160,11 @@ class GaussianRasterizer(nn.Module):
                 rotations: Optional[torch.Tensor] = None,  # [N, 4] wxyz
                 cov3D_precomp: Optional[torch.Tensor] = None,  # unsupported
                 dc: Optional[torch.Tensor] = None):  # [N, 1, 3] or [N, 3] degree-0 SH
-        """Render one camera. Returns (color [3, H, W], radii [N] int32, invdepth [1, H, W]).
-
-        dc with shs (as INRIA's current train.py passes features_dc and features_rest when
-        its rasterizer exports SparseGaussianAdam, as this one does): the SH coefficients
-        are dc followed by shs ([N, 1 + K, 3]); dc alone is degree 0.
-
-        color includes the background bg; radii: see inria_radii (`radii > 0` is INRIA's
-        visibility filter). In backward, means2D.grad[:, :2] receives dL/d(projected mean)
-        in INRIA's NDC-scaled units (pixel gradient times W/2, H/2), so INRIA's
-        densification thresholds carry over; further columns get 0.
+        """Render one camera. Returns (color [3, H, W] with the background bg, radii [N]
+        int32 (inria_radii), invdepth [1, H, W]). dc with shs (as INRIA's current train.py
+        passes features_dc and features_rest): the SH coefficients are dc then shs; dc
+        alone is degree 0. In backward, means2D.grad[:, :2] receives dL/d(projected mean)
+        in INRIA's NDC-scaled units (pixel gradient times W/2, H/2; further columns get 0).
         """
         s = self.raster_settings
         means3D = check_tensor("means3D", means3D, (None, 3))

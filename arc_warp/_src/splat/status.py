@@ -22,13 +22,10 @@ _PROBLEMS = {
 
 
 class RenderStatus:
-    """The checks of one forward of C cameras, as its device wrote them.
-
-    Per camera one row of flags (``validate_kernels``): the tile-intersection total, the
-    input checks and whether the total overflowed the sort's ``capacity``. The rows are
-    copied to a host buffer of the renderer in stream order; :meth:`read` waits for that
-    copy (a no-op on the CPU, where work is synchronous, and immediate once the device is
-    past the render) and keeps the values, so later reads cost nothing.
+    """The checks of one forward of C cameras: per camera a row of flags
+    (``validate_kernels``): the tile-intersection total, the input checks and whether the
+    total overflowed the sort's ``capacity``, copied to a host buffer of the renderer in
+    stream order; :meth:`read` waits for that copy (immediate on the CPU) once.
 
     Attributes:
         capacity: the tile intersections per camera the render's sorts held.
