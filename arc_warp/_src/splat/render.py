@@ -170,8 +170,7 @@ def render_gaussians(
                                  means2d_absgrad=state.cameras[i].absgrad,
                                  camera_index=i if isinstance(camera, DeviceCameras) else None,
                                  _renderer=renderer, _state=state, _index=i))
-    if tape is None:
-        tape = active_tape()
+    tape = active_tape() if tape is None else tape
     surface_inputs = tuple(surface.colors for surface in surfaces or ())
     if tape is not None and any(a.requires_grad for a in g.arrays + surface_inputs):
         for out in outs:
@@ -190,9 +189,8 @@ def _check_outputs(outputs, n: int, shape: tuple, device) -> dict:
         return {}
     if not isinstance(outputs, dict):
         raise TypeError(f"outputs must be a dict of wp.arrays by name, got {type(outputs).__name__}")
-    wanted = {name: (dtype, 2, shape) for name, dtype in IMAGE_OUTPUTS.items()}
-    wanted["means2d"] = (wp.vec2, 1, (n,))
-    wanted["radii"] = (wp.vec2i, 1, (n,))
+    wanted = {**{name: (dtype, 2, shape) for name, dtype in IMAGE_OUTPUTS.items()},
+              "means2d": (wp.vec2, 1, (n,)), "radii": (wp.vec2i, 1, (n,))}
     for name, array in outputs.items():
         if name not in wanted:
             raise ValueError(f"outputs: unknown name {name!r}; expected some of {sorted(wanted)}")

@@ -161,9 +161,9 @@ class RenderState:
     Per camera: its ``CameraParams``, the projected splats, the SH colours, the sorted
     Gaussian ids and tile ranges, the final transmittance and last contributor per pixel,
     and with ``settings.absgrad`` the (N,) vec2 absolute 2D mean gradients the backward
-    adds. Made by :meth:`GaussianRenderer.new_state` from one allocation of ``allocator``
-    (and one more for the sort): a caller that allocates from torch keeps ``owners`` alive
-    while the backward may run. ``gaussians``, ``images`` and ``status`` are the forward's.
+    adds; made by :meth:`GaussianRenderer.new_state` from ``allocator``, whose caller keeps
+    ``owners`` alive while the backward may run. ``gaussians``, ``images``, ``status``:
+    the forward's.
     """
 
     def __init__(self, renderer: GaussianRenderer, allocator=None):
