@@ -204,6 +204,38 @@ def test_functional_calls_with_a_workspace_reuse_one_renderer_per_size(rng):
     assert np.abs(grads.means.numpy()).max() > 0
 
 
+def test_a_workspace_drops_its_least_recently_used_object_past_its_limit(rng):
+    scene = random_scene(rng, n=8, width=16, height=16)
+    ws = Workspace("cpu", limit=2)
+    renderers = []
+    for width in (16, 20, 16, 24):  # the 16-wide renderer is used again before the third size comes
+        render_gaussians(*_arrays(scene), Camera(scene.fx, scene.fy, scene.cx, scene.cy, width, 16,
+                                                 world_to_camera=scene.world_to_camera), workspace=ws)
+        renderers.append(ws.renderers()[-1])
+    assert [r.width for r in ws.renderers()] == [16, 24]  # the 20-wide one went
+    assert renderers[2] is renderers[0]  # reused while held
+
+
+def test_a_deterministic_backward_allocates_nothing_on_new_totals(rng, monkeypatch):
+    """Its per-entry partials and the scratch of their ordered sum are the renderer's, sized
+    by the capacity: a backward with other totals allocates no Warp memory, and its
+    gradients are a fresh renderer's, bit for bit."""
+    s = Setup(rng, reduce="deterministic")
+    state, images = s.forward()
+    s.backward(state)
+    before = state.status.totals
+    s.cameras = [_camera(s.scene, 0.8)]
+    sizes = _count_allocations(monkeypatch)
+    s.forward(state, images)
+    got = s.backward(state)
+    assert sizes == [] and state.status.totals != before
+    monkeypatch.undo()
+    fresh = Setup(rng, reduce="deterministic")
+    fresh.g, fresh.cameras, fresh.cot = s.g, s.cameras, s.cot
+    for a, b in zip(fresh.backward(fresh.forward()[0]), got):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_device_cameras_render_like_host_cameras(rng):
     """DeviceCameras (matrices in device arrays, read by the projection kernel) render and
     differentiate like the same Cameras; invalid matrices raise ValueError."""

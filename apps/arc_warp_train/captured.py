@@ -33,7 +33,7 @@ notes ask for, which is that step itself), and captured again:
   `MAX_GRAPHS`; the steps of further keys run eagerly (a note says so once);
 - after an overflow: `check`, at the trainer's logging interval, compares each graph's
   largest total with the capacity its sort was captured with, grows the renderer's sort
-  (arc_warp's own rule: 1.25x the total plus `SORT_SLACK`) and drops that graph, with a
+  (arc_warp's own rule, `GaussianRenderer.capacity_for`) and drops that graph, with a
   note naming the steps skipped.
 
 On the CPU there are no graphs: `StepGraph` then calls the step function at each
@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import torch
 import warp as wp
 
+from arc_warp import GaussianRenderer
 from arc_warp_torch import capture_step, default_context
 
 from . import densify as dens
@@ -57,7 +58,6 @@ from .losses import photometric_loss
 from .model import render_views
 
 MAX_GRAPHS = 4  # graphs kept per set of parameters (distinct image sizes / camera models)
-SORT_SLACK = 4096  # entries added to a grown sort, as arc_warp's renderer adds to its own
 CAPTURE_MODE = "thread_local"  # other threads (the viewer's) may use CUDA during a capture
 CAMERA_FLOATS = 25  # a camera row on the device: viewmat (16) and K (9), then the lens
 
@@ -240,7 +240,7 @@ class CapturedSteps:
         self._skipped_seen = skipped
         overflowed = [(g, peak) for g, peak in zip(graphs, values[1:]) if peak > g.capacity]
         for graph, peak in overflowed:
-            capacity = peak * 5 // 4 + SORT_SLACK
+            capacity = GaussianRenderer.capacity_for(peak)
             for renderer in graph.renderers():
                 if (renderer.capacity or 0) < capacity:
                     renderer.resize(renderer.num_gaussians, capacity)

@@ -1,16 +1,8 @@
-"""Prepared device work: kernel launches recorded once and run again, and whole calls kept
-as plans (a list of steps, replayed on the CPU, as one CUDA graph on a GPU).
-
-``wp.launch`` checks and packs every argument each time (about 25 us of host time for a
-dozen arguments); a recorded ``wp.Launch`` (``record_cmd=True``) runs again in a few, and
-:meth:`Launches.launch` repacks only the arguments whose pointer, shape, strides or value
-changed, keeping per argument the packing before the last one too (a loop's outputs
-alternate between two buffers while the previous step's are held). A :class:`View`
-argument (an array's memory as another dtype and shape) becomes a Warp array only when
-it is packed. A call repeated on the same memory (a training loop's steady state) need
-not even run its Python: :meth:`Launches.recording` records its device work into a
-:class:`Plan`, and :class:`Bindings` keeps an object's plans (and Warp views) by the
-memory they run on.
+"""Prepared device work: kernel launches recorded once and run again (:class:`Launches`;
+``wp.launch`` checks and packs every argument each time, about 25 us of host time for a
+dozen arguments, a recorded ``wp.Launch`` runs again in a few), and whole calls kept as
+:class:`Plan`\ s by the memory they run on (:class:`Bindings`), so that a call repeated on
+the same memory (a training loop's steady state) does not even run its Python.
 """
 
 from __future__ import annotations
@@ -34,20 +26,20 @@ def ptr(a: wp.array | None) -> int:
 
 
 class View(NamedTuple):
-    """A launch argument: contiguous ``array``'s memory as a ``shape`` array of ``dtype``."""
+    """A launch argument: contiguous ``array``'s memory as a ``shape`` array of ``dtype``,
+    made a Warp array only when it is packed."""
 
     array: wp.array
     dtype: type
     shape: tuple
 
-    def make(self) -> wp.array:
-        """The Warp view (non-owning: the caller keeps ``array`` alive through the launch)."""
-        return wp.array(ptr=self.array.ptr, dtype=self.dtype, shape=self.shape, device=self.array.device)
-
 
 def made(arg):
-    """A launch argument as ``wp.launch`` takes it (a :class:`View` made)."""
-    return arg.make() if type(arg) is View else arg
+    """A launch argument as ``wp.launch`` takes it: a :class:`View` made a (non-owning) Warp
+    array, the caller keeping its array alive through the launch."""
+    if type(arg) is View:
+        return wp.array(ptr=arg.array.ptr, dtype=arg.dtype, shape=arg.shape, device=arg.array.device)
+    return arg
 
 
 def signature(arg):
@@ -79,8 +71,10 @@ class Launches:
 
     def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
         """``wp.launch(kernel, dim, inputs=args, block_dim=block_dim)`` on the device's
-        current stream, off any tape. ``key`` names the site where one kernel is launched
-        at several places of a call (per camera, say); each kernel variant has its own."""
+        current stream, off any tape, repacking only the arguments whose pointer, shape,
+        strides or value changed (or taking the packing before the last one: a loop's
+        outputs alternate between two buffers). ``key`` names the site where one kernel is
+        launched at several places of a call (per camera, say)."""
         if dim == 0:
             return  # Warp records no command for an empty launch
         if not self.record:
@@ -162,32 +156,23 @@ class Plan:
         wp.capture_launch(self.graph)
 
 
-class Bindings:
-    """What one object (a renderer, a mesh op) keeps by the memory of its calls: values made
-    of that memory (:meth:`bound`: Warp views, say) and the plans of calls on it
-    (:meth:`run`); the one place where the object's calls' pointers are kept.
+class LRU:
+    """Values by key, made on first use (:meth:`get`) and kept until more than ``limit`` are
+    held: then the least recently used one is dropped."""
 
-    Key: a tuple naming the memory (pointers, and the shapes and values the value or plan
-    depends on). Owner: the object. Dropped: the least recently used entry past ``limit``
-    (a training loop's memory comes back from torch's caching allocator, so a few steps'
-    worth are enough). The caller keeps the memory alive while it uses what is bound to
-    it. ``launches``: the owner's :class:`Launches`, which records the plans.
-    """
-
-    def __init__(self, launches: Launches, limit: int = BINDINGS):
-        self._launches, self.limit = launches, limit
+    def __init__(self, limit: int):
+        self.limit = limit
         self._entries: collections.OrderedDict = collections.OrderedDict()
 
     def __len__(self) -> int:
         return len(self._entries)
 
     def values(self):
-        """The values and plans held, least recently used first."""
+        """The values held, least recently used first."""
         return self._entries.values()
 
-    def bound(self, key: tuple, make):
-        """What ``make()`` builds of the memory ``key`` names, made once (a Warp view costs
-        about 4 us of host time; launches that take the same one repack nothing)."""
+    def get(self, key: tuple, make):
+        """The value of ``key``, made by ``make()`` if not held."""
         entry = self._entries.get(key)
         if entry is None:
             entry = self._entries[key] = make()
@@ -196,6 +181,24 @@ class Bindings:
         else:
             self._entries.move_to_end(key)
         return entry
+
+
+class Bindings(LRU):
+    """The one place where an object (a renderer, a mesh op) keeps its calls' pointers:
+    values made of their memory (:meth:`bound`: Warp views, say) and the plans of calls on
+    it (:meth:`run`), keyed by a tuple naming the memory (pointers, and the shapes and
+    values the value or plan depends on); a few training steps' worth (torch's caching
+    allocator hands the same memory back). The caller keeps the memory alive while it uses
+    what is bound to it. ``launches``: the owner's :class:`Launches`, which records plans.
+    """
+
+    def __init__(self, launches: Launches, limit: int = BINDINGS):
+        super().__init__(limit)
+        self._launches = launches
+
+    # what make() builds of the memory key names, made once (a Warp view costs about 4 us of
+    # host time; launches that take the same one repack nothing)
+    bound = LRU.get
 
     def run(self, key: tuple, body, capture_stream: wp.Stream | None = None) -> None:
         """``body()``, the device work of a call on the memory ``key`` names (everything its

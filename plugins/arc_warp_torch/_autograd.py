@@ -1,12 +1,10 @@
 """The torch.autograd bridge: C cameras through an `arc_warp.GaussianRenderer` in one node.
 
-Tensors cross into Warp without copies (views made from their pointers) and every Warp
-launch runs on torch's current stream of the tensors' device, so torch and Warp work
-stays ordered without synchronisation. What a render's backward reads lives in torch
-memory that the autograd node saves, so torch frees it when the backward is done (or the
-graph dropped). Callers (`rasterization`, `GaussianRasterizer`) validate and convert their
-inputs first (`check_tensor`, `cameras_of`); this module assumes float32, contiguous,
-same-device tensors.
+Tensors cross into Warp as views of their memory, and Warp launches run on torch's
+current stream, so the two stay ordered without synchronisation. What a backward reads
+lives in torch memory the autograd node saves (freed with the graph). Callers
+(`rasterization`, `GaussianRasterizer`) validate and convert their inputs first
+(`check_tensor`, `cameras_of`): float32, contiguous, on one device.
 """
 
 from __future__ import annotations
@@ -41,23 +39,18 @@ def view(t: torch.Tensor, dtype, shape: tuple, offset: int = 0) -> wp.array:
 
 
 class RenderContext:
-    """What the bridge keeps on one torch device: an :class:`arc_warp.Workspace` (one
-    :class:`arc_warp.GaussianRenderer` per image size, camera count and settings, and the
-    nvdiffrast drop-in's mesh op objects by size; its ARC threshold resolved here, never
-    inside a training step) whose renderers take their per-call scratch from torch's
-    caching allocator, so it goes back to torch between calls for the rest of the step.
+    """What the bridge keeps on one torch device: an :class:`arc_warp.Workspace` (the
+    renderers by image size, camera count and settings, and the nvdiffrast drop-in's mesh
+    op objects; its ARC threshold resolved here, never inside a training step) whose
+    renderers take their per-call scratch from torch's caching allocator.
 
-    A render's checks follow the renderers' overflow rule (``arc_warp.GaussianRenderer``):
-    on the CPU they run before ``rasterization`` returns, on CUDA at the start of the next
-    render of that size, while ``meta["status"].flags`` lets
-    ``SparseGaussianAdam.step(skip=...)`` skip the update of a step whose image lacked
-    Gaussians. ``check``: True reads every render's checks before it returns (one wait per
-    render on CUDA; a debugging aid), False never does (on the CPU too), None (default)
-    where it costs no wait.
-
-    A context is not thread-safe: ``default_context`` gives each thread its own. Pass one
-    as ``context=`` to ``rasterization`` and ``GaussianRasterizer`` to share renderers
-    between calls made in one thread.
+    ``check`` (``GaussianRenderer.forward``'s, after its overflow rule): True reads every
+    render's checks before it returns (one wait per render on CUDA; a debugging aid), False
+    never does, None (default) where it costs no wait (the CPU); otherwise the next render
+    of that size reads them, and ``SparseGaussianAdam.step(skip=meta["status"])`` skips
+    the update of a step whose image lacked Gaussians. Not thread-safe:
+    ``default_context`` gives each thread its own; pass one as ``context=`` to share
+    renderers between calls made in one thread.
     """
 
     def __init__(self, device, threshold: Optional[int] = None, check: Optional[bool] = None):
@@ -75,9 +68,8 @@ class RenderContext:
 
     def empty(self, shape, dtype=torch.float32) -> torch.Tensor:
         """A new tensor on this device for a call's memory: from torch's caching allocator
-        on CUDA; on the CPU, whose torch allocator keeps nothing, from blocks this context
-        keeps for the next call, so that a repeated call gets the same memory back (and the
-        renderers' views and plans of it) as it does on CUDA."""
+        on CUDA; on the CPU from blocks kept for the next call, so that a repeated call gets
+        the same memory back (and the renderers' views and plans of it) as on CUDA."""
         if self._host_blocks is None:
             return torch.empty(shape, dtype=dtype, device=self.device)
         # a block is free again when only this pool references its numpy array (a tensor made
@@ -111,9 +103,7 @@ class RenderContext:
 
     def stream(self):
         """Context in which Warp launches on torch's current stream (no-op on the CPU)."""
-        if self.wp_device.is_cpu:
-            return _NO_STREAM
-        return _TorchStream(self.wp_device, self.warp_stream())
+        return _NO_STREAM if self.wp_device.is_cpu else _TorchStream(self.wp_device, self.warp_stream())
 
 
 _NO_STREAM = contextlib.nullcontext()
@@ -157,12 +147,9 @@ def default_context(device: torch.device) -> RenderContext:
 
 
 def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = None) -> torch.Tensor:
-    """Validate a public tensor argument and return it as float32, contiguous.
-
-    `shape` holds ints (exact size) or None (any size). Raises TypeError for non-tensors
-    and non-floating dtypes, ValueError for wrong shapes or devices. The dtype cast and the
-    contiguity copy are autograd-tracked and happen only when needed.
-    """
+    """A public tensor argument as float32, contiguous (cast and copied only when needed,
+    autograd-tracked), or TypeError for non-tensors and non-floating dtypes, ValueError for
+    wrong shapes (``shape``: ints, or None for any size) or devices."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
     if not t.is_floating_point():
@@ -179,16 +166,38 @@ def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = No
     return t.contiguous()
 
 
+def sh_colors(name: str, colors, n: int, sh_degree: Optional[int], device) -> tuple:
+    """(sh_degree or None, float32 colours with exactly the SH coefficients it needs) of
+    [N, 3] RGB (``sh_degree`` None) or [N, K, 3] SH ``colors`` (``sh_degree`` None: K =
+    (d + 1)^2 gives it), or TypeError/ValueError naming ``name``."""
+    if not isinstance(colors, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(colors).__name__}")
+    if colors.dim() == 2:
+        if sh_degree is not None:
+            raise ValueError(f"{name}: sh_degree={sh_degree} needs SH coefficients [N, K, 3], "
+                             f"got RGB shape {list(colors.shape)}")
+        return None, check_tensor(name, colors, (n, 3), device)
+    colors = check_tensor(name, colors, (n, None, 3), device)
+    k = colors.shape[1]
+    if sh_degree is None:
+        sh_degree = math.isqrt(k) - 1
+        if (sh_degree + 1) ** 2 != k:
+            raise ValueError(f"{name}: [N, K, 3] with sh_degree=None needs K = (d+1)^2, got K={k}")
+    if not isinstance(sh_degree, int) or not 0 <= sh_degree <= 3:
+        raise ValueError(f"sh_degree: expected None or an int in 0..3, got {sh_degree!r}")
+    needed = (sh_degree + 1) ** 2
+    if k < needed:
+        raise ValueError(f"{name}: sh_degree={sh_degree} needs K >= {needed} coefficients, got K={k}")
+    return sh_degree, colors[:, :needed].contiguous() if k > needed else colors
+
+
 def cameras_of(viewmats, Ks, width: int, height: int, near: float, far: float, device: torch.device,
                model: str = "pinhole", distortion: Optional[torch.Tensor] = None):
     """The cameras to render of [C, 4, 4] world-to-camera `viewmats` and [C, 3, 3] `Ks`
     (of ``model``, with [C, K] ``distortion`` coefficients or None), and the tensors their
-    views read (for the caller to hold until the render is queued).
-
-    CUDA tensors on the Gaussians' `device` stay there: `arc_warp.DeviceCameras` views of
-    them, read by the projection kernel (no host copy, no sync; their values are checked
-    on the device). Host tensors become C `Camera`s (checked here); CUDA tensors on
-    another device come to the host in one copy."""
+    views read (for the caller to hold until the render is queued): CUDA tensors on the
+    Gaussians' `device` as `arc_warp.DeviceCameras` views (no host copy, no sync; checked
+    on the device), others as C `Camera`s (checked here; one copy to the host)."""
     for name, t, shape in (("viewmats", viewmats, "[C, 4, 4]"), ("Ks", Ks, "[C, 3, 3]")):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor {shape}, got {type(t).__name__}")
@@ -230,13 +239,10 @@ class Means2dSink:
     """Where the screen-space gradient of the projected means goes in backward: `tensor`
     ([C, N, D] or, for one camera, [N, D]; D >= 2) receives dL/d(means2d) (pixels, times
     `scale` per axis; columns past 2 get 0) in its .grad, and `absgrad_owner.absgrad`
-    (made on first use) the per-Gaussian |dL/d(means2d)| summed over pixels.
-
-    By default `tensor` is an input of the autograd node (it may have a grad_fn of its
-    own). ``attached=True`` (`rasterization`'s own leaf): the sink holds both by weak
-    reference and is no input of the graph: the backward adds into ``tensor.grad`` itself
-    (as torch would) while the caller holds the tensor and computes nothing once it is
-    dropped, so neither it nor its gradient is held through the optimizer step.
+    (made on first use) the per-Gaussian |dL/d(means2d)| summed over pixels. `tensor` is
+    an input of the autograd node, or with ``attached=True`` (`rasterization`'s own leaf)
+    held by weak reference: the backward adds into its .grad itself while the caller holds
+    it and computes nothing once it is dropped (neither is held through the optimizer step).
     """
 
     def __init__(self, tensor: torch.Tensor, scale: Tuple[float, float] = (1.0, 1.0),
@@ -314,10 +320,9 @@ class _RaiseOnDoubleBackward(torch.autograd.Function):
 
 def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs, sink, output_grads,
               surface: bool = False):
-    """The renderer's backward from torch cotangents ([C, ...]): torch gradients shaped like
-    ``inputs`` (and with ``surface`` the [C, H, W, 3] one of the surface colours after
-    them), and the sink's means2d gradient (None without a sink, or once an attached
-    sink's tensor died: then none is computed)."""
+    """The renderer's backward from torch cotangents ([C, ...]): gradients shaped like
+    ``inputs`` (with ``surface`` then the surface colours' [C, H, W, 3]), and the sink's
+    means2d gradient (None without a sink or once an attached sink's tensor died)."""
     c, n = renderer.num_cameras, inputs[0].shape[0]
     h, w = renderer.height, renderer.width
     target = None if sink is None else sink.tensor()
@@ -381,14 +386,12 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
                  means2d_grad: bool = False,
                  surfaces: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> BatchRender:
     """Differentiable render of C cameras of one image size in one autograd node. `depths`
-    False leaves the depth images out (`depth`, `expected_depth` None). `surfaces`: None,
-    or (colours [C, H, W, 3], camera depths [C, H, W]) (`arc_warp.Surface`); the colours
-    are an input of the node. The projected means (`BatchRender.means2d`) are not
-    differentiable; their gradient goes to `sink`, or with `means2d_grad` to the returned
-    means2d itself, an attached sink's leaf (with `settings.absgrad` its .absgrad gets the
-    absolute sums): `rasterization`'s meta["means2d"]. `context` None uses
-    `default_context(means.device)`. Under `torch.use_deterministic_algorithms(True)` the
-    backward reduces with `reduce="deterministic"` whatever `settings.reduce` says."""
+    False leaves the depth images out (None). `surfaces`: None, or (colours [C, H, W, 3],
+    camera depths [C, H, W]) (`arc_warp.Surface`; the colours are an input of the node).
+    The gradient of the projected means goes to `sink`, or with `means2d_grad` to the
+    returned means2d itself, an attached sink's leaf (`rasterization`'s meta["means2d"]).
+    `context` None: `default_context(means.device)`. Under
+    `torch.use_deterministic_algorithms(True)` the backward uses `reduce="deterministic"`."""
     if torch.are_deterministic_algorithms_enabled() and settings.reduce != "deterministic":
         settings = RenderSettings(**{**vars(settings), "reduce": "deterministic"})
     if context is None:

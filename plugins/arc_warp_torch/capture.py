@@ -3,27 +3,11 @@
 Through the torch API each render and backward costs a few hundred microseconds of
 Python; a step replayed from a CUDA graph costs one graph launch. The renders of a
 captured step cannot wait for the device, so their checks run after replays, when asked
-(:meth:`CapturedStep.check`). Example (warm-up on a side stream, as torch advises)::
+(:meth:`CapturedStep.check`). docs/torch.md has the whole example (a warm-up on a side
+stream first, as torch advises); its core::
 
-    context = RenderContext("cuda")
-    optimizer = SparseGaussianAdam(params, lr=1e-3, capturable=True)
-
-    def step():
-        image, _, meta = rasterization(..., context=context)
-        (image - target).abs().mean().backward()
-        optimizer.step(skip=meta["status"])   # no update where the render overflowed
-
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            optimizer.zero_grad(set_to_none=True)
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    optimizer.zero_grad(set_to_none=True)
-    graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph), capture_step(context) as captured:
-        step()
+        step()   # rasterization(..., context=context), backward, optimizer.step(skip=meta["status"])
     for i in range(iterations):
         target.copy_(next_image())  # inputs change in place; the graph reads the same memory
         graph.replay()
@@ -46,15 +30,12 @@ _CAPTURE_MODES = {"global": wp.CaptureMode.GLOBAL, "thread_local": wp.CaptureMod
 class CapturedStep:
     """The arc_warp renders of one ``torch.cuda.graph`` capture (:func:`capture_step`).
 
-    While it is entered, the context's renderers do not wait for the device (their checks
-    are left to :meth:`check`), read the status of a render from before the capture
-    without a wait (``torch.cuda.graph`` synchronised the device first), and a render that
-    would have to wait (a renderer whose sort's capacity is unknown) raises RuntimeError.
-    Warp is told of torch's capture, so the memory its sorts and scans take inside it
-    becomes allocation and free nodes of the graph. The graph replays with the capacities
-    of the capture; a replay that outgrows them sets the overflow flag (the renderers'
-    overflow rule), which ``SparseGaussianAdam.step(skip=meta["status"])`` reads in
-    the same graph and :meth:`check` reports."""
+    While it is entered, the context's renderers never wait for the device (a renderer
+    whose capacity is unknown raises RuntimeError), and Warp is told of torch's capture
+    (its sorts' memory becomes allocation nodes of the graph). The graph replays with the
+    capture's capacities; a replay that outgrows them sets the overflow flag, which
+    ``SparseGaussianAdam.step(skip=meta["status"])`` reads in the graph and :meth:`check`
+    reports."""
 
     def __init__(self, context: RenderContext, capture_error_mode: str):
         if context.device.type != "cuda":
@@ -103,7 +84,6 @@ class CapturedStep:
 
 def capture_step(context: RenderContext, capture_error_mode: str = "global") -> CapturedStep:
     """A :class:`CapturedStep` to enter inside ``torch.cuda.graph`` around a step whose
-    renders use ``context``. ``capture_error_mode``: the one passed to
-    ``torch.cuda.graph`` (its default, "global", here too). Run the step once before
-    capturing it, with the same tensors and sizes."""
+    renders use ``context`` (run the step once before, with the same tensors and sizes).
+    ``capture_error_mode``: the one passed to ``torch.cuda.graph`` (its default here too)."""
     return CapturedStep(context, capture_error_mode)

@@ -13,7 +13,7 @@ from torch import nn
 
 from arc_warp import Camera, RenderSettings
 
-from ._autograd import Means2dSink, cameras_of, check_tensor, default_context, render_batch
+from ._autograd import Means2dSink, cameras_of, check_tensor, default_context, render_batch, sh_colors
 from .optim import SparseGaussianAdam  # noqa: F401  (INRIA's train.py imports it from here)
 
 # INRIA culls Gaussians whose view-space depth is <= 0.2 (in_frustum in its CUDA code).
@@ -31,10 +31,8 @@ class GaussianRasterizationSettings(NamedTuple):
     image_height, image_width: ints, pixels. tanfovx, tanfovy: tan(fov/2). bg: [3] RGB
     background tensor. scale_modifier: multiplies every scale. viewmatrix: [4, 4] TRANSPOSED
     world-to-view matrix (INRIA's column-major `world_view_transform`), OpenCV axes.
-    projmatrix, campos, prefiltered, debug: accepted for compatibility and not used (the
-    projection comes from tanfov, the camera centre from viewmatrix). antialiasing: the
-    Mip-Splatting 2D filter (opacity x sqrt(det S / det(S + 0.3 I)), as INRIA's current
-    rasterizer). reduce / threshold (arc_warp extras, optional): see arc_warp.RenderSettings.
+    projmatrix, campos, prefiltered, debug: not used. antialiasing: the Mip-Splatting 2D
+    filter. reduce / threshold (arc_warp extras, optional): arc_warp.RenderSettings'.
     """
 
     image_height: int
@@ -54,23 +52,18 @@ class GaussianRasterizationSettings(NamedTuple):
     threshold: Optional[int] = None
 
 
-class _View(NamedTuple):
-    """One INRIA camera: intrinsics in pixels and the world-to-camera matrix."""
-
-    fx: float
-    fy: float
-    cx: float
-    cy: float
-    width: int
-    height: int
-    w2c: torch.Tensor  # [4, 4] float32 world -> camera (row-major), on the Gaussians' device
-
-
-def _view(s: GaussianRasterizationSettings, device: torch.device) -> _View:
-    """INRIA intrinsics: fx = W / (2 tanfovx), principal point at the image centre; the
-    viewmatrix stays where it is (a GPU tensor is not copied to the host)."""
+def _intrinsics(s: GaussianRasterizationSettings) -> tuple[float, float, float, float]:
+    """INRIA's (fx, fy, cx, cy) in pixels: f = size / (2 tan(fov / 2)), the principal point at
+    the image centre."""
     w, h = s.image_width, s.image_height
-    for name, v in (("image_width", w), ("image_height", h)):
+    return w / (2.0 * float(s.tanfovx)), h / (2.0 * float(s.tanfovy)), 0.5 * w, 0.5 * h
+
+
+def _w2c(s: GaussianRasterizationSettings, device: torch.device) -> torch.Tensor:
+    """The checked settings' [4, 4] float32 world-to-camera matrix (row-major) on ``device``
+    (a GPU viewmatrix is not copied to the host)."""
+    for name in ("image_width", "image_height"):
+        v = getattr(s, name)
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
             raise ValueError(f"raster_settings.{name}: expected a positive int, got {v!r}")
     tx, ty = float(s.tanfovx), float(s.tanfovy)
@@ -80,31 +73,30 @@ def _view(s: GaussianRasterizationSettings, device: torch.device) -> _View:
     if not isinstance(vm, torch.Tensor) or tuple(vm.shape) != (4, 4):
         got = list(vm.shape) if isinstance(vm, torch.Tensor) else type(vm).__name__
         raise ValueError(f"raster_settings.viewmatrix: expected a [4, 4] tensor, got {got}")
-    return _View(w / (2.0 * tx), h / (2.0 * ty), 0.5 * w, 0.5 * h, w, h,
-                 vm.detach().to(device, torch.float32).t())
+    return vm.detach().to(device, torch.float32).t()
 
 
 @torch.no_grad()
 def inria_radii(means3D: torch.Tensor, scales: torch.Tensor, rotations: torch.Tensor,
-                camera: _View, tanfovx: float, tanfovy: float) -> torch.Tensor:
+                s: GaussianRasterizationSettings, w2c: torch.Tensor) -> torch.Tensor:
     """[N] int32 radii as INRIA's preprocess defines them: ceil(3 sqrt(lambda_max)) of the
     2D covariance after its +0.3 dilation (lambda = mid +- sqrt(max(0.1, mid^2 - det))),
     0 where INRIA culls: view depth <= 0.2, a singular 2D covariance, or a 3-sigma square
     that touches no 16x16 tile of the image (in INRIA's pixel coordinates, centres at
     integers). means3D [N,3], scales [N,3] linear (scale_modifier applied), rotations
-    [N,4] wxyz."""
-    w2c = camera.w2c
+    [N,4] wxyz, ``w2c`` [4, 4] the settings' world-to-camera matrix, row-major."""
+    fx, fy, cx, cy = _intrinsics(s)
     rot = w2c[:3, :3]
     t = means3D.float() @ rot.T + w2c[:3, 3]
     z = t[:, 2]
     safe_z = torch.where(z > INRIA_NEAR, z, torch.ones_like(z))
-    limx, limy = 1.3 * tanfovx, 1.3 * tanfovy
+    limx, limy = 1.3 * float(s.tanfovx), 1.3 * float(s.tanfovy)
     tx = torch.clamp(t[:, 0] / safe_z, -limx, limx) * safe_z
     ty = torch.clamp(t[:, 1] / safe_z, -limy, limy) * safe_z
     zero = torch.zeros_like(z)
     jac = torch.stack([
-        torch.stack([camera.fx / safe_z, zero, -camera.fx * tx / safe_z ** 2], -1),
-        torch.stack([zero, camera.fy / safe_z, -camera.fy * ty / safe_z ** 2], -1)], -2)
+        torch.stack([fx / safe_z, zero, -fx * tx / safe_z ** 2], -1),
+        torch.stack([zero, fy / safe_z, -fy * ty / safe_z ** 2], -1)], -2)
     q = torch.nn.functional.normalize(rotations.float(), dim=-1)
     w, x, y, zq = q.unbind(-1)
     r3 = torch.stack([
@@ -121,10 +113,10 @@ def inria_radii(means3D: torch.Tensor, scales: torch.Tensor, rotations: torch.Te
     spread = torch.sqrt(torch.clamp(mid * mid - det, min=INRIA_EIG_FLOOR))
     radius = torch.ceil(3.0 * torch.sqrt(torch.maximum(mid + spread, mid - spread)))
     # INRIA's ndc2Pix puts pixel centres at integers: half a pixel left of ours.
-    px = camera.fx * t[:, 0] / safe_z + camera.cx - 0.5
-    py = camera.fy * t[:, 1] / safe_z + camera.cy - 0.5
-    grid_x = (camera.width + INRIA_BLOCK - 1) // INRIA_BLOCK
-    grid_y = (camera.height + INRIA_BLOCK - 1) // INRIA_BLOCK
+    px = fx * t[:, 0] / safe_z + cx - 0.5
+    py = fy * t[:, 1] / safe_z + cy - 0.5
+    grid_x = (s.image_width + INRIA_BLOCK - 1) // INRIA_BLOCK
+    grid_y = (s.image_height + INRIA_BLOCK - 1) // INRIA_BLOCK
 
     def tiles(lo, hi, grid):  # getRect: C casts truncate toward zero, then clamp
         first = torch.clamp(torch.trunc(lo / INRIA_BLOCK), 0, grid)
@@ -137,17 +129,13 @@ def inria_radii(means3D: torch.Tensor, scales: torch.Tensor, rotations: torch.Te
 
 
 class GaussianRasterizer(nn.Module):
-    """INRIA-compatible rasterizer module on arc_warp (CPU or CUDA tensors).
-
-    Differences from diff_gaussian_rasterization:
-    - cov3D_precomp is not supported (NotImplementedError): pass scales and rotations.
-    - The rasteriser culls by arc_warp's opacity-aware extent; the returned radii and
-      their visibility (radii > 0) are nevertheless INRIA's (see inria_radii), so its
-      densification (visibility filter, max_radii2D, pruning) behaves as with INRIA's.
-    - The third output is INRIA's inverse depth, computed as alpha / expected_depth
-      (= alpha^2 / sum_i w_i z_i); it equals INRIA's sum_i w_i / z_i wherever one depth
-      dominates a pixel and differs (harmonic vs arithmetic mean) across overlapping layers.
-    - Gradients never reach viewmatrix/projmatrix/campos.
+    """INRIA-compatible rasterizer module on arc_warp (CPU or CUDA tensors). Differences
+    from diff_gaussian_rasterization: no cov3D_precomp (NotImplementedError); culling by
+    arc_warp's opacity-aware extent, though the radii returned (and their visibility,
+    radii > 0) are INRIA's (inria_radii), so its densification behaves as with INRIA's;
+    the inverse depth is alpha / expected_depth (= alpha^2 / sum_i w_i z_i), INRIA's
+    sum_i w_i / z_i wherever one depth dominates a pixel (harmonic vs arithmetic mean
+    across overlapping layers); no gradients to viewmatrix/projmatrix/campos.
     """
 
     def __init__(self, raster_settings: GaussianRasterizationSettings):
@@ -172,16 +160,11 @@ class GaussianRasterizer(nn.Module):
                 rotations: Optional[torch.Tensor] = None,  # [N, 4] wxyz
                 cov3D_precomp: Optional[torch.Tensor] = None,  # unsupported
                 dc: Optional[torch.Tensor] = None):  # [N, 1, 3] or [N, 3] degree-0 SH
-        """Render one camera. Returns (color [3, H, W], radii [N] int32, invdepth [1, H, W]).
-
-        dc with shs (as INRIA's current train.py passes features_dc and features_rest when
-        its rasterizer exports SparseGaussianAdam, as this one does): the SH coefficients
-        are dc followed by shs ([N, 1 + K, 3]); dc alone is degree 0.
-
-        color includes the background bg; radii: see inria_radii (`radii > 0` is INRIA's
-        visibility filter). In backward, means2D.grad[:, :2] receives dL/d(projected mean)
-        in INRIA's NDC-scaled units (pixel gradient times W/2, H/2), so INRIA's
-        densification thresholds carry over; further columns get 0.
+        """Render one camera. Returns (color [3, H, W] with the background bg, radii [N]
+        int32 (inria_radii), invdepth [1, H, W]). dc with shs (as INRIA's current train.py
+        passes features_dc and features_rest): the SH coefficients are dc then shs; dc
+        alone is degree 0. In backward, means2D.grad[:, :2] receives dL/d(projected mean)
+        in INRIA's NDC-scaled units (pixel gradient times W/2, H/2; further columns get 0).
         """
         s = self.raster_settings
         means3D = check_tensor("means3D", means3D, (None, 3))
@@ -203,21 +186,16 @@ class GaussianRasterizer(nn.Module):
         if scales is None or rotations is None:
             raise ValueError("Please provide both scales and rotations (cov3D_precomp is not supported)")
         device = means3D.device
-        camera = _view(s, device)
+        w2c = _w2c(s, device)
         if isinstance(opacities, torch.Tensor) and opacities.shape == (n, 1):
             opacities = opacities.reshape(n)
         opacities = check_tensor("opacities", opacities, (n,), device)
         scales = check_tensor("scales", scales, (n, 3), device) * float(s.scale_modifier)
         rotations = check_tensor("rotations", rotations, (n, 4), device)
         if shs is not None:
-            colors = check_tensor("shs", shs, (n, None, 3), device)
-            needed = (s.sh_degree + 1) ** 2
-            if colors.shape[1] < needed:
-                raise ValueError(f"shs: sh_degree={s.sh_degree} needs >= {needed} coefficients, "
-                                 f"got {colors.shape[1]}")
-            colors, sh_degree = colors[:, :needed].contiguous(), s.sh_degree
+            sh_degree, colors = sh_colors("shs", shs, n, s.sh_degree, device)
         else:
-            colors, sh_degree = check_tensor("colors_precomp", colors_precomp, (n, 3), device), None
+            sh_degree, colors = None, check_tensor("colors_precomp", colors_precomp, (n, 3), device)
         bg = check_tensor("raster_settings.bg", s.bg, (3,), device)
 
         sink = None
@@ -226,14 +204,14 @@ class GaussianRasterizer(nn.Module):
                 raise ValueError(f"means2D: expected shape [N={n}, 2 or 3], got {list(means2D.shape)}")
             if means2D.device != device:
                 raise ValueError(f"means2D: expected device {device}, got {means2D.device}")
-            sink = Means2dSink(means2D, scale=(0.5 * camera.width, 0.5 * camera.height))
+            sink = Means2dSink(means2D, scale=(0.5 * s.image_width, 0.5 * s.image_height))
         settings = RenderSettings(sh_degree=sh_degree, reduce=s.reduce, threshold=s.threshold,
                                   antialiased=bool(s.antialiasing))
-        k = torch.tensor([[camera.fx, 0.0, camera.cx], [0.0, camera.fy, camera.cy], [0.0, 0.0, 1.0]])
+        fx, fy, cx, cy = _intrinsics(s)
+        k = torch.tensor([[fx, 0.0, cx], [0.0, fy, cy], [0.0, 0.0, 1.0]])
         if device.type == "cuda":  # copied from pinned memory without a wait
             k = k.pin_memory().to(device, non_blocking=True)
-        cameras, held = cameras_of(camera.w2c[None], k[None], camera.width, camera.height, INRIA_NEAR, Camera.far,
-                                   device)
+        cameras, held = cameras_of(w2c[None], k[None], s.image_width, s.image_height, INRIA_NEAR, Camera.far, device)
         batch = render_batch(means3D, rotations, scales, opacities, colors, cameras, settings, sink,
                              default_context(device))
         del held  # read by the queued projection: torch frees them in stream order
@@ -241,5 +219,5 @@ class GaussianRasterizer(nn.Module):
         color = (rgb + (1.0 - alpha)[..., None] * bg).permute(2, 0, 1)
         has_depth = depth > 0.0
         invdepth = torch.where(has_depth, alpha * alpha / torch.where(has_depth, depth, 1.0), torch.zeros_like(depth))
-        radii = inria_radii(means3D, scales, rotations, camera, float(s.tanfovx), float(s.tanfovy))
+        radii = inria_radii(means3D, scales, rotations, s, w2c)
         return color, radii, invdepth[None]

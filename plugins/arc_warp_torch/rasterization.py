@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import torch
 
 from arc_warp import RenderSettings
 
-from ._autograd import RenderContext, cameras_of, check_tensor, default_context, render_batch
+from ._autograd import RenderContext, cameras_of, check_tensor, default_context, render_batch, sh_colors
 
 RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 # scales_activation / opacities_activation -> RenderSettings.scale_activation / opacity_activation
@@ -22,32 +21,6 @@ UNSUPPORTED = {"radius_clip": 0.0, "tile_size": 16, "sparse_grad": False, "distr
                "covars": None, "with_eval3d": False, "thin_prism_coeffs": None, "ftheta_coeffs": None,
                "viewmats_rs": None}
 CAMERA_MODELS = ("pinhole", "ortho", "fisheye")
-
-
-def _sh_degree_and_colors(colors, n: int, sh_degree: Optional[int], device):
-    """Validate colors; return (sh_degree or None, float32 colors with exactly the needed
-    SH coefficients). [N,K,3] with sh_degree None infers the degree from K = (d+1)^2."""
-    if not isinstance(colors, torch.Tensor):
-        raise TypeError(f"colors: expected a torch.Tensor, got {type(colors).__name__}")
-    if colors.dim() == 2:
-        if sh_degree is not None:
-            raise ValueError(f"colors: sh_degree={sh_degree} needs SH coefficients [N, K, 3], "
-                             f"got RGB shape {list(colors.shape)}")
-        return None, check_tensor("colors", colors, (n, 3), device)
-    colors = check_tensor("colors", colors, (n, None, 3), device)
-    k = colors.shape[1]
-    if sh_degree is None:
-        sh_degree = math.isqrt(k) - 1
-        if (sh_degree + 1) ** 2 != k:
-            raise ValueError(f"colors: [N, K, 3] with sh_degree=None needs K = (d+1)^2, got K={k}")
-    if not isinstance(sh_degree, int) or not 0 <= sh_degree <= 3:
-        raise ValueError(f"sh_degree: expected None or an int in 0..3, got {sh_degree!r}")
-    needed = (sh_degree + 1) ** 2
-    if k < needed:
-        raise ValueError(f"colors: sh_degree={sh_degree} needs K >= {needed} coefficients, got K={k}")
-    if k > needed:
-        colors = colors[:, :needed].contiguous()
-    return sh_degree, colors
 
 
 def _option(name: str, value, allowed: dict) -> str:
@@ -126,90 +99,70 @@ def rasterization(
     """Differentiable 3D Gaussian splatting of N Gaussians into C cameras, with gsplat
     1.5.3's signature (its keywords, in its order) and conventions: camera +x right, +y
     down, +z forward; `viewmats` are world-to-camera; K = [[fx,0,cx],[0,fy,cy],[0,0,1]] in
-    pixels; pixel centres at +0.5.
+    pixels; pixel centres at +0.5. Inputs may be float16/32/64 on "cpu" or "cuda" (all
+    Gaussian tensors on one device), cast to float32 only when needed; gradients come back
+    in their dtype (to means, quats, scales, opacities, colors, backgrounds and
+    surface_colors, the raw tensors passed). Double backward raises RuntimeError.
 
-    gsplat keywords and what arc_warp does with them:
-    - supported: near_plane, far_plane, eps2d, sh_degree, backgrounds, render_mode,
-      absgrad, rasterize_mode ("classic", "antialiased"), camera_model ("pinhole", "ortho",
-      "fisheye"), radial_coeffs ([C, 6] pinhole k1..k6, [C, 4] fisheye k1..k4) and
-      tangential_coeffs ([C, 2] p1, p2): lens distortion rendered natively (each Gaussian
-      projected through the distorted camera, its covariance with the camera's Jacobian
-      at its mean: arc_warp's way, whatever with_ut says);
-    - accepted, with no effect: packed (meta is always dense, [C, N, ...], as gsplat's
-      packed=False), channel_chunk (colours are 3 channels) and with_ut;
-    - accepted only at gsplat's default, NotImplementedError naming the keyword and value
-      otherwise: radius_clip, tile_size (16), sparse_grad, distributed, segmented, covars,
-      with_eval3d, thin_prism_coeffs, ftheta_coeffs, rolling_shutter (global shutter),
-      viewmats_rs.
+    gsplat keywords not listed under Args are accepted with no effect (packed: meta is
+    always dense, [C, N, ...], as gsplat's packed=False; channel_chunk; with_ut: distorted
+    cameras project each Gaussian through the lens, its covariance with the camera's
+    Jacobian at its mean) or only at gsplat's default (radius_clip, tile_size, sparse_grad,
+    distributed, segmented, covars, with_eval3d, thin_prism_coeffs, ftheta_coeffs,
+    rolling_shutter: global shutter, viewmats_rs), else NotImplementedError.
 
     Args:
         means: [N, 3] Gaussian centres, world units.
-        quats: [N, 4] rotations as wxyz quaternions of any norm > 0 (normalised inside the
-            projection, whose gradient goes through the normalisation).
-        scales: [N, 3] per-axis standard deviations, world units; with
-            scales_activation="exp", log-scales (the renderer uses exp(scales)).
-        opacities: [N] opacities in [0, 1]; with opacities_activation="sigmoid", logits.
+        quats: [N, 4] wxyz rotations of any norm > 0 (normalised inside the projection).
+        scales: [N, 3] per-axis standard deviations, world units (log-scales with
+            scales_activation="exp").
+        opacities: [N] in [0, 1] (logits with opacities_activation="sigmoid").
         colors: [N, 3] RGB, or [N, K, 3] SH coefficients (evaluated per camera with the view
             direction; 0.5 is added and the result clamped at 0, as in gsplat/INRIA).
-        viewmats, Ks: [C, 4, 4] world-to-camera matrices and [C, 3, 3] intrinsics in pixels,
-            C >= 1, not differentiable (ValueError if they require grad); CUDA tensors on
-            the device of `means` are read there, by the projection kernel (non-finite
-            values or fx, fy <= 0 are found on the device), host tensors checked here.
+        viewmats, Ks: [C, 4, 4] world-to-camera and [C, 3, 3] intrinsics (pixels), C >= 1,
+            not differentiable (ValueError if they require grad); CUDA tensors on the
+            device of `means` are read and checked there, by the projection kernel.
         width, height: image size in pixels.
         near_plane, far_plane: Gaussians with camera depth outside are culled (world units).
         eps2d: dilation added to the 2D covariance's diagonal, pixels^2.
-        sh_degree: SH degree 0..3 to use from [N, K, 3] colors (the first (d+1)^2
-            coefficients, so a growing active degree works); None with [N, K, 3] infers it
-            from K = (d+1)^2; must be None for [N, 3] RGB.
-        backgrounds: [3] or [C, 3] RGB composited behind the image as
-            rgb + (1 - alpha) * background (differentiable); None = black.
-        render_mode: "RGB", "D" (accumulated depth sum w_i z_i), "ED" (expected depth,
-            D / alpha, 0 where alpha is 0), "RGB+D" or "RGB+ED" (depth as a 4th channel).
+        sh_degree: SH degree 0..3 of [N, K, 3] colors (their first (d+1)^2 coefficients);
+            None infers it from K = (d+1)^2; must be None for [N, 3] RGB.
+        backgrounds: [3] or [C, 3] RGB composited as rgb + (1 - alpha) * background.
+        render_mode: "RGB", "D" (depth sum w_i z_i), "ED" (expected depth D / alpha, 0
+            where alpha is 0), "RGB+D" or "RGB+ED" (depth as a 4th channel).
         absgrad: also accumulate |dL/dmeans2d| per pixel into `meta["means2d"].absgrad`.
         rasterize_mode: "classic", or "antialiased" for the Mip-Splatting 2D filter.
         camera_model: "pinhole", "ortho" (fx, fy: pixels per world unit) or "fisheye"
             (equidistant, r = f theta), gsplat's conventions.
-        radial_coeffs, tangential_coeffs: OpenCV distortion per camera (see above).
-        reduce, threshold: (arc_warp) `arc_warp.RenderSettings`' (the backward's reduction,
-            "arc" by default; "deterministic" whatever this says under
-            torch.use_deterministic_algorithms(True)).
+        radial_coeffs, tangential_coeffs: OpenCV distortion per camera: [C, 6] pinhole
+            k1..k6 or [C, 4] fisheye k1..k4, and [C, 2] p1, p2 (pinhole).
+        reduce, threshold: (arc_warp) `arc_warp.RenderSettings`' ("deterministic" whatever
+            `reduce` says under torch.use_deterministic_algorithms(True)).
         context: (arc_warp) the `RenderContext` whose renderers to use; None uses
             `default_context` of the device (one per device and thread).
         scales_activation, opacities_activation: (arc_warp) None, or "exp" / "sigmoid"
             applied inside the projection (the gradient lands on the raw tensor).
         surface_colors, surface_depths: (arc_warp) an opaque surface behind the Gaussians,
-            both or neither (`arc_warp_torch.surface_from_mesh` makes them from the
-            `arc_warp_torch.mesh` ops' outputs): per camera and pixel an RGB colour and the
-            camera depth (+inf where there is none), composited as `arc_warp.Surface` says;
-            the background shows only where the depth is +inf. The colours get a gradient,
-            the depths none; NaN depths raise ValueError as non-finite means do.
-
-    Inputs may be float16/32/64 on "cpu" or "cuda" (all Gaussian tensors on one device);
-    they are cast to float32 only when needed, and gradients come back in their dtype.
+            both or neither (`arc_warp_torch.surface_from_mesh` makes them): per camera and
+            pixel an RGB colour and a camera depth (+inf: none), composited as
+            `arc_warp.Surface` says; the background shows only where the depth is +inf.
 
     Returns:
         render_colors: [C, H, W, 3] for "RGB", [C, H, W, 4] for "RGB+D"/"RGB+ED",
             [C, H, W, 1] for "D"/"ED"; float32 on the device of `means`.
         render_alphas: [C, H, W, 1] float32 accumulated opacity.
-        meta: dict with
-            "means2d": [C, N, 2] float32 projected centres in pixels. When gradients are
-                enabled it is a leaf tensor with requires_grad=True whose .grad receives
-                dL/dmeans2d (pixels) during backward while the caller holds it, for
-                densification (.retain_grad() on it, as gsplat code calls, is harmless);
-                with absgrad=True its .absgrad gets the per-pixel absolute gradient sum.
-            "radii": [C, N, 2] int32 screen-space extents in pixels, (0, 0) = culled.
-            "width", "height", "n_cameras": ints.
-            "status": the render's `arc_warp.RenderStatus` (see `RenderContext` for when
-                it is read); `status.flags` for `SparseGaussianAdam.step(skip=...)`.
+        meta: "means2d": [C, N, 2] float32 projected centres in pixels; with gradients
+            enabled a leaf whose .grad receives dL/dmeans2d while the caller holds it (for
+            densification; .retain_grad() is harmless), and with absgrad its .absgrad.
+            "radii": [C, N, 2] int32 extents in pixels, (0, 0) = culled. "width",
+            "height", "n_cameras": ints. "status": the render's `arc_warp.RenderStatus`
+            (read as `RenderContext` says); pass it to `SparseGaussianAdam.step(skip=...)`.
 
     Raises:
         TypeError / ValueError: wrong types, dtypes, shapes, devices or options, before
-            anything is queued. ValueError for non-finite values, zero quaternions or
-            invalid CUDA cameras, found by the device (see "status" above).
+            anything is queued; ValueError for non-finite values, zero quaternions or
+            invalid CUDA cameras once the device has found them (see "status").
         NotImplementedError: a gsplat keyword at a value arc_warp does not support.
-
-    Gradients flow to means, quats, scales, opacities, colors, backgrounds and surface_colors (to the raw
-    tensors passed, whatever the activations). Double backward raises RuntimeError.
     """
     passed = {"radius_clip": radius_clip, "tile_size": tile_size, "sparse_grad": sparse_grad,
               "distributed": distributed, "segmented": segmented, "covars": covars, "with_eval3d": with_eval3d,
@@ -239,7 +192,7 @@ def rasterization(
     quats = check_tensor("quats", quats, (n, 4), device)
     scales = check_tensor("scales", scales, (n, 3), device)
     opacities = check_tensor("opacities", opacities, (n,), device)
-    sh_degree, colors = _sh_degree_and_colors(colors, n, sh_degree, device)
+    sh_degree, colors = sh_colors("colors", colors, n, sh_degree, device)
     distortion = _distortion(camera_model, radial_coeffs, tangential_coeffs, viewmats)
     cameras, camera_tensors = cameras_of(viewmats, Ks, width, height, near_plane, far_plane, device, camera_model,
                                          distortion)

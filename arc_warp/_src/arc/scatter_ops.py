@@ -115,14 +115,23 @@ def _segment_sum_kernel(dtype):
     return wp.kernel(segment_sum, enable_backward=False, module="unique")
 
 
-def ordered_scatter_add(dest: wp.array, indices: wp.array, values: wp.array):
+def ordered_scatter_scratch(count: int, size: int, device) -> tuple[wp.array, wp.array, wp.array]:
+    """The scratch of :func:`ordered_scatter_add` for up to ``count`` entries into ``size``
+    targets: sort keys and entry ids ((2 * count,) int32 each: ``radix_sort_pairs`` needs
+    twice the entries) and each target's [start, end) run ((size, 2) int32)."""
+    return (wp.empty(2 * count, dtype=wp.int32, device=device), wp.empty(2 * count, dtype=wp.int32, device=device),
+            wp.empty((size, 2), dtype=wp.int32, device=device))
+
+
+def ordered_scatter_add(dest: wp.array, indices: wp.array, values: wp.array, scratch: tuple | None = None):
     """``scatter_add`` in a fixed order: a stable sort of the entry ids by index, then per
     target a fixed-order sum of its entries (strided over a warp's lanes, then a fixed
-    tree); no contested atomics, so the result is the same bits on every run."""
+    tree); no contested atomics, so the result is the same bits on every run. ``scratch``:
+    :func:`ordered_scatter_scratch`'s arrays (for at least ``indices``' count and
+    ``dest``'s size) to use instead of new ones, so that a repeated call allocates nothing."""
     count, size, device = indices.shape[0], dest.shape[0], dest.device
-    keys = wp.empty(2 * count, dtype=wp.int32, device=device)  # radix_sort_pairs needs 2x
-    order = wp.empty(2 * count, dtype=wp.int32, device=device)
-    segments = wp.zeros((size, 2), dtype=wp.int32, device=device)
+    keys, order, segments = ordered_scatter_scratch(count, size, device) if scratch is None else scratch
+    segments.zero_()
     wp.launch(_sort_pairs, dim=count, inputs=[indices, size], outputs=[keys, order], device=device)
     wp.utils.radix_sort_pairs(keys, order, count, 0, size.bit_length())  # stable: ties keep entry order
     wp.launch(_segment_bounds, dim=count, inputs=[keys, count, size], outputs=[segments], device=device)

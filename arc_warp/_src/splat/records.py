@@ -30,12 +30,10 @@ class RenderSettings:
             ``None`` uses the full degree the coefficient count implies. Ignored for
             plain RGB colours.
         background: RGB added as ``T_final * background`` to the colour image.
-        reduce: how the rasteriser backward reduces per-Gaussian gradients: ``"atomic"``
-            (one atomic per lane), ``"warp"`` (always warp-reduce), ``"serial"``, ``"arc"``
-            (adaptive, the default), ``"deterministic"`` (bit-identical gradients from run
-            to run: per-(tile, Gaussian) partials summed in a fixed order, no atomics) or
-            ``"floor"`` (no atomics at all, to time the rest of the backward: NO rasteriser
-            gradients).
+        reduce: the rasteriser backward's reduction of per-Gaussian gradients: ``"atomic"``,
+            ``"warp"``, ``"serial"``, ``"arc"`` (adaptive, the default), ``"deterministic"``
+            (the same bits on every run: per-entry partials summed in a fixed order) or
+            ``"floor"`` (benchmarks only: NO rasteriser gradients).
         threshold: ARC threshold (lanes on one address before a warp reduction);
             ``None`` asks ``arc_warp`` for the calibrated value of the device.
         eps2d: dilation added to the 2D covariance diagonal, pixels^2.
@@ -45,15 +43,13 @@ class RenderSettings:
             Gaussian's integral instead of brightening it.
         absgrad: also accumulate ``|dL/dmean2d|`` per pixel and Gaussian (gsplat's absgrad
             densification) into ``RenderOutput.means2d_absgrad`` (two more accumulated values).
-        scale_activation: ``"none"`` (``scales`` are linear std-devs) or ``"exp"``:
-            ``scales`` are raw log-scales, as 3DGS training stores them, and the
-            projection uses ``exp(scales)`` (a log-scale whose exp overflows float32, above
-            about 88.7, counts as a non-finite scale).
-        opacity_activation: ``"none"`` (``opacities`` in [0, 1]) or ``"sigmoid"``:
-            ``opacities`` are raw logits and the projection uses ``sigmoid(opacities)``.
-            With either activation the gradients are w.r.t. the raw inputs (dL/dlog_s =
-            dL/ds * s, dL/dlogit = dL/do * o (1 - o)). Quaternions are always normalised
-            inside the projection (the gradient goes through it).
+        scale_activation: ``"none"`` (``scales`` are linear std-devs) or ``"exp"``: raw
+            log-scales, as 3DGS training stores them (one above about 88.7, whose exp
+            overflows float32, counts as non-finite).
+        opacity_activation: ``"none"`` (``opacities`` in [0, 1]) or ``"sigmoid"``: raw
+            logits. With either activation the gradients are w.r.t. the raw inputs.
+            Quaternions are always normalised inside the projection (the gradient goes
+            through it).
     """
 
     sh_degree: int | None = None
@@ -160,14 +156,12 @@ def check_gaussians(means, quats, scales, opacities, colors, sh_degree: int | No
 @dataclass(frozen=True)
 class Surface:
     """An opaque surface behind the Gaussians of one camera's pixels (a mesh: see
-    :func:`surface_from_mesh`), checked like the inputs (non-finite colours and NaN depths
-    by the device). At a pixel whose depth is below +inf, every Gaussian whose centre's
-    camera z is not in front of the surface (depth >= surface depth) is hidden, and the
-    surface colour shows through the transmittance the others leave (``T_final *
-    colour``) in place of the background; where the depth is +inf the background shows,
-    so a surface at +inf everywhere renders what no surface renders, bit for bit.
-    ``alpha``, ``depth`` and ``expected_depth`` stay the visible Gaussians' own. The
-    backward adds ``T_final * dL/dcolor`` into the colours' gradient; the depths get none."""
+    :func:`surface_from_mesh`; non-finite colours and NaN depths are flagged by the device).
+    Where its depth is below +inf, Gaussians whose centre's camera z is not in front of it
+    are hidden and its colour shows through the others' ``T_final`` in place of the
+    background (so a surface at +inf everywhere renders what no surface renders, bit for
+    bit); ``alpha`` and the depths stay the visible Gaussians' own. The backward adds
+    ``T_final * dL/dcolor`` into the colours' gradient; the depths get none."""
 
     colors: wp.array  # (H, W) wp.vec3
     depths: wp.array  # (H, W) float32, camera z (world units, the depth the Gaussians are sorted by), +inf: none

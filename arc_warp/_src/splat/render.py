@@ -7,6 +7,7 @@ import warp as wp
 
 from arc_warp._src.arc.calibrate import resolve_threshold
 from arc_warp._src.camera import Camera, DeviceCameras
+from arc_warp._src.launches import LRU
 from arc_warp._src.splat.records import (GaussianGrads, ImageGrads, RenderImages, RenderOutput, RenderSettings,
                                          check_gaussians)
 from arc_warp._src.splat.renderer import GaussianRenderer
@@ -18,32 +19,32 @@ from arc_warp._src.validate import check_array
 IMAGE_OUTPUTS = {"color": wp.vec3, "alpha": wp.float32, "depth": wp.float32, "expected_depth": wp.float32}
 
 
+WORKSPACE_OBJECTS = 32
+"""Objects a :class:`Workspace` keeps: a few image sizes' renderers and mesh op chains."""
+
+
 class Workspace:
     """The objects that repeated functional calls reuse on one device (explicit state, no
     globals): pass it as ``workspace=`` to :func:`render_gaussians` and to the mesh ops.
 
-    One dict holds one object per kind and size, keyed by what sizes it: ``(GaussianRenderer,
+    It holds one object per kind and size, keyed by what sizes it: ``(GaussianRenderer,
     width, height, cameras, sh_coeffs, settings)`` (:meth:`renderer`; a new Gaussian count
-    resizes it) and ``(op class, sizes..., options...)`` for a mesh op object
-    (``Rasterizer.of`` and the like; :meth:`get`). Entries live as long as the workspace.
-    The ARC thresholds are resolved once, here, so no step calibrates lazily (``threshold``
-    None: the device's calibrated values). Use a workspace from one thread (and one stream)
-    at a time. ``allocator``: None, or the renderers' (see :class:`GaussianRenderer`).
+    resizes it) or ``(op class, sizes..., options...)`` (mesh ops' ``of``; :meth:`get`),
+    the least recently used dropped past ``limit``. Its ARC thresholds are resolved here
+    (``threshold`` None: the device's calibrated values), never inside a step. Use it
+    from one thread (and stream) at a time. ``allocator``: the renderers' (None: their own).
     """
 
-    def __init__(self, device=None, threshold: int | None = None, allocator=None):
+    def __init__(self, device=None, threshold: int | None = None, allocator=None, limit: int = WORKSPACE_OBJECTS):
         self.device = wp.get_device(device)
         self.threshold = resolve_threshold(self.device, threshold)
         self.keyed_threshold = resolve_threshold(self.device, threshold, keyed=True)
         self.allocator = allocator
-        self._objects: dict[tuple, object] = {}  # (kind, sizes..., options...) -> its object
+        self._objects = LRU(limit)  # (kind, sizes..., options...) -> its object
 
     def get(self, key: tuple, make):
-        """The object of ``key`` (its kind, sizes and options), made by ``make()`` on first use."""
-        obj = self._objects.get(key)
-        if obj is None:
-            obj = self._objects[key] = make()
-        return obj
+        """The object of ``key`` (its kind, sizes and options), made by ``make()`` if not held."""
+        return self._objects.get(key, make)
 
     def renderer(self, width: int, height: int, gaussians: int, cameras: int, sh_coeffs: int,
                  settings: RenderSettings) -> GaussianRenderer:
@@ -57,7 +58,7 @@ class Workspace:
         return renderer
 
     def objects(self, kind: type | None = None) -> list:
-        """The objects held (of class ``kind`` only, if given), in the order they were made."""
+        """The objects held (of class ``kind`` only, if given), least recently used first."""
         return [obj for obj in self._objects.values() if kind is None or isinstance(obj, kind)]
 
     def renderers(self) -> list[GaussianRenderer]:
@@ -88,35 +89,17 @@ def render_gaussians(
     binning with a stable (tile, depth) radix sort -> front-to-back compositing
     (pixel centres at +0.5, alpha = min(0.999, o exp(-power)), alphas < 1/255 skipped,
     a Gaussian that would bring T to <= 1e-4 ends the pixel uncomposited, background
-    added as T_final * background).
+    added as T_final * background). All arrays live on one device; outputs are made there.
 
-    All arrays live on one device (cpu or cuda); outputs are allocated there.
-
-    This is one :meth:`GaussianRenderer.forward` with its checks read before it returns
-    (``check=True``): types, dtypes, shapes and devices raise TypeError/ValueError before
-    any launch; NaN/Inf in any input (and an all-zero quaternion) raises ValueError once
-    the device has found it; the images are always complete. For renders that never wait
-    for the device, hold a :class:`GaussianRenderer` yourself.
+    This is one :meth:`GaussianRenderer.forward` with ``check=True``: TypeError/ValueError
+    for types, dtypes, shapes and devices before any launch, ValueError for NaN/Inf in any
+    input (or an all-zero quaternion) once the device has found it; the images are always
+    complete. For renders that never wait, hold a :class:`GaussianRenderer` yourself.
 
     Gradients: if any input has ``requires_grad`` and a ``wp.Tape`` is given (``tape=``)
     or active (``with tape:``), the outputs get ``requires_grad`` and the backward is
-    recorded with ``tape.record_func``, so ``tape.backward()`` adds into the inputs' ``.grad``
-    and continues into upstream kernels. Example, with means made by a user kernel::
-
-        @wp.kernel
-        def offset(base: wp.array(dtype=wp.vec3), shift: wp.array(dtype=wp.vec3),
-                   out: wp.array(dtype=wp.vec3)):
-            i = wp.tid()
-            out[i] = base[i] + shift[0]
-
-        shift = wp.zeros(1, dtype=wp.vec3, requires_grad=True)
-        means = wp.zeros(n, dtype=wp.vec3, requires_grad=True)
-        tape = wp.Tape()
-        with tape:
-            wp.launch(offset, dim=n, inputs=[base, shift], outputs=[means])
-            out = render_gaussians(means, quats, scales, opacities, colors, camera)
-            wp.launch(image_loss, dim=(h, w), inputs=[out.color], outputs=[loss])
-        tape.backward(loss)  # shift.grad now holds dL/dshift
+    recorded with ``tape.record_func``: ``tape.backward()`` adds into the inputs' ``.grad``
+    and continues into the kernels that made them (docs/warp.md has an example).
 
     Args:
         camera: a :class:`Camera`, a list/tuple of cameras of one image size, or
@@ -187,8 +170,7 @@ def render_gaussians(
                                  means2d_absgrad=state.cameras[i].absgrad,
                                  camera_index=i if isinstance(camera, DeviceCameras) else None,
                                  _renderer=renderer, _state=state, _index=i))
-    if tape is None:
-        tape = active_tape()
+    tape = active_tape() if tape is None else tape
     surface_inputs = tuple(surface.colors for surface in surfaces or ())
     if tape is not None and any(a.requires_grad for a in g.arrays + surface_inputs):
         for out in outs:
@@ -207,9 +189,8 @@ def _check_outputs(outputs, n: int, shape: tuple, device) -> dict:
         return {}
     if not isinstance(outputs, dict):
         raise TypeError(f"outputs must be a dict of wp.arrays by name, got {type(outputs).__name__}")
-    wanted = {name: (dtype, 2, shape) for name, dtype in IMAGE_OUTPUTS.items()}
-    wanted["means2d"] = (wp.vec2, 1, (n,))
-    wanted["radii"] = (wp.vec2i, 1, (n,))
+    wanted = {**{name: (dtype, 2, shape) for name, dtype in IMAGE_OUTPUTS.items()},
+              "means2d": (wp.vec2, 1, (n,)), "radii": (wp.vec2i, 1, (n,))}
     for name, array in outputs.items():
         if name not in wanted:
             raise ValueError(f"outputs: unknown name {name!r}; expected some of {sorted(wanted)}")
@@ -241,22 +222,16 @@ def render_gaussians_backward(
 ) -> GaussianGrads:
     """Gradients of a scalar loss w.r.t. the inputs of the render that made ``out``.
 
-    ``grad_*`` are cotangents shaped like the outputs, on the same device; ``None``
-    means zero. This is :meth:`GaussianRenderer.backward` (``out.settings.reduce``
-    ``"floor"`` yields no rasteriser gradients: benchmarking only). The 2D mean gradients
-    are added into ``out.means2d_grad`` and, with ``settings.absgrad``, their per-pixel
-    absolute sums into ``out.means2d_absgrad``.
-
-    ``accumulate`` False writes the gradients into ``grads`` (every entry: culled
-    Gaussians and SH coefficients past ``settings.sh_degree`` get 0) instead of adding
-    them, so ``grads`` need not be zeroed first; it also writes the 2D mean gradients
-    (and ``means2d_absgrad``). Without ``grads`` the gradients are written into new
-    arrays. ``means2d_grad``, if given, receives the 2D mean gradients in place of
-    ``out.means2d_grad``.
+    ``grad_*`` are cotangents shaped like the outputs, on their device (None: zero). This
+    is :meth:`GaussianRenderer.backward`. The 2D mean gradients are added into
+    ``means2d_grad`` (default ``out.means2d_grad``) and, with ``settings.absgrad``, their
+    per-pixel absolute sums into ``out.means2d_absgrad``. ``accumulate`` False writes all
+    of them and ``grads`` (every entry: culled Gaussians and SH coefficients past
+    ``settings.sh_degree`` get 0) instead of adding, so nothing need be zeroed first.
 
     Returns:
-        :class:`GaussianGrads` shaped like the inputs: new arrays, or ``grads`` with the
-        gradients added in (or written).
+        :class:`GaussianGrads` shaped like the inputs: ``grads`` with the gradients added
+        in (or written), or new arrays without ``grads``.
     """
     if not isinstance(out, RenderOutput) or out._state is None:
         raise TypeError(f"out must be a RenderOutput returned by render_gaussians, got {type(out).__name__}")

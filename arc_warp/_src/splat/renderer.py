@@ -1,36 +1,32 @@
 """GaussianRenderer: N Gaussians into C cameras of one image size, with buffers and prepared
 launches made once, and RenderState, what one forward leaves for its backward.
 
-A camera's stages (kernels in ``*_kernels.py``): the projection writes the splats, 2D
-means, radii, tile counts and depth keys; SH colours are evaluated (RGB is used as-is);
-the Gaussians are sorted by depth, their tile counts scanned in that order and the total
-written to the camera's flags; the tile keys are written front to back into a sort of
-``capacity`` entries and sorted stably by tile alone (each tile's range in depth order,
-equal depths in Gaussian order, as one sort of ``tile << 32 | depth`` keys would give,
-in ~log2(tiles) radix bits, not 32 more); the rasteriser composites each 16x16 tile.
-The backward runs the rasteriser's, the SH stage's and one per-Gaussian pass through the
-projection. CPU launches of kernels with block storage hold ``cpu_launch_guard`` (their
-CPU block storage is C static).
+A camera's stages (ARCHITECTURE.md lists the kernels): projection, SH colours, a depth
+sort and a scan of the tile counts in that order (the total goes to the camera's flags),
+then the tile keys written front to back into a sort of ``capacity`` entries sorted
+stably by tile alone (each tile's range in depth order, equal depths in Gaussian order,
+as one sort of ``tile << 32 | depth`` keys would give, in ~log2(tiles) radix bits, not
+32 more), and the rasteriser per 16x16 tile. CPU launches of kernels with block storage
+hold ``cpu_launch_guard`` (their CPU block storage is C static).
 
 The overflow rule. The tile sort needs the number of Gaussian-tile intersections, which
 only the device knows once the Gaussians are projected. The renderer sorts ``capacity``
 entries per camera, set by its first forward (which reads the totals back, one wait) to
-1.25x the largest total plus ``SORT_SLACK``. Every forward writes each camera's total,
-its input checks and an overflow flag (total > capacity) to the device
+:meth:`GaussianRenderer.capacity_for` the largest total. Every forward writes each
+camera's total, its input checks and an overflow flag (total > capacity) to the device
 (``RenderStatus.flags``) and copies them to the host. The host reads them
 
 - in the forward itself when ``check`` is on (the default on the CPU, where nothing waits):
   bad inputs raise ValueError, and a camera that overflowed is rendered again with a
-  grown capacity, so the images returned are complete (nvdiffrast's synchronous retry);
-- otherwise (the default on CUDA, and always inside a CUDA graph capture) at the start of
-  the renderer's next forward, when the device is long past the copy: bad inputs raise
-  there, and an overflow grows the capacity with a RuntimeWarning. Until then the
-  overflow is a device flag: a fused optimizer step reads it and skips its update
-  (``SparseGaussianAdam.step(skip=status)``, as torch's GradScaler skips a step
-  with infinite gradients), and ``RenderStatus.check()`` raises for it on request.
+  grown capacity (nvdiffrast's synchronous retry);
+- otherwise (the default on CUDA, always inside a CUDA graph capture) at the start of the
+  renderer's next forward: bad inputs raise there, and an overflow grows the capacity
+  with a RuntimeWarning. Until then the overflow is a device flag, which a fused
+  optimizer step reads to skip its update (``SparseGaussianAdam.step(skip=status)``, as
+  torch's GradScaler does) and ``RenderStatus.check()`` raises for on request.
 
-So a loss computed on an image that lacks Gaussians is never used without the caller
-being able to know it first.
+So no loss computed on an image that lacks Gaussians is used without the caller being
+able to know it first.
 """
 
 from __future__ import annotations
@@ -58,7 +54,7 @@ from arc_warp._src.splat.status import RenderStatus
 from arc_warp._src.splat.validate_kernels import BAD_SLOTS, FLAG_SLOTS, OVERFLOW_SLOT, flag_nan, flag_nonfinite
 from arc_warp._src.validate import check_array
 
-SORT_SLACK = 4096  # entries added to every capacity, so small scenes rarely overflow
+SORT_SLACK = 4096  # entries added to every capacity (capacity_for), so small scenes rarely overflow
 ALIGN = 256  # byte alignment of each part carved from one allocation
 MAX_ISECTS = (2**31 - 1) // 2  # radix_sort_pairs needs keys of 2 x count entries; a Warp array holds < 2^31
 # the rasteriser runs one thread per pixel of the tile grid with int32 thread ids (which
@@ -143,18 +139,16 @@ class _CameraState:
 
     __slots__ = ("cam", "splats", "rgb", "ranges", "final_t", "last_ids", "absgrad", "sort_ids")
 
+    def __init__(self, cam, splats, rgb, ranges, final_t, last_ids, absgrad):
+        self.cam, self.splats, self.rgb, self.ranges = cam, splats, rgb, ranges
+        self.final_t, self.last_ids, self.absgrad, self.sort_ids = final_t, last_ids, absgrad, None
+
 
 def _camera_parts(renderer: GaussianRenderer, views: list, per_camera: int, absgrad: bool) -> tuple:
     """Each camera's :class:`_CameraState` over a state's views, the (C,) CameraParams of
     all cameras (evenly spaced) and on the CPU their numpy records (written in place)."""
-    cameras = []
-    for i in range(len(views) // per_camera):
-        cs = _CameraState()
-        cs.cam, cs.splats, cs.rgb, cs.ranges, cs.final_t, cs.last_ids, cs.absgrad = \
-            views[i * per_camera:(i + 1) * per_camera]
-        cs.absgrad = cs.absgrad if absgrad else None
-        cs.sort_ids = None
-        cameras.append(cs)
+    cameras = [_CameraState(*views[i:i + per_camera - 1], views[i + per_camera - 1] if absgrad else None)
+               for i in range(0, len(views), per_camera)]
     first, last, c = cameras[0].cam, cameras[-1].cam, len(cameras)
     cams = first if c == 1 else wp.array(ptr=first.ptr, dtype=CameraParams, shape=(c,),
                                          strides=((last.ptr - first.ptr) // (c - 1),), device=renderer.device)
@@ -167,9 +161,9 @@ class RenderState:
     Per camera: its ``CameraParams``, the projected splats, the SH colours, the sorted
     Gaussian ids and tile ranges, the final transmittance and last contributor per pixel,
     and with ``settings.absgrad`` the (N,) vec2 absolute 2D mean gradients the backward
-    adds. Made by :meth:`GaussianRenderer.new_state` from one allocation of ``allocator``
-    (and one more for the sort): a caller that allocates from torch keeps ``owners`` alive
-    while the backward may run. ``gaussians``, ``images`` and ``status`` are the forward's.
+    adds; made by :meth:`GaussianRenderer.new_state` from ``allocator``, whose caller keeps
+    ``owners`` alive while the backward may run. ``gaussians``, ``images``, ``status``:
+    the forward's.
     """
 
     def __init__(self, renderer: GaussianRenderer, allocator=None):
@@ -208,11 +202,10 @@ class RenderState:
 
 
 class GaussianRenderer:
-    """Renders N Gaussians into C cameras of one H x W size (gsplat 1.5.3 "classic"
-    conventions; see :func:`arc_warp.render_gaussians`), with its buffers and prepared
-    launches made once and reused by every forward and backward. A forward's state (what
-    its backward reads) lives in a :class:`RenderState` the caller holds, so several
-    renders can wait for their backwards.
+    """Renders N Gaussians into C cameras of one H x W size (the conventions of
+    :func:`arc_warp.render_gaussians`), with its buffers and prepared launches made once.
+    What a forward leaves for its backward lives in a :class:`RenderState` the caller
+    holds, so several renders can wait for their backwards.
 
     Args:
         width, height: image size in pixels.
@@ -225,10 +218,9 @@ class GaussianRenderer:
             calibrated one, resolved here, never inside a step).
         capacity: tile intersections per camera the sort holds; None: measured by the first
             forward (the module notes: the overflow rule).
-        allocator: None (the call's scratch, sort keys, scans and packed gradients, is the
-            renderer's, grown as needed) or ``nbytes -> (pointer, owner)``, stream-ordered
-            on the stream the work runs on: each call's scratch comes from it and goes back
-            at the call's end (torch's caching allocator shares it with a training step).
+        allocator: None (the calls' scratch, sort keys, scans and packed gradients, is the
+            renderer's) or ``nbytes -> (pointer, owner)``, stream-ordered on the stream the
+            work runs on, which each call's scratch comes from (torch's caching allocator).
         record: prepare launches for reuse (False for a renderer used once).
     """
 
@@ -269,9 +261,7 @@ class GaussianRenderer:
         self._capture = None  # the stream plans are captured on (CUDA)
         self._forward_scratch = self._backward_scratch = None  # owned scratch (no allocator)
         self.capturing = False  # set by arc_warp_torch.capture.CapturedStep: no waits, no growth
-        self.num_gaussians = 0
-        self.capacity = None
-        self.resize(gaussians, capacity)
+        self.resize(gaussians, capacity)  # sets num_gaussians and capacity
 
     def resize(self, gaussians: int, capacity: int | None = None) -> None:
         """Render ``gaussians`` (N) from now on (after a densification, say). The capacity
@@ -282,6 +272,12 @@ class GaussianRenderer:
         if capacity is not None and (isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1):
             raise ValueError(f"GaussianRenderer: capacity must be None or an int >= 1, got {capacity!r}")
         self.num_gaussians, self.capacity = gaussians, capacity
+
+    @staticmethod
+    def capacity_for(total: int) -> int:
+        """The sort capacity for ``total`` tile intersections per camera (the module notes):
+        1.25x plus ``SORT_SLACK``, so the totals of the next steps rarely outgrow it."""
+        return total * 5 // 4 + SORT_SLACK
 
     def new_state(self, allocator=None) -> RenderState:
         """A :class:`RenderState` for one forward (memory from ``allocator``, or Warp arrays)."""
@@ -304,8 +300,7 @@ class GaussianRenderer:
         render's :class:`RenderStatus` (also ``state.status``)."""
         self._check_call(gaussians, cameras, state, images, surfaces)
         self._read_pending()
-        if check is None:
-            check = self.device.is_cpu
+        check = self.device.is_cpu if check is None else check
         if self.capturing:
             check = False
             if self.capacity is None:
@@ -401,13 +396,16 @@ class GaussianRenderer:
         """This call's scratch, owned and grown or fresh from the allocator: the forward's
         (tile counts, depth order, int64 scan, then keys the depth sort and the tile sort
         use in turn) or the backward's (packed rasteriser gradients, the SH share of
-        dL/dmeans, and ``capacity`` of ``deterministic``'s per-entry partials)."""
+        dL/dmeans, and for ``deterministic`` ``capacity`` per-entry partials and the scratch
+        of their ordered sum, ``ordered_scatter_scratch``'s)."""
         n = self.num_gaussians if n is None else n
         cap = (self.capacity or 0) if capacity is None else capacity
         if backward:
             grad_t = grad_vector(self.settings.absgrad)
             det = self.settings.reduce == "deterministic"
-            parts = [((n,), grad_t), ((n,), wp.vec3), ((cap if det else 0,), grad_t)]
+            cap = cap if det else 0
+            parts = [((n,), grad_t), ((n,), wp.vec3), ((cap,), grad_t), ((2 * cap,), wp.int32),
+                     ((2 * cap,), wp.int32), ((n if det else 0, 2), wp.int32)]
         else:
             parts = [((n,), wp.int32), ((2 * n,), wp.int32), ((n,), wp.int64), ((2 * max(n, cap),), wp.int32)]
         if self.allocator is not None:  # the caller holds the block until its work is queued
@@ -562,7 +560,7 @@ class GaussianRenderer:
                 f"image ({self.tiles_x}x{self.tiles_y} tiles) make {total if exact_total is None else exact_total()} "
                 f"tile intersections, more than the {MAX_ISECTS} one sort can hold; render fewer or smaller Gaussians, "
                 "or the image in crops")
-        self.capacity = max(self.capacity or 0, total * 5 // 4 + SORT_SLACK)
+        self.capacity = max(self.capacity or 0, self.capacity_for(total))
 
     def host_status(self, capacity: int | None = None) -> RenderStatus:
         """The status the host copy of the flags holds now, read without a wait: for a caller
@@ -607,12 +605,7 @@ class GaussianRenderer:
         With ``settings.absgrad`` each camera's ``state.cameras[c].absgrad`` receives the
         per-pixel absolute sums (written). ``grad_surface_colors``: per camera with a
         surface, an (H, W) wp.vec3 that ``T_final * dL/dcolor`` is added into, or None.
-
-        The rasteriser backward runs one 256-thread block per tile and reduces the
-        per-Gaussian gradients with ``settings.reduce``'s accumulator (``deterministic``: a
-        partial per sorted entry, summed per Gaussian in entry order, after a wait for the
-        totals); then the SH backward (one thread per coefficient row; RGB colours and
-        ``deterministic`` take theirs in the projection's) and one pass through the projection."""
+        ``deterministic`` waits for the forward's totals (ARCHITECTURE.md: Determinism)."""
         g = state.gaussians
         if g is None:
             raise ValueError("GaussianRenderer.backward: the state holds no forward (run forward first)")
@@ -624,9 +617,8 @@ class GaussianRenderer:
         det = s.reduce == "deterministic"
         totals = state.status.totals if (det or state.status.is_read) else None
         # sized by the state's render (the renderer may have been resized since); held until queued
-        entries = max(min(t, state.status.capacity) for t in totals) if det else 0
-        scratch = self._scratch(True, n, entries)
-        raster_grads, sh_share, entry_grads = scratch.views
+        scratch = self._scratch(True, n, state.status.capacity)
+        raster_grads, sh_share, entry_grads, *ordered = scratch.views
         surfaces = state.surfaces or [None] * self.num_cameras
         surface_grads = grad_surface_colors or [None] * self.num_cameras
         # no rasteriser backward for a camera without intersections (once known) and surface
@@ -665,7 +657,8 @@ class GaussianRenderer:
                             entry_grads if isects > 0 else raster_grads, surface_grads[c]],
                             block_dim=BLOCK_PIXELS, key=("raster_bwd", c))
                     if isects > 0:
-                        launches.call(ordered_scatter_add, raster_grads, cs.sort_ids[:isects], entry_grads[:isects])
+                        launches.call(ordered_scatter_add, raster_grads, cs.sort_ids[:isects], entry_grads[:isects],
+                                      ordered)
                 add = accumulate or not first
                 if add and not accumulate:  # this camera's own outputs are written, but the kernel adds
                     for own in (means2d_grads[c], cs.absgrad):

@@ -21,27 +21,11 @@ _PROBLEMS = {
 }
 
 
-def raise_on_flags(flags, context: str = "render_gaussians") -> None:
-    """ValueError naming each input check that one or more cameras' rows of ``flags`` set
-    (a (C, FLAG_SLOTS) array or a list of rows; slot 0, the total, and the overflow slot
-    are not input checks)."""
-    rows = np.atleast_2d(np.asarray(flags))
-    if not rows[:, 1:OVERFLOW_SLOT].any():
-        return
-    seen = [name for name, bad in zip(BAD_SLOTS, rows[:, 1:OVERFLOW_SLOT].any(axis=0)) if bad]
-    plain = [name for name in seen if name not in _PROBLEMS]
-    problems = [f"non-finite (NaN/Inf) values in {', '.join(plain)}"] if plain else []
-    raise ValueError(f"{context}: " + "; ".join(problems + [_PROBLEMS[name] for name in seen if name in _PROBLEMS]))
-
-
 class RenderStatus:
-    """The checks of one forward of C cameras, as its device wrote them.
-
-    Per camera one row of flags (``validate_kernels``): the tile-intersection total, the
-    input checks and whether the total overflowed the sort's ``capacity``. The rows are
-    copied to a host buffer of the renderer in stream order; :meth:`read` waits for that
-    copy (a no-op on the CPU, where work is synchronous, and immediate once the device is
-    past the render) and keeps the values, so later reads cost nothing.
+    """The checks of one forward of C cameras: per camera a row of flags
+    (``validate_kernels``): the tile-intersection total, the input checks and whether the
+    total overflowed the sort's ``capacity``, copied to a host buffer of the renderer in
+    stream order; :meth:`read` waits for that copy (immediate on the CPU) once.
 
     Attributes:
         capacity: the tile intersections per camera the render's sorts held.
@@ -83,8 +67,15 @@ class RenderStatus:
         return [c for c, flag in enumerate(self.read()[:, OVERFLOW_SLOT].tolist()) if flag]
 
     def check_inputs(self, context: str = "render_gaussians") -> None:
-        """Raise ValueError if the device found bad inputs (:func:`raise_on_flags`)."""
-        raise_on_flags(self.read(), context)
+        """ValueError naming each input check that one or more cameras set (the slots
+        between the total and the overflow flag)."""
+        bad = self.read()[:, 1:OVERFLOW_SLOT].any(axis=0)
+        if not bad.any():
+            return
+        seen = [name for name, flag in zip(BAD_SLOTS, bad) if flag]
+        plain = [name for name in seen if name not in _PROBLEMS]
+        problems = [f"non-finite (NaN/Inf) values in {', '.join(plain)}"] if plain else []
+        raise ValueError(f"{context}: " + "; ".join(problems + [_PROBLEMS[n] for n in seen if n in _PROBLEMS]))
 
     def check(self, context: str = "render_gaussians") -> None:
         """:meth:`check_inputs`, and RuntimeError if a camera overflowed the sort."""
