@@ -1,7 +1,7 @@
 """Prepared device work: kernel launches recorded once and run again (:class:`Launches`;
 ``wp.launch`` checks and packs every argument each time, about 25 us of host time for a
 dozen arguments, a recorded ``wp.Launch`` runs again in a few), and whole calls kept as
-:class:`Plan`\ s by the memory they run on (:class:`Bindings`), so that a call repeated on
+plans (:class:`Plan`) by the memory they run on (:class:`Bindings`), so that a call repeated on
 the same memory (a training loop's steady state) does not even run its Python.
 """
 

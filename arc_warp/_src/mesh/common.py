@@ -8,7 +8,7 @@ import warp as wp
 from arc_warp._src.arc.calibrate import kernel_mode, resolve_threshold
 from arc_warp._src.arc.reduce_funcs import check_mode
 from arc_warp._src.launches import Bindings, Launches, View
-from arc_warp._src.mesh.util_kernels import first_bad_triangle
+from arc_warp._src.mesh.util_kernels import first_bad_triangle, publish_first
 from arc_warp._src.splat.render import Workspace
 from arc_warp._src.tape import active_tape
 from arc_warp._src.validate import check_array
@@ -71,11 +71,14 @@ class MeshOp:
         self._bindings = Bindings(self._launches)
         self._empty: dict = {}  # dtype: the empty array of an optional argument not given; shape: zeros
         self.name, self._pending = name, None
-        if name is not None:  # the first bad triangle, found on the device
+        if name is not None:  # the first bad triangle, found on the device, published to host memory
             self._first = wp.full(1, NO_BAD_TRIANGLE, dtype=wp.int32, device=self.device)
-            # read in place on the CPU; on CUDA copied to a pinned buffer (made then), with an event
-            self._values = self._first.numpy() if self.device.is_cpu else None
-            self._host = self._event = None
+            # on CUDA pinned, which a kernel writes through unified addressing (the same pointer)
+            seen = wp.full(1, NO_BAD_TRIANGLE, dtype=wp.int32, device="cpu", pinned=self.device.is_cuda)
+            self._seen = seen if self.device.is_cpu else wp.array(ptr=seen.ptr, dtype=wp.int32, shape=(1,),
+                                                                   device=self.device)
+            self._values, self._seen_host = seen.numpy(), seen  # read in place; the view above does not hold it
+            self._event = None if self.device.is_cpu else wp.Event(self.device)
 
     @classmethod
     def of(cls, workspace: Workspace | None, device, *sizes, **options):
@@ -118,15 +121,12 @@ class MeshOp:
         if self._pending is None:
             return
         (count, of, left), self._pending = self._pending, None
-        if self.device.is_cpu:
-            first = int(self._values[0])
-        elif left:
+        if left:
             if not self.device.is_capturing:  # (a wait would break a graph capture)
                 wp.synchronize_event(self._event)
-            first = int(self._host.numpy()[0])
-        else:  # a checked forward's one wait (numpy() copies on the null stream)
+        elif self.device.is_cuda:  # a checked forward's one wait
             wp.synchronize_stream(self.device.stream)
-            first = int(self._first.numpy()[0])
+        first = int(self._values[0])
         if first != NO_BAD_TRIANGLE:
             raise ValueError(
                 f"{self.name}: triangle {first} of tri has a vertex index outside [0, {count}) ({of} has {count} "
@@ -140,23 +140,16 @@ class MeshOp:
         check before returning (``check``; None: on the CPU, where it is free)."""
         self.check()
         check = self.device.is_cpu if check is None else check
-        if self.device.is_cpu:
-            self._values[0] = NO_BAD_TRIANGLE
-        else:
-            self._first.fill_(NO_BAD_TRIANGLE)
 
         def checked():
             self._launches.launch(first_bad_triangle, tri.shape[0], [tri, count, self._first])
+            self._launches.launch(publish_first, 1, [self._first, self._seen, NO_BAD_TRIANGLE])
             body()
 
         self._bindings.run((*key, tri.array.ptr, tri.shape[0], count), checked)
         left = not (check or self.device.is_cpu)
-        if left:
-            if self._event is None:
-                self._host, self._event = wp.empty(1, dtype=wp.int32, device="cpu", pinned=True), wp.Event(self.device)
-            wp.copy(self._host, self._first)
-            if not self.device.is_capturing:
-                self.device.stream.record_event(self._event)
+        if left and not self.device.is_capturing:
+            self.device.stream.record_event(self._event)
         self._pending = count, of, left
         return check
 

@@ -19,3 +19,12 @@ def first_bad_triangle(tri: wp.array(dtype=wp.vec3i), num_vertices: int, first: 
     t = wp.tid()
     if tri_vertices(tri, t, num_vertices)[0] < 0:
         wp.atomic_min(first, 0, t)
+
+
+@wp.kernel(enable_backward=False, module="unique")
+def publish_first(first: wp.array(dtype=wp.int32), seen: wp.array(dtype=wp.int32), none: int):
+    """seen[0] = first[0] (host memory the host reads), then first[0] = ``none`` for the next
+    check: one thread, launched after :func:`first_bad_triangle`, in place of a fill and a copy
+    (each about 50 us of host time on CUDA)."""
+    seen[0] = first[0]
+    first[0] = none
