@@ -116,21 +116,19 @@ class _Block:
         for shape, dtype in parts:
             offsets.append(total)
             total += -(-wp.types.type_size_in_bytes(dtype) * math.prod(shape) // ALIGN) * ALIGN
-        if allocator is None:  # 16-byte elements: a byte array stops at 2 GiB (Warp's int32 shapes)
-            self.owner = wp.empty(max(-(-total // 16), 1), dtype=wp.vec4i, device=renderer.device)
-            base = self.owner.ptr
-        else:
-            base, self.owner = allocator(max(total, 1))
 
-        def views():
+        def views():  # base: set below
             return [wp.array(ptr=base + offset, dtype=dtype, shape=shape, device=renderer.device)
                     for offset, (shape, dtype) in zip(offsets, parts)]
 
-        if allocator is None:
+        if allocator is None:  # 16-byte elements: a byte array stops at 2 GiB (Warp's int32 shapes)
+            self.owner = wp.empty(max(-(-total // 16), 1), dtype=wp.vec4i, device=renderer.device)
+            base = self.owner.ptr
             self.views = views()
             for view in self.views:
                 view._ref = self.owner
         else:
+            base, self.owner = allocator(max(total, 1))
             self.views = renderer.bound(("block", base, tuple(parts)), views)
 
 
@@ -299,7 +297,8 @@ class GaussianRenderer:
         if unread, is read first (the module notes: the overflow rule). Returns the
         render's :class:`RenderStatus` (also ``state.status``)."""
         self._check_call(gaussians, cameras, state, images, surfaces)
-        self._read_pending()
+        pending, self._pending = self._pending, None
+        self._settle(pending)
         check = self.device.is_cpu if check is None else check
         if self.capturing:
             check = False
@@ -320,9 +319,19 @@ class GaussianRenderer:
             self._write_cameras(cameras, state)
             if self._staged is not None:
                 self.device.stream.record_event(self._staged)
-        if self.capacity is None:
+
+        def body(views, measure: bool = False):
+            self._launches.call(self._flags.zero_)
+            if device_cameras:
+                self._write_cameras(cameras, state)
+            self._render(state, views, range(self.num_cameras), measure)
+
+        if self.capacity is None:  # measured: the totals read back (a first forward's one wait)
             measuring = self._scratch(False)  # held until the work is queued
-            self._measure(cameras, state, measuring.views)
+            body(measuring.views, measure=True)
+            measured = self._status()
+            measured.check_inputs()
+            self._grow(max(measured.totals), lambda: int(measuring.views[2][-1:].numpy()[0]))
         scratch = self._scratch(False)  # held until the work is queued (an allocator's memory)
         state.sort_room(self.capacity)
         cameras_key = ((cameras.viewmats.ptr, cameras.intrinsics.ptr, ptr(cameras.distortion), cameras.model)
@@ -332,14 +341,7 @@ class GaussianRenderer:
                                  images.radii)),
                state.cams.ptr, state.cameras[0].sort_ids.ptr, scratch.views[0].ptr,
                *(p for surface in surfaces or () for p in (surface.colors.ptr, surface.depths.ptr)))
-
-        def body():
-            self._launches.call(self._flags.zero_)
-            if device_cameras:
-                self._write_cameras(cameras, state)
-            self._render(state, scratch.views, range(self.num_cameras))
-
-        self._run(key, body)
+        self._run(key, lambda: body(scratch.views))
         status = state.status = self._status()
         if check:
             self._settle(status, state)
@@ -455,23 +457,10 @@ class GaussianRenderer:
         launches.call(wp.utils.array_scan, cum_tiles, cum_tiles, inclusive=True)  # in place (cub and the CPU allow it)
         launches.launch(store_total, 1, [cum_tiles, capacity, flags, OVERFLOW_SLOT], key=("store_total", c))
 
-    def _measure(self, cameras, state: RenderState, scratch) -> None:
-        """The capacity from the cameras' totals, read back (a first forward's one wait)."""
-        self._flags.zero_()
-        if isinstance(cameras, DeviceCameras):
-            self._write_cameras(cameras, state)
-        for c in range(self.num_cameras):
-            self._count(c, state, scratch, 2**31 - 1)
-        if self._host_flags is not self._flags:
-            wp.copy(self._host_flags, self._flags)
-        self._record_event()
-        status = self._status()
-        status.check_inputs()
-        self._grow(max(status.totals), lambda: int(scratch[2][-1:].numpy()[0]))
-
-    def _render(self, state: RenderState, scratch, cameras) -> None:
+    def _render(self, state: RenderState, scratch, cameras, measure: bool = False) -> None:
         """Queues the renders of ``cameras`` (indices) through the shared scratch, each copying
-        its flags to the host after its sort (the event follows the last copy)."""
+        its flags to the host after its sort (the event follows the last copy); ``measure``:
+        only up to each camera's total (counted without a capacity) and that copy."""
         tiles_per_gauss, order, cum_tiles, keys = scratch
         g, cap, launches = state.gaussians, self.capacity, self._launches
         n = g.count
@@ -482,14 +471,14 @@ class GaussianRenderer:
             surface = None if state.surfaces is None else state.surfaces[c]
             if cs.absgrad is not None:
                 launches.call(cs.absgrad.zero_)  # backwards add into it
-            if surface is not None:
+            if surface is not None and not measure:
                 pixels = self.height * self.width
                 launches.launch(flag_nonfinite, 3 * pixels, [View(surface.colors, wp.float32, (3 * pixels,)), flags,
                                                              SLOT["surface_colors"]], key=("surface_colors", c))
                 launches.launch(flag_nan, pixels, [View(surface.depths, wp.float32, (pixels,)), flags,
                                                    SLOT["surface_depths (NaN)"]], key=("surface_depths", c))
-            self._count(c, state, scratch, cap)
-            if n:
+            self._count(c, state, scratch, 2**31 - 1 if measure else cap)
+            if n and not measure:
                 # past the total: the filler tile n_tiles; past the capacity: dropped (flagged)
                 args = [order, cs.splats, radii, tiles_per_gauss, cum_tiles, tx, ty, cap, keys, cs.sort_ids]
                 if cap > STAGED_KEYS_PER_GAUSSIAN * n:  # large splats: through shared memory
@@ -500,13 +489,15 @@ class GaussianRenderer:
                     launches.launch(write_keys, n, args, key=("write_keys", c))
                 launches.call(wp.utils.radix_sort_pairs, keys, cs.sort_ids, cap, 0, n_tiles.bit_length())
                 launches.launch(tile_ranges, n_tiles + 1, [keys, cap, cs.ranges], key=("tile_ranges", c))
-            else:
+            elif not measure:
                 launches.call(cs.ranges.zero_)
             if self._host_flags is not self._flags:
                 launches.call(wp.copy, self._host_flags, self._flags, dest_offset=c * FLAG_SLOTS,
                               src_offset=c * FLAG_SLOTS, count=FLAG_SLOTS)
             if c == cameras[-1]:
                 launches.call(self._record_event)
+            if measure:
+                continue
             with cpu_launch_guard(self.device):
                 launches.launch(make_raster_fwd(surface is not None), n_tiles * BLOCK_PIXELS, [
                     cs.sort_ids, cs.ranges, cs.splats, cs.rgb if g.sh_coeffs else g.colors, self.width, self.height,
@@ -533,23 +524,38 @@ class GaussianRenderer:
             self._capture = wp.Stream(self.device)
         self._bindings.run(key, body, self._capture)
 
-    def _settle(self, status: RenderStatus, state: RenderState) -> None:
-        """Reads ``status`` now: ValueError for bad inputs; cameras that overflowed (rare: 25%
-        headroom) are rendered again with a grown capacity."""
-        status.check_inputs()
+    def _settle(self, status: RenderStatus | None, state: RenderState | None = None) -> None:
+        """Reads ``status`` (None: nothing to read) now: ValueError for bad inputs; cameras that
+        overflowed (rare: 25% headroom) grow the capacity and are rendered again into ``state``.
+        Without a state, ``status`` is the previous forward's (read without a wait inside a
+        capture, which began synchronised) and an overflow is reported with a RuntimeWarning."""
+        if status is None:
+            return
+        if state is None and self.capturing:
+            status._event = None
+        status.check_inputs(note=" (found in the previous render on this renderer, whose checks ran now)"
+                            if state is None else "")
         over = status.overflowed
-        if over:
-            self._grow(max(status.totals))
-            state.sort_room(self.capacity)
-            scratch = self._scratch(False)
-            for c in over:
-                self._flags[c].zero_()
-            self._render(state, scratch.views, over)
-            redone = self._status()
-            redone.check_inputs()
-            merged = status.read().copy()
-            merged[over] = redone.read()[over]
-            status._values, status.capacity = merged, self.capacity
+        if not over:
+            return
+        self._grow(max(status.totals))
+        if state is None:
+            warnings.warn(
+                f"arc_warp: the previous render's camera(s) {over} had more tile intersections than the "
+                f"{status.capacity} its sort held, so their images left out the farthest Gaussians of some tiles "
+                f"(status.overflowed; SparseGaussianAdam.step(skip=status) skips such a step); renders sort "
+                f"{self.capacity} from now on", RuntimeWarning, stacklevel=3)
+            return
+        state.sort_room(self.capacity)
+        scratch = self._scratch(False)
+        for c in over:
+            self._flags[c].zero_()
+        self._render(state, scratch.views, over)
+        redone = self._status()
+        redone.check_inputs()
+        merged = status.read().copy()
+        merged[over] = redone.read()[over]
+        status._values, status.capacity = merged, self.capacity
 
     def _grow(self, total: int, exact_total=None) -> None:
         """A capacity that holds ``total`` intersections with the usual headroom; ValueError
@@ -569,27 +575,6 @@ class GaussianRenderer:
         status = RenderStatus(self._flags, self._host, None, self.capacity if capacity is None else capacity)
         status.read()
         return status
-
-    def _read_pending(self) -> None:
-        """Reads the previous forward's status, if unread (without a wait inside a capture,
-        which began synchronised): bad inputs raise, an overflow grows the capacity."""
-        status, self._pending = self._pending, None
-        if status is None:
-            return
-        if self.capturing:
-            status._event = None
-        try:
-            status.check_inputs()
-        except ValueError as e:
-            raise ValueError(f"{e} (found in the previous render on this renderer, whose checks ran now)") from None
-        over = status.overflowed
-        if over:
-            self._grow(max(status.totals))
-            warnings.warn(
-                f"arc_warp: the previous render's camera(s) {over} had more tile intersections than the "
-                f"{status.capacity} its sort held, so their images left out the farthest Gaussians of some tiles "
-                f"(status.overflowed; SparseGaussianAdam.step(skip=status) skips such a step); renders sort "
-                f"{self.capacity} from now on", RuntimeWarning, stacklevel=3)
 
     # ---------------------------------------------------------------- backward
 

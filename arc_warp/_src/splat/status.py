@@ -66,16 +66,16 @@ class RenderStatus:
         the farthest Gaussians of some tiles."""
         return [c for c, flag in enumerate(self.read()[:, OVERFLOW_SLOT].tolist()) if flag]
 
-    def check_inputs(self, context: str = "render_gaussians") -> None:
+    def check_inputs(self, context: str = "render_gaussians", note: str = "") -> None:
         """ValueError naming each input check that one or more cameras set (the slots
-        between the total and the overflow flag)."""
+        between the total and the overflow flag), ``note`` appended."""
         bad = self.read()[:, 1:OVERFLOW_SLOT].any(axis=0)
         if not bad.any():
             return
         seen = [name for name, flag in zip(BAD_SLOTS, bad) if flag]
         plain = [name for name in seen if name not in _PROBLEMS]
         problems = [f"non-finite (NaN/Inf) values in {', '.join(plain)}"] if plain else []
-        raise ValueError(f"{context}: " + "; ".join(problems + [_PROBLEMS[n] for n in seen if n in _PROBLEMS]))
+        raise ValueError(f"{context}: " + "; ".join(problems + [_PROBLEMS[n] for n in seen if n in _PROBLEMS]) + note)
 
     def check(self, context: str = "render_gaussians") -> None:
         """:meth:`check_inputs`, and RuntimeError if a camera overflowed the sort."""
