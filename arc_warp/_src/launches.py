@@ -54,13 +54,9 @@ def signature(arg):
 
 
 class Launches:
-    """The prepared launches of one object, by launch site.
-
-    Args:
-        device: the Warp device every launch runs on (on its current stream).
-        record: False launches through ``wp.launch`` every time: an object used for one
-            call (a render without a workspace) would pay for recording and gain nothing.
-    """
+    """The prepared launches of one object on ``device`` (its current stream), by launch
+    site. ``record`` False launches through ``wp.launch`` every time: an object used for one
+    call (a render without a workspace) would pay for recording and gain nothing."""
 
     def __init__(self, device, record: bool = True):
         self.device = wp.get_device(device)
@@ -77,15 +73,13 @@ class Launches:
         launched at several places of a call (per camera, say)."""
         if dim == 0:
             return  # Warp records no command for an empty launch
-        if not self.record:
-            wp.launch(kernel, dim=dim, inputs=[made(a) for a in args], device=self.device, block_dim=block_dim,
-                      record_tape=False)
-            return
         key = (kernel, key)
-        site = None if self._steps is not None else self._sites.get(key)
+        site = self._sites.get(key) if self.record and self._steps is None else None
         if site is None:
             cmd = wp.launch(kernel, dim=dim, inputs=[made(a) for a in args], device=self.device, block_dim=block_dim,
-                            record_cmd=True, record_tape=False)
+                            record_cmd=self.record, record_tape=False)
+            if cmd is None:  # not recording: launched
+                return
             cmd.fwd_args = None  # kept by Warp only for APIC capture; it would pin the arrays
             if self._steps is not None:  # a plan's launch of its own: its arguments never change
                 self._steps.append(cmd.launch)
@@ -130,10 +124,10 @@ class Launches:
 
 
 class Plan:
-    """A call's device work kept to be run again on the same memory: its recorded steps, run
-    one by one on the CPU; on CUDA captured into a graph when it first repeats (on the
-    caller's capture stream: torch's legacy default stream cannot capture; relaxed, as a
-    garbage collection during the capture may free CUDA memory), then launched whole."""
+    """A call's recorded device work, run again on the same memory: step by step on the CPU;
+    on CUDA captured into a graph when it first repeats (on the caller's capture stream:
+    torch's legacy default stream cannot capture; relaxed, as a garbage collection during
+    the capture may free CUDA memory), then launched whole."""
 
     __slots__ = ("steps", "graph", "device")
 

@@ -138,12 +138,10 @@ def default_context(device: torch.device) -> RenderContext:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if not hasattr(_contexts, "by_device"):
-        _contexts.by_device = {}
-    context = _contexts.by_device.get(device)
-    if context is None:
-        context = _contexts.by_device[device] = RenderContext(device)
-    return context
+    by_device = _contexts.__dict__.setdefault("by_device", {})
+    if device not in by_device:
+        by_device[device] = RenderContext(device)
+    return by_device[device]
 
 
 def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -289,18 +287,17 @@ class _RenderGaussians(torch.autograd.Function):
         with torch.no_grad():
             grads, means2d_grad = _backward(ctx.context, ctx.renderer, ctx.state, ctx.saved_tensors[:5], ctx.sink,
                                             (*output_grads, None, None)[:4], len(needed) > 8 and needed[8])
-        result = [None, None, None]  # queued, sink, sink_tensor
         if means2d_grad is not None and ctx.sink.attached:
-            target = ctx.sink.tensor()
-            if target.grad is None:  # what torch's AccumulateGrad does for a leaf
+            target = ctx.sink.tensor()  # not an input (needed[2] is False): its .grad as AccumulateGrad does
+            if target.grad is None:
                 target.grad = means2d_grad
             else:
                 target.grad += means2d_grad
-        elif means2d_grad is not None and needed[2]:
-            result[2] = means2d_grad
         if guard:
             grads = [_RaiseOnDoubleBackward.apply(g.detach().requires_grad_(True)) for g in grads]
-        return (*result, *(g if needed[3 + i] else None for i, g in enumerate(grads)))
+        # queued, sink, sink_tensor, the inputs
+        return (None, None, means2d_grad if needed[2] else None,
+                *(g if needed[3 + i] else None for i, g in enumerate(grads)))
 
 
 class _RaiseOnDoubleBackward(torch.autograd.Function):
@@ -323,8 +320,7 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
     """The renderer's backward from torch cotangents ([C, ...]): gradients shaped like
     ``inputs`` (with ``surface`` then the surface colours' [C, H, W, 3]), and the sink's
     means2d gradient (None without a sink or once an attached sink's tensor died)."""
-    c, n = renderer.num_cameras, inputs[0].shape[0]
-    h, w = renderer.height, renderer.width
+    c, n, h, w = renderer.num_cameras, inputs[0].shape[0], renderer.height, renderer.width
     target = None if sink is None else sink.tensor()
     grads = [context.empty(t.shape) for t in inputs]
     m2d = context.empty((c, n, 2)) if target is not None else None
@@ -416,10 +412,9 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
         expected_depth=view(block, wp.float32, (c, h, w) if depths else (c, 0, 0), 4 * plane),
         means2d=view(projected, wp.vec2, (c, n)), radii=view(projected, wp.vec2i, (c, n), 8 * c * n)))
     state = renderer.new_state(context.allocate)
-    planes = None
-    if surfaces is not None:
-        planes = [Surface(view(surfaces[0], wp.vec3, (h, w), i * h * w * 12),
-                          view(surfaces[1], wp.float32, (h, w), i * h * w * 4)) for i in range(c)]
+    planes = None if surfaces is None else [Surface(view(surfaces[0], wp.vec3, (h, w), i * h * w * 12),
+                                                    view(surfaces[1], wp.float32, (h, w), i * h * w * 4))
+                                            for i in range(c)]
     with context.stream():
         status = renderer.forward(g, cameras, state, images, context.check, planes)
     means2d = projected.as_strided((c, n, 2), (2 * n, 2, 1))

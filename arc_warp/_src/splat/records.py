@@ -26,9 +26,8 @@ class RenderSettings:
     """Options of :func:`render_gaussians`.
 
     Args:
-        sh_degree: SH degree 0..3 to evaluate when ``colors`` holds SH coefficients;
-            ``None`` uses the full degree the coefficient count implies. Ignored for
-            plain RGB colours.
+        sh_degree: SH degree 0..3 evaluated of SH ``colors`` (``None``: the full degree of
+            the coefficients given); ignored for plain RGB colours.
         background: RGB added as ``T_final * background`` to the colour image.
         reduce: the rasteriser backward's reduction of per-Gaussian gradients: ``"atomic"``,
             ``"warp"``, ``"serial"``, ``"arc"`` (adaptive, the default), ``"deterministic"``
@@ -239,7 +238,6 @@ class RenderOutput:
 
     @property
     def means2d_grad(self) -> wp.array:
-        # made on first read: a backward given its own buffer never reads it
         if self._means2d_grad is None:
             self._means2d_grad = wp.zeros(self.means2d.shape[0], dtype=wp.vec2, device=self.means2d.device)
         return self._means2d_grad

@@ -131,17 +131,15 @@ def render_gaussians(
     if tape is not None and not isinstance(tape, wp.Tape):
         raise TypeError(f"tape must be a wp.Tape or None, got {type(tape).__name__}")
     batch = isinstance(camera, (list, tuple, DeviceCameras))
-    if isinstance(camera, DeviceCameras):
-        cameras, sized = camera, camera
-    elif batch:
+    if isinstance(camera, (list, tuple)):
         cameras = Camera.batch(camera)
         if not cameras:
             raise ValueError("camera: an empty list of cameras; pass at least one")
-        sized = cameras[0]
-    elif isinstance(camera, Camera):
-        cameras, sized = (camera,), camera
+    elif isinstance(camera, (Camera, DeviceCameras)):
+        cameras = camera if batch else (camera,)
     else:
         raise TypeError(f"camera must be a Camera, a list of cameras or DeviceCameras, got {type(camera).__name__}")
+    sized = camera if isinstance(camera, DeviceCameras) else cameras[0]
     g = check_gaussians(means, quats, scales, opacities, colors, settings.sh_degree)
     c, n, shape = len(cameras), g.count, (sized.height, sized.width)
     if workspace is not None and workspace.device != g.device:
@@ -253,15 +251,14 @@ def render_gaussians_backward(
         check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (g.count,), device)
     else:
         means2d_grad = out.means2d_grad
-    c = out._renderer.num_cameras
-    surfaces = None
     if grad_surface_colors is not None:
         if out._state.surfaces is None:
             raise ValueError("grad_surface_colors: the render had no surface (surface_colors / surface_depths)")
         check_array(grad_surface_colors, "grad_surface_colors", wp.vec3, 2, shape, device)
-        surfaces = [None] * c
-        surfaces[out._index] = grad_surface_colors
-    cotangents, m2d = [None] * c, [None] * c
-    cotangents[out._index], m2d[out._index] = cot, means2d_grad
-    out._renderer.backward(out._state, cotangents, grads, accumulate, m2d, surfaces)
+
+    def this_camera(value) -> list:  # the renderer's per-camera lists: None for the state's other cameras
+        return [value if c == out._index else None for c in range(out._renderer.num_cameras)]
+
+    out._renderer.backward(out._state, this_camera(cot), grads, accumulate, this_camera(means2d_grad),
+                           this_camera(grad_surface_colors))
     return grads

@@ -1,32 +1,31 @@
 """GaussianRenderer: N Gaussians into C cameras of one image size, with buffers and prepared
 launches made once, and RenderState, what one forward leaves for its backward.
 
-A camera's stages (ARCHITECTURE.md lists the kernels): projection, SH colours, a depth
-sort and a scan of the tile counts in that order (the total goes to the camera's flags),
-then the tile keys written front to back into a sort of ``capacity`` entries sorted
-stably by tile alone (each tile's range in depth order, equal depths in Gaussian order,
-as one sort of ``tile << 32 | depth`` keys would give, in ~log2(tiles) radix bits, not
-32 more), and the rasteriser per 16x16 tile. CPU launches of kernels with block storage
-hold ``cpu_launch_guard`` (their CPU block storage is C static).
+A camera's stages (ARCHITECTURE.md lists the kernels): projection, SH colours, a depth sort
+and a scan of the tile counts (the total goes to the camera's flags), then the tile keys
+written front to back into a sort of ``capacity`` entries, sorted stably by tile alone
+(each tile's range in depth order, ties in Gaussian order, as one sort of ``tile << 32 |
+depth`` keys would give, in ~log2(tiles) radix bits, not 32 more), and the rasteriser per
+16x16 tile. CPU launches of kernels with block storage hold ``cpu_launch_guard`` (their CPU
+block storage is C static).
 
-The overflow rule. The tile sort needs the number of Gaussian-tile intersections, which
-only the device knows once the Gaussians are projected. The renderer sorts ``capacity``
-entries per camera, set by its first forward (which reads the totals back, one wait) to
-:meth:`GaussianRenderer.capacity_for` the largest total. Every forward writes each
-camera's total, its input checks and an overflow flag (total > capacity) to the device
-(``RenderStatus.flags``) and copies them to the host. The host reads them
+The overflow rule. Only the device knows a camera's tile intersections, once the Gaussians
+are projected. The renderer sorts ``capacity`` entries per camera, set by its first forward
+(one wait for the totals) to :meth:`GaussianRenderer.capacity_for` the largest total. Every
+forward writes each camera's total, input checks and overflow flag (total > capacity) to
+the device (``RenderStatus.flags``) and copies them to the host, which reads them
 
-- in the forward itself when ``check`` is on (the default on the CPU, where nothing waits):
-  bad inputs raise ValueError, and a camera that overflowed is rendered again with a
-  grown capacity (nvdiffrast's synchronous retry);
-- otherwise (the default on CUDA, always inside a CUDA graph capture) at the start of the
-  renderer's next forward: bad inputs raise there, and an overflow grows the capacity
-  with a RuntimeWarning. Until then the overflow is a device flag, which a fused
-  optimizer step reads to skip its update (``SparseGaussianAdam.step(skip=status)``, as
-  torch's GradScaler does) and ``RenderStatus.check()`` raises for on request.
+- in the forward itself with ``check`` (the default on the CPU, where nothing waits): bad
+  inputs raise ValueError, an overflowed camera is rendered again with a grown capacity
+  (nvdiffrast's synchronous retry);
+- otherwise (the default on CUDA; always inside a CUDA graph capture) at the start of the
+  next forward: bad inputs raise there, an overflow grows the capacity with a
+  RuntimeWarning. Until then the overflow is a device flag, which a fused optimizer step
+  reads to skip its update (``SparseGaussianAdam.step(skip=status)``, as torch's GradScaler
+  does) and ``RenderStatus.check()`` raises for on request.
 
-So no loss computed on an image that lacks Gaussians is used without the caller being
-able to know it first.
+So no loss computed on an image that lacks Gaussians is used without the caller being able
+to know it first.
 """
 
 from __future__ import annotations
@@ -207,18 +206,15 @@ class GaussianRenderer:
 
     Args:
         width, height: image size in pixels.
-        gaussians: N (change it with :meth:`resize`).
-        cameras: C, the cameras of one forward.
+        gaussians: N (change it with :meth:`resize`); cameras: C, the cameras of one forward.
         sh_coeffs: coefficients evaluated per Gaussian, (degree + 1)^2, or 0 for RGB.
-        settings: :class:`RenderSettings` (None: the defaults).
-        device: Warp device (None: the current one).
+        settings, device: a :class:`RenderSettings` and a Warp device (None: the defaults).
         threshold: the ARC threshold when ``settings.threshold`` is None (None: the device's
             calibrated one, resolved here, never inside a step).
-        capacity: tile intersections per camera the sort holds; None: measured by the first
-            forward (the module notes: the overflow rule).
-        allocator: None (the calls' scratch, sort keys, scans and packed gradients, is the
-            renderer's) or ``nbytes -> (pointer, owner)``, stream-ordered on the stream the
-            work runs on, which each call's scratch comes from (torch's caching allocator).
+        capacity: tile intersections per camera the sort holds (None: measured by the first
+            forward; the module notes: the overflow rule).
+        allocator: ``nbytes -> (pointer, owner)``, stream-ordered on the stream the work runs
+            on, for each call's scratch (torch's caching allocator); None: the renderer's own.
         record: prepare launches for reuse (False for a renderer used once).
     """
 
@@ -314,11 +310,7 @@ class GaussianRenderer:
         state.pinhole_only = is_plain_pinhole(cameras)
         device_cameras = isinstance(cameras, DeviceCameras)
         if not device_cameras:  # host values, new each call: written outside any plan
-            if self._staged is not None:  # the previous copy has read the staging records (a step ago)
-                wp.synchronize_event(self._staged)
             self._write_cameras(cameras, state)
-            if self._staged is not None:
-                self.device.stream.record_event(self._staged)
 
         def body(views, measure: bool = False):
             self._launches.call(self._flags.zero_)
@@ -421,7 +413,7 @@ class GaussianRenderer:
 
     def _write_cameras(self, cameras, state: RenderState) -> None:
         """``state.cams`` from ``cameras``: device cameras by a kernel (an invalid one sets
-        its flags), host values through the pinned staging records (on the CPU in place)."""
+        its flags), host values in place on the CPU, through the pinned staging records on CUDA."""
         if isinstance(cameras, DeviceCameras):
             for c in range(len(cameras)):
                 self._launches.launch(camera_from_matrices, 1, [
@@ -430,9 +422,11 @@ class GaussianRenderer:
                     self._flags[c], SLOT["cameras"], SLOT["camera distortion"]], key=("camera", c))
         elif state.cam_records is not None:
             camera_params(cameras, state.cam_records)
-        else:
+        else:  # once the previous copy has read the staging records (a step ago)
+            wp.synchronize_event(self._staged)
             camera_params(cameras, self._staged_records)
             wp.copy(state.cams, self._staging)
+            self.device.stream.record_event(self._staged)
 
     def _count(self, c: int, state: RenderState, scratch, capacity: int) -> None:
         """Camera ``c``'s projection, colours, depth sort and tile-count scan; its flags get
@@ -596,8 +590,7 @@ class GaussianRenderer:
             raise ValueError("GaussianRenderer.backward: the state holds no forward (run forward first)")
         if len(cotangents) != self.num_cameras:
             raise ValueError(f"cotangents: expected {self.num_cameras} entries (one per camera), got {len(cotangents)}")
-        if means2d_grads is None:
-            means2d_grads = [None] * self.num_cameras
+        means2d_grads = means2d_grads or [None] * self.num_cameras
         s, launches, n = self.settings, self._launches, g.count
         det = s.reduce == "deterministic"
         totals = state.status.totals if (det or state.status.is_read) else None
