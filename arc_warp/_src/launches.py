@@ -1,14 +1,13 @@
 """Prepared device work: kernel launches recorded once and run again (:class:`Launches`;
 ``wp.launch`` checks and packs every argument each time, about 25 us of host time for a
 dozen arguments, a recorded ``wp.Launch`` runs again in a few), and whole calls kept as
-:class:`Plan`\ s by the memory they run on (:class:`Bindings`), so that a call repeated on
+plans (:class:`Plan`) by the memory they run on (:class:`Bindings`), so that a call repeated on
 the same memory (a training loop's steady state) does not even run its Python.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 from typing import NamedTuple
 
@@ -63,7 +62,7 @@ class Launches:
         self.record = record
         # (kernel, key) -> [wp.Launch, dim, argument signatures, previous (signature, ctype)s]
         self._sites: dict = {}
-        self._steps: list | None = None  # the steps of the plan being recorded
+        self._steps: list | None = None  # the steps of the plan being recorded (by Bindings.run)
 
     def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
         """``wp.launch(kernel, dim, inputs=args, block_dim=block_dim)`` on the device's
@@ -111,16 +110,6 @@ class Launches:
         fn(*args, **kwargs)
         if self._steps is not None:
             self._steps.append(functools.partial(fn, *args, **kwargs))
-
-    @contextlib.contextmanager
-    def recording(self):
-        """The device work queued through this object inside the block, also kept as the
-        steps of a plan: ``with launches.recording() as steps: ...``."""
-        self._steps = steps = []
-        try:
-            yield steps
-        finally:
-            self._steps = None
 
 
 class Plan:
@@ -206,9 +195,12 @@ class Bindings(LRU):
         if plan is None:  # seen once: remembered, not recorded (most keys of a one-off call never repeat)
             self.bound(key, lambda: False)
             body()
-        elif plan is False:
-            with self._launches.recording() as steps:
+        elif plan is False:  # the launches queued meanwhile also append their steps
+            self._launches._steps = steps = []
+            try:
                 body()
+            finally:
+                self._launches._steps = None
             self._entries[key] = Plan(steps, self._launches.device)
         else:
             self._entries.move_to_end(key)

@@ -40,17 +40,15 @@ def view(t: torch.Tensor, dtype, shape: tuple, offset: int = 0) -> wp.array:
 
 class RenderContext:
     """What the bridge keeps on one torch device: an :class:`arc_warp.Workspace` (the
-    renderers by image size, camera count and settings, and the nvdiffrast drop-in's mesh
-    op objects; its ARC threshold resolved here, never inside a training step) whose
-    renderers take their per-call scratch from torch's caching allocator.
+    renderers by image size, camera count and settings, and the nvdiffrast drop-in's mesh op
+    objects; its ARC threshold resolved here, never inside a training step) whose renderers
+    take their per-call scratch from torch's caching allocator.
 
-    ``check`` (``GaussianRenderer.forward``'s, after its overflow rule): True reads every
-    render's checks before it returns (one wait per render on CUDA; a debugging aid), False
-    never does, None (default) where it costs no wait (the CPU); otherwise the next render
-    of that size reads them, and ``SparseGaussianAdam.step(skip=meta["status"])`` skips
-    the update of a step whose image lacked Gaussians. Not thread-safe:
-    ``default_context`` gives each thread its own; pass one as ``context=`` to share
-    renderers between calls made in one thread.
+    ``check`` (``GaussianRenderer.forward``'s overflow rule): True reads every render's checks
+    before it returns (one wait per render on CUDA; a debugging aid), False never, None (the
+    default) where it costs no wait (the CPU); otherwise the next render of that size reads
+    them, and ``SparseGaussianAdam.step(skip=meta["status"])`` skips the update of a step whose
+    image lacked Gaussians. Not thread-safe: ``default_context`` gives each thread its own.
     """
 
     def __init__(self, device, threshold: Optional[int] = None, check: Optional[bool] = None):
@@ -191,11 +189,10 @@ def sh_colors(name: str, colors, n: int, sh_degree: Optional[int], device) -> tu
 
 def cameras_of(viewmats, Ks, width: int, height: int, near: float, far: float, device: torch.device,
                model: str = "pinhole", distortion: Optional[torch.Tensor] = None):
-    """The cameras to render of [C, 4, 4] world-to-camera `viewmats` and [C, 3, 3] `Ks`
-    (of ``model``, with [C, K] ``distortion`` coefficients or None), and the tensors their
-    views read (for the caller to hold until the render is queued): CUDA tensors on the
-    Gaussians' `device` as `arc_warp.DeviceCameras` views (no host copy, no sync; checked
-    on the device), others as C `Camera`s (checked here; one copy to the host)."""
+    """The cameras of [C, 4, 4] world-to-camera `viewmats` and [C, 3, 3] `Ks` (of ``model``, with
+    [C, K] ``distortion`` coefficients or None), and the tensors their views read (held by the
+    caller until the render is queued): CUDA tensors on `device` as `arc_warp.DeviceCameras`
+    views (no host copy, checked on the device), others as C `Camera`s (checked here)."""
     for name, t, shape in (("viewmats", viewmats, "[C, 4, 4]"), ("Ks", Ks, "[C, 3, 3]")):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor {shape}, got {type(t).__name__}")
@@ -236,11 +233,10 @@ def cameras_of(viewmats, Ks, width: int, height: int, near: float, far: float, d
 class Means2dSink:
     """Where the screen-space gradient of the projected means goes in backward: `tensor`
     ([C, N, D] or, for one camera, [N, D]; D >= 2) receives dL/d(means2d) (pixels, times
-    `scale` per axis; columns past 2 get 0) in its .grad, and `absgrad_owner.absgrad`
-    (made on first use) the per-Gaussian |dL/d(means2d)| summed over pixels. `tensor` is
-    an input of the autograd node, or with ``attached=True`` (`rasterization`'s own leaf)
-    held by weak reference: the backward adds into its .grad itself while the caller holds
-    it and computes nothing once it is dropped (neither is held through the optimizer step).
+    `scale` per axis; columns past 2 get 0) in its .grad, and `absgrad_owner.absgrad` (made on
+    first use) the per-Gaussian |dL/d(means2d)| summed over pixels. `tensor` is an input of the
+    autograd node or, with ``attached=True`` (`rasterization`'s own leaf), held by weak
+    reference: the backward adds into its .grad while the caller holds it, else computes nothing.
     """
 
     def __init__(self, tensor: torch.Tensor, scale: Tuple[float, float] = (1.0, 1.0),
@@ -383,10 +379,9 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
                  surfaces: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> BatchRender:
     """Differentiable render of C cameras of one image size in one autograd node. `depths`
     False leaves the depth images out (None). `surfaces`: None, or (colours [C, H, W, 3],
-    camera depths [C, H, W]) (`arc_warp.Surface`; the colours are an input of the node).
-    The gradient of the projected means goes to `sink`, or with `means2d_grad` to the
-    returned means2d itself, an attached sink's leaf (`rasterization`'s meta["means2d"]).
-    `context` None: `default_context(means.device)`. Under
+    camera depths [C, H, W]) (`arc_warp.Surface`; the colours are an input of the node). The
+    projected means' gradient goes to `sink`, or with `means2d_grad` to the returned means2d,
+    an attached sink's leaf. `context` None: `default_context(means.device)`. Under
     `torch.use_deterministic_algorithms(True)` the backward uses `reduce="deterministic"`."""
     if torch.are_deterministic_algorithms_enabled() and settings.reduce != "deterministic":
         settings = RenderSettings(**{**vars(settings), "reduce": "deterministic"})

@@ -25,15 +25,13 @@ WORKSPACE_OBJECTS = 32
 
 class Workspace:
     """The objects that repeated functional calls reuse on one device (explicit state, no
-    globals): pass it as ``workspace=`` to :func:`render_gaussians` and to the mesh ops.
-
-    It holds one object per kind and size, keyed by what sizes it: ``(GaussianRenderer,
-    width, height, cameras, sh_coeffs, settings)`` (:meth:`renderer`; a new Gaussian count
-    resizes it) or ``(op class, sizes..., options...)`` (mesh ops' ``of``; :meth:`get`),
-    the least recently used dropped past ``limit``. Its ARC thresholds are resolved here
-    (``threshold`` None: the device's calibrated values), never inside a step. Use it
-    from one thread (and stream) at a time. ``allocator``: the renderers' (None: their own).
-    """
+    globals): pass it as ``workspace=`` to :func:`render_gaussians` and to the mesh ops. It
+    holds one object per kind and size: ``(GaussianRenderer, width, height, cameras,
+    sh_coeffs, settings)`` (:meth:`renderer`; a new Gaussian count resizes it) or ``(op class,
+    sizes..., options...)`` (mesh ops' ``of``; :meth:`get`), the least recently used dropped
+    past ``limit``. ARC thresholds are resolved here (``threshold`` None: the device's
+    calibrated values), never inside a step. One thread (and stream) at a time.
+    ``allocator``: the renderers' (None: their own)."""
 
     def __init__(self, device=None, threshold: int | None = None, allocator=None, limit: int = WORKSPACE_OBJECTS):
         self.device = wp.get_device(device)
@@ -220,16 +218,15 @@ def render_gaussians_backward(
 ) -> GaussianGrads:
     """Gradients of a scalar loss w.r.t. the inputs of the render that made ``out``.
 
-    ``grad_*`` are cotangents shaped like the outputs, on their device (None: zero). This
-    is :meth:`GaussianRenderer.backward`. The 2D mean gradients are added into
-    ``means2d_grad`` (default ``out.means2d_grad``) and, with ``settings.absgrad``, their
-    per-pixel absolute sums into ``out.means2d_absgrad``. ``accumulate`` False writes all
-    of them and ``grads`` (every entry: culled Gaussians and SH coefficients past
-    ``settings.sh_degree`` get 0) instead of adding, so nothing need be zeroed first.
+    ``grad_*``: cotangents shaped like the outputs, on their device (None: zero). This is
+    :meth:`GaussianRenderer.backward`: the 2D mean gradients go into ``means2d_grad`` (default
+    ``out.means2d_grad``) and, with ``settings.absgrad``, their per-pixel absolute sums into
+    ``out.means2d_absgrad``. ``accumulate`` False writes them and ``grads`` (every entry:
+    culled Gaussians and SH coefficients past ``settings.sh_degree`` get 0) instead of adding.
 
     Returns:
-        :class:`GaussianGrads` shaped like the inputs: ``grads`` with the gradients added
-        in (or written), or new arrays without ``grads``.
+        :class:`GaussianGrads` shaped like the inputs: ``grads`` with the gradients added in
+        (or written), or new arrays without ``grads``.
     """
     if not isinstance(out, RenderOutput) or out._state is None:
         raise TypeError(f"out must be a RenderOutput returned by render_gaussians, got {type(out).__name__}")

@@ -1,31 +1,24 @@
 """GaussianRenderer: N Gaussians into C cameras of one image size, with buffers and prepared
 launches made once, and RenderState, what one forward leaves for its backward.
 
-A camera's stages (ARCHITECTURE.md lists the kernels): projection, SH colours, a depth sort
-and a scan of the tile counts (the total goes to the camera's flags), then the tile keys
-written front to back into a sort of ``capacity`` entries, sorted stably by tile alone
-(each tile's range in depth order, ties in Gaussian order, as one sort of ``tile << 32 |
-depth`` keys would give, in ~log2(tiles) radix bits, not 32 more), and the rasteriser per
-16x16 tile. CPU launches of kernels with block storage hold ``cpu_launch_guard`` (their CPU
-block storage is C static).
+Per camera (ARCHITECTURE.md: A splat render): projection, SH colours, a depth sort and a
+scan of the tile counts, then the tile keys written front to back into a sort of
+``capacity`` entries sorted stably by tile alone (each tile's range in depth order, ties in
+Gaussian order, as a sort of ``tile << 32 | depth`` keys would give, in ~log2(tiles) radix
+bits), and the rasteriser per 16x16 tile. CPU launches of kernels with block storage hold
+``cpu_launch_guard`` (their CPU block storage is C static).
 
-The overflow rule. Only the device knows a camera's tile intersections, once the Gaussians
-are projected. The renderer sorts ``capacity`` entries per camera, set by its first forward
+The overflow rule. The sort holds ``capacity`` entries per camera, set by the first forward
 (one wait for the totals) to :meth:`GaussianRenderer.capacity_for` the largest total. Every
 forward writes each camera's total, input checks and overflow flag (total > capacity) to
-the device (``RenderStatus.flags``) and copies them to the host, which reads them
-
-- in the forward itself with ``check`` (the default on the CPU, where nothing waits): bad
-  inputs raise ValueError, an overflowed camera is rendered again with a grown capacity
-  (nvdiffrast's synchronous retry);
-- otherwise (the default on CUDA; always inside a CUDA graph capture) at the start of the
-  next forward: bad inputs raise there, an overflow grows the capacity with a
-  RuntimeWarning. Until then the overflow is a device flag, which a fused optimizer step
-  reads to skip its update (``SparseGaussianAdam.step(skip=status)``, as torch's GradScaler
-  does) and ``RenderStatus.check()`` raises for on request.
-
-So no loss computed on an image that lacks Gaussians is used without the caller being able
-to know it first.
+``RenderStatus.flags`` and copies them to the host, which reads them in the forward itself
+with ``check`` (the default on the CPU, where nothing waits: bad inputs raise ValueError, an
+overflowed camera is rendered again, grown), else (CUDA; always in a graph capture) at the
+start of the next forward: bad inputs raise there, an overflow grows the capacity with a
+RuntimeWarning. Until then the overflow is a device flag, which
+``SparseGaussianAdam.step(skip=status)`` reads to skip its update (as torch's GradScaler
+does) and ``RenderStatus.check()`` raises for on request: no loss on an image that lacks
+Gaussians is used without the caller being able to know it first.
 """
 
 from __future__ import annotations
@@ -153,15 +146,12 @@ def _camera_parts(renderer: GaussianRenderer, views: list, per_camera: int, absg
 
 
 class RenderState:
-    """What one :meth:`GaussianRenderer.forward` of C cameras leaves for its backward.
-
-    Per camera: its ``CameraParams``, the projected splats, the SH colours, the sorted
-    Gaussian ids and tile ranges, the final transmittance and last contributor per pixel,
-    and with ``settings.absgrad`` the (N,) vec2 absolute 2D mean gradients the backward
-    adds; made by :meth:`GaussianRenderer.new_state` from ``allocator``, whose caller keeps
-    ``owners`` alive while the backward may run. ``gaussians``, ``images``, ``status``:
-    the forward's.
-    """
+    """What one :meth:`GaussianRenderer.forward` of C cameras leaves for its backward, made by
+    :meth:`GaussianRenderer.new_state` from ``allocator`` (whose caller keeps ``owners`` alive
+    while the backward may run). Per camera: its ``CameraParams``, the projected splats, the
+    SH colours, the sorted Gaussian ids and tile ranges, the final transmittance and last
+    contributor per pixel, and with ``settings.absgrad`` the (N,) vec2 absolute 2D mean
+    gradients the backward adds. ``gaussians``, ``images``, ``status``: the forward's."""
 
     def __init__(self, renderer: GaussianRenderer, allocator=None):
         n, c, shape = renderer.num_gaussians, renderer.num_cameras, (renderer.height, renderer.width)
@@ -177,10 +167,7 @@ class RenderState:
             renderer.bound(("camera parts", block.views[0].ptr, n, c, sh, absgrad), parts)
         self.capacity = 0
         self.pinhole_only = False  # the forward's cameras were all plain pinholes (its kernel variant)
-        self.surfaces: list[Surface] | None = None
-        self.gaussians: Gaussians | None = None
-        self.images: RenderImages | None = None
-        self.status: RenderStatus | None = None
+        self.gaussians = self.images = self.status = self.surfaces = None  # the forward's
 
     def sort_room(self, capacity: int) -> None:
         """Each camera's sorted ids made to hold a sort of ``capacity`` (2 x capacity int32)."""
@@ -577,12 +564,11 @@ class GaussianRenderer:
                  grad_surface_colors: list[wp.array | None] | None = None) -> None:
         """Gradients of a scalar loss w.r.t. the inputs of the forward that filled ``state``.
 
-        ``cotangents`` holds one :class:`ImageGrads` per camera (None: the camera is not
-        differentiated). The first camera differentiated writes ``grads`` (every entry) or,
-        with ``accumulate``, adds into them; the others add. ``means2d_grads``: per camera
-        an (N,) vec2 that receives dL/dmeans2d in pixels (written) or None (not computed).
-        With ``settings.absgrad`` each camera's ``state.cameras[c].absgrad`` receives the
-        per-pixel absolute sums (written). ``grad_surface_colors``: per camera with a
+        ``cotangents``: one :class:`ImageGrads` per camera (None: not differentiated). The first
+        camera differentiated writes ``grads`` (every entry) or, with ``accumulate``, adds into
+        them; the others add. ``means2d_grads``: per camera an (N,) vec2 that receives dL/dmeans2d
+        in pixels (written), or None. With ``settings.absgrad`` each ``state.cameras[c].absgrad``
+        receives the per-pixel absolute sums (written). ``grad_surface_colors``: per camera with a
         surface, an (H, W) wp.vec3 that ``T_final * dL/dcolor`` is added into, or None.
         ``deterministic`` waits for the forward's totals (ARCHITECTURE.md: Determinism)."""
         g = state.gaussians

@@ -22,16 +22,13 @@ _PROBLEMS = {
 
 
 class RenderStatus:
-    """The checks of one forward of C cameras: per camera a row of flags
-    (``validate_kernels``): the tile-intersection total, the input checks and whether the
-    total overflowed the sort's ``capacity``, copied to a host buffer of the renderer in
-    stream order; :meth:`read` waits for that copy (immediate on the CPU) once.
-
-    Attributes:
-        capacity: the tile intersections per camera the render's sorts held.
-        flags: (C, FLAG_SLOTS) int32 on the device, the render's rows until the renderer's
-            next forward rewrites them: what a fused optimizer step reads to skip its
-            update (``SparseGaussianAdam.step(skip=...)``).
+    """The checks of one forward of C cameras: per camera a row of flags (``validate_kernels``):
+    the tile-intersection total, the input checks and whether the total overflowed the sort's
+    ``capacity``, copied to a host buffer of the renderer in stream order; :meth:`read` waits
+    for that copy (immediate on the CPU) once. ``capacity``: the tile intersections per camera
+    the render's sorts held. ``flags``: (C, FLAG_SLOTS) int32 on the device, the render's rows
+    until the renderer's next forward rewrites them, which a fused optimizer step reads to
+    skip its update (``SparseGaussianAdam.step(skip=...)``).
     """
 
     def __init__(self, flags: wp.array, host: np.ndarray, event, capacity: int):
