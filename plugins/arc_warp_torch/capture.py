@@ -1,18 +1,11 @@
-"""A training step with arc_warp renders captured whole in ``torch.cuda.graph``.
+"""A training step with arc_warp renders captured whole in ``torch.cuda.graph``
+(``with torch.cuda.graph(graph), capture_step(context) as captured: step()``).
 
 Through the torch API each render and backward costs a few hundred microseconds of
 Python; a step replayed from a CUDA graph costs one graph launch. The renders of a
 captured step cannot wait for the device, so their checks run after replays, when asked
 (:meth:`CapturedStep.check`). docs/torch.md has the whole example (a warm-up on a side
-stream first, as torch advises); its core::
-
-    with torch.cuda.graph(graph), capture_step(context) as captured:
-        step()   # rasterization(..., context=context), backward, optimizer.step(skip=meta["status"])
-    for i in range(iterations):
-        target.copy_(next_image())  # inputs change in place; the graph reads the same memory
-        graph.replay()
-        if i % 100 == 0:
-            captured.check()
+stream first, as torch advises; inputs changed in place between replays).
 """
 
 from __future__ import annotations

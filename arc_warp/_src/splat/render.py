@@ -147,10 +147,8 @@ def render_gaussians(
     per_camera = outputs if batch and outputs is not None else [outputs] * c
     given = [_check_outputs(o, n, shape, g.device) for o in per_camera]
     surfaces = check_surfaces(surface_colors, surface_depths, [shape] * c, batch, g.device)
-    if workspace is None:
-        renderer = GaussianRenderer(sized.width, sized.height, n, c, g.sh_coeffs, settings, g.device, record=False)
-    else:
-        renderer = workspace.renderer(sized.width, sized.height, n, c, g.sh_coeffs, settings)
+    renderer = (GaussianRenderer(sized.width, sized.height, n, c, g.sh_coeffs, settings, g.device, record=False)
+                if workspace is None else workspace.renderer(sized.width, sized.height, n, c, g.sh_coeffs, settings))
     images = RenderImages(*(wp.empty((c, *shape), dtype=dtype, device=g.device) for dtype in IMAGE_OUTPUTS.values()),
                           *(wp.empty((c, n), dtype=dtype, device=g.device) for dtype in (wp.vec2, wp.vec2i)))
     state = renderer.new_state()
@@ -161,10 +159,9 @@ def render_gaussians(
         for name, array in mine.items():  # the caller's arrays get the camera's results
             wp.copy(array, views[name])
             views[name] = array
-        outs.append(RenderOutput(**views, camera=camera if isinstance(camera, DeviceCameras) else cameras[i],
-                                 settings=settings, status=status,
-                                 means2d_absgrad=state.cameras[i].absgrad,
-                                 camera_index=i if isinstance(camera, DeviceCameras) else None,
+        on_device = isinstance(camera, DeviceCameras)
+        outs.append(RenderOutput(**views, camera=camera if on_device else cameras[i], settings=settings, status=status,
+                                 means2d_absgrad=state.cameras[i].absgrad, camera_index=i if on_device else None,
                                  _renderer=renderer, _state=state, _index=i))
     tape = active_tape() if tape is None else tape
     surface_inputs = tuple(surface.colors for surface in surfaces or ())

@@ -269,8 +269,6 @@ class GaussianRenderer:
         memory (:meth:`Bindings.bound`). The caller keeps the memory alive while it uses them."""
         return self._bindings.bound(key, make)
 
-    # ---------------------------------------------------------------- forward
-
     def forward(self, gaussians: Gaussians, cameras, state: RenderState, images: RenderImages,
                 check: bool | None = None, surfaces: list[Surface] | None = None) -> RenderStatus:
         """Renders ``gaussians`` into each camera of ``cameras`` (a sequence of C
@@ -415,40 +413,19 @@ class GaussianRenderer:
             wp.copy(state.cams, self._staging)
             self.device.stream.record_event(self._staged)
 
-    def _count(self, c: int, state: RenderState, scratch, capacity: int) -> None:
-        """Camera ``c``'s projection, colours, depth sort and tile-count scan; its flags get
-        the total (saturated at 2^31 - 1) and whether it passed ``capacity``."""
-        tiles_per_gauss, order, cum_tiles, keys = scratch
-        g, s, cs, flags, launches = state.gaussians, self.settings, state.cameras[c], self._flags[c], self._launches
-        *_, means2d, radii = state.images.planes[c]
-        launches.launch(make_project_fwd(s.antialiased, s.scale_activation, s.opacity_activation, state.pinhole_only),
-                        g.count, [g.means, g.quats, g.scales, g.opacities, cs.cam, s.eps2d, self.tiles_x, self.tiles_y,
-                                  means2d, cs.splats, radii, tiles_per_gauss, keys, order, flags], key=("project", c))
-        if not g.count:
-            return
-        if g.sh_coeffs:
-            launches.launch(make_sh_fwd(g.sh_coeffs, g.colors.shape[1]), g.count,
-                            [g.means, g.coeff_rows, radii, cs.cam, SLOT["colors"], cs.rgb, flags], key=("sh_fwd", c))
-        else:  # plain RGB is used as-is: one flat check pass
-            launches.launch(flag_nonfinite, 3 * g.count, [View(g.colors, wp.float32, (3 * g.count,)), flags,
-                                                          SLOT["colors"]], key=("flag_colors", c))
-        # stable: equal depths keep index order; the positive keys need 31 bits
-        launches.call(wp.utils.radix_sort_pairs, keys, order, g.count, 0, 31)
-        launches.launch(gather_counts, g.count, [order, tiles_per_gauss, cum_tiles], key=("gather_counts", c))
-        launches.call(wp.utils.array_scan, cum_tiles, cum_tiles, inclusive=True)  # in place (cub and the CPU allow it)
-        launches.launch(store_total, 1, [cum_tiles, capacity, flags, OVERFLOW_SLOT], key=("store_total", c))
-
     def _render(self, state: RenderState, scratch, cameras, measure: bool = False) -> None:
-        """Queues the renders of ``cameras`` (indices) through the shared scratch, each copying
-        its flags to the host after its sort (the event follows the last copy); ``measure``:
-        only up to each camera's total (counted without a capacity) and that copy."""
+        """Queues the renders of ``cameras`` (indices) through the shared scratch. Per camera:
+        projection, colours, depth sort and tile-count scan (its flags get the total, saturated
+        at 2^31 - 1, and whether it passed the capacity), the tile sort, a copy of its flags to
+        the host (the event follows the last copy) and the rasteriser; ``measure``: only up to
+        the total (counted without a capacity) and that copy."""
         tiles_per_gauss, order, cum_tiles, keys = scratch
-        g, cap, launches = state.gaussians, self.capacity, self._launches
+        g, s, cap, launches = state.gaussians, self.settings, self.capacity, self._launches
         n = g.count
         tx, ty, n_tiles = self.tiles_x, self.tiles_y, self.tiles_x * self.tiles_y
         for c in cameras:
             cs, flags = state.cameras[c], self._flags[c]
-            color, alpha, depth, expected_depth, _, radii = state.images.planes[c]
+            color, alpha, depth, expected_depth, means2d, radii = state.images.planes[c]
             surface = None if state.surfaces is None else state.surfaces[c]
             if cs.absgrad is not None:
                 launches.call(cs.absgrad.zero_)  # backwards add into it
@@ -458,7 +435,23 @@ class GaussianRenderer:
                                                              SLOT["surface_colors"]], key=("surface_colors", c))
                 launches.launch(flag_nan, pixels, [View(surface.depths, wp.float32, (pixels,)), flags,
                                                    SLOT["surface_depths (NaN)"]], key=("surface_depths", c))
-            self._count(c, state, scratch, 2**31 - 1 if measure else cap)
+            launches.launch(make_project_fwd(s.antialiased, s.scale_activation, s.opacity_activation,
+                                             state.pinhole_only), n, [
+                g.means, g.quats, g.scales, g.opacities, cs.cam, s.eps2d, tx, ty, means2d, cs.splats, radii,
+                tiles_per_gauss, keys, order, flags], key=("project", c))
+            if n:
+                if g.sh_coeffs:
+                    launches.launch(make_sh_fwd(g.sh_coeffs, g.colors.shape[1]), n, [
+                        g.means, g.coeff_rows, radii, cs.cam, SLOT["colors"], cs.rgb, flags], key=("sh_fwd", c))
+                else:  # plain RGB is used as-is: one flat check pass
+                    launches.launch(flag_nonfinite, 3 * n, [View(g.colors, wp.float32, (3 * n,)), flags,
+                                                            SLOT["colors"]], key=("flag_colors", c))
+                # stable: equal depths keep index order; the positive keys need 31 bits
+                launches.call(wp.utils.radix_sort_pairs, keys, order, n, 0, 31)
+                launches.launch(gather_counts, n, [order, tiles_per_gauss, cum_tiles], key=("gather_counts", c))
+                launches.call(wp.utils.array_scan, cum_tiles, cum_tiles, inclusive=True)  # in place (cub, CPU allow it)
+                launches.launch(store_total, 1, [cum_tiles, 2**31 - 1 if measure else cap, flags, OVERFLOW_SLOT],
+                                key=("store_total", c))
             if n and not measure:
                 # past the total: the filler tile n_tiles; past the capacity: dropped (flagged)
                 args = [order, cs.splats, radii, tiles_per_gauss, cum_tiles, tx, ty, cap, keys, cs.sort_ids]
@@ -482,7 +475,7 @@ class GaussianRenderer:
             with cpu_launch_guard(self.device):
                 launches.launch(make_raster_fwd(surface is not None), n_tiles * BLOCK_PIXELS, [
                     cs.sort_ids, cs.ranges, cs.splats, cs.rgb if g.sh_coeffs else g.colors, self.width, self.height,
-                    tx, wp.vec3(*self.settings.background), None if surface is None else surface.colors,
+                    tx, wp.vec3(*s.background), None if surface is None else surface.colors,
                     None if surface is None else surface.depths, color, alpha, depth, expected_depth, cs.final_t,
                     cs.last_ids], block_dim=BLOCK_PIXELS, key=("raster_fwd", c))
 
@@ -556,8 +549,6 @@ class GaussianRenderer:
         status = RenderStatus(self._flags, self._host, None, self.capacity if capacity is None else capacity)
         status.read()
         return status
-
-    # ---------------------------------------------------------------- backward
 
     def backward(self, state: RenderState, cotangents: list[ImageGrads | None], grads: GaussianGrads,
                  accumulate: bool = False, means2d_grads: list[wp.array | None] | None = None,
