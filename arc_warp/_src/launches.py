@@ -167,13 +167,12 @@ class LRU:
 
 
 class Bindings(LRU):
-    """The one place where an object (a renderer, a mesh op) keeps its calls' pointers:
-    values made of their memory (:meth:`bound`: Warp views, say) and the plans of calls on
-    it (:meth:`run`), keyed by a tuple naming the memory (pointers, and the shapes and
-    values the value or plan depends on); a few training steps' worth (torch's caching
-    allocator hands the same memory back). The caller keeps the memory alive while it uses
-    what is bound to it. ``launches``: the owner's :class:`Launches`, which records plans.
-    """
+    """The one place where an object (a renderer, a mesh op) keeps its calls' pointers: values
+    made of their memory (:meth:`bound`: Warp views, say) and the plans of calls on it
+    (:meth:`run`), keyed by a tuple naming the memory (pointers, and the shapes and values the
+    value or plan depends on); a few training steps' worth (torch's caching allocator hands
+    the same memory back), kept alive by the caller while it uses them. ``launches``: the
+    owner's :class:`Launches`, which records plans."""
 
     def __init__(self, launches: Launches, limit: int = BINDINGS):
         super().__init__(limit)

@@ -166,14 +166,12 @@ def sh_colors(name: str, colors, n: int, sh_degree: Optional[int], device) -> tu
     """(sh_degree or None, float32 colours with exactly the SH coefficients it needs) of
     [N, 3] RGB (``sh_degree`` None) or [N, K, 3] SH ``colors`` (``sh_degree`` None: K =
     (d + 1)^2 gives it), or TypeError/ValueError naming ``name``."""
-    if not isinstance(colors, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(colors).__name__}")
-    if colors.dim() == 2:
+    if isinstance(colors, torch.Tensor) and colors.dim() == 2:
         if sh_degree is not None:
             raise ValueError(f"{name}: sh_degree={sh_degree} needs SH coefficients [N, K, 3], "
                              f"got RGB shape {list(colors.shape)}")
         return None, check_tensor(name, colors, (n, 3), device)
-    colors = check_tensor(name, colors, (n, None, 3), device)
+    colors = check_tensor(name, colors, (n, None, 3), device)  # or TypeError for a non-tensor
     k = colors.shape[1]
     if sh_degree is None:
         sh_degree = math.isqrt(k) - 1
@@ -329,8 +327,7 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
     def views():
         cotangents = [ImageGrads(*(None if g is None else view(g, dt, (h, w), i * h * w * k * 4)
                                    for g, dt, k in zip(dense, (wp.vec3, wp.float32, wp.float32, wp.float32),
-                                                       (3, 1, 1, 1))))
-                      for i in range(c)]
+                                                       (3, 1, 1, 1)))) for i in range(c)]
         return (cotangents, GaussianGrads(*(view(g, dt, (n,) if g.dim() < 3 else (n, g.shape[1]))
                                             for g, dt in zip(grads, INPUT_DTYPES))),
                 None if m2d is None else [view(m2d, wp.vec2, (n,), i * n * 8) for i in range(c)])
@@ -342,8 +339,7 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
     surface_grad = torch.zeros((c, h, w, 3), dtype=torch.float32, device=inputs[0].device) if surface else None
     with context.stream():
         renderer.backward(state, cotangents, wgrads, False, wm2d,
-                          None if surface_grad is None else
-                          [view(surface_grad, wp.vec3, (h, w), i * h * w * 12) for i in range(c)])
+                          [view(surface_grad, wp.vec3, (h, w), i * h * w * 12) for i in range(c)] if surface else None)
     if surface:
         grads.append(surface_grad)
     if target is None:

@@ -21,12 +21,11 @@ _CAPTURE_MODES = {"global": wp.CaptureMode.GLOBAL, "thread_local": wp.CaptureMod
 
 
 class CapturedStep:
-    """The arc_warp renders of one ``torch.cuda.graph`` capture (:func:`capture_step`).
-
-    While it is entered, the context's renderers never wait for the device (a renderer
-    whose capacity is unknown raises RuntimeError), and Warp is told of torch's capture
-    (its sorts' memory becomes allocation nodes of the graph). The graph replays with the
-    capture's capacities; a replay that outgrows them sets the overflow flag, which
+    """The arc_warp renders of one ``torch.cuda.graph`` capture (:func:`capture_step`). While
+    it is entered, the context's renderers never wait for the device (a renderer whose
+    capacity is unknown raises RuntimeError), and Warp is told of torch's capture (its sorts'
+    memory becomes allocation nodes of the graph). The graph replays with the capture's
+    capacities; a replay that outgrows them sets the overflow flag, which
     ``SparseGaussianAdam.step(skip=meta["status"])`` reads in the graph and :meth:`check`
     reports."""
 

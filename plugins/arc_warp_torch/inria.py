@@ -129,14 +129,13 @@ def inria_radii(means3D: torch.Tensor, scales: torch.Tensor, rotations: torch.Te
 
 
 class GaussianRasterizer(nn.Module):
-    """INRIA-compatible rasterizer module on arc_warp (CPU or CUDA tensors). Differences
-    from diff_gaussian_rasterization: no cov3D_precomp (NotImplementedError); culling by
-    arc_warp's opacity-aware extent, though the radii returned (and their visibility,
-    radii > 0) are INRIA's (inria_radii), so its densification behaves as with INRIA's;
-    the inverse depth is alpha / expected_depth (= alpha^2 / sum_i w_i z_i), INRIA's
-    sum_i w_i / z_i wherever one depth dominates a pixel (harmonic vs arithmetic mean
-    across overlapping layers); no gradients to viewmatrix/projmatrix/campos.
-    """
+    """INRIA-compatible rasterizer module on arc_warp (CPU or CUDA tensors). Differences from
+    diff_gaussian_rasterization: no cov3D_precomp (NotImplementedError); culling by arc_warp's
+    opacity-aware extent, though the radii returned (and their visibility, radii > 0) are
+    INRIA's (inria_radii), so its densification behaves as with INRIA's; the inverse depth is
+    alpha / expected_depth (= alpha^2 / sum_i w_i z_i), INRIA's sum_i w_i / z_i wherever one
+    depth dominates a pixel (harmonic vs arithmetic mean across overlapping layers); no
+    gradients to viewmatrix/projmatrix/campos."""
 
     def __init__(self, raster_settings: GaussianRasterizationSettings):
         super().__init__()
@@ -168,24 +167,20 @@ class GaussianRasterizer(nn.Module):
         """
         s = self.raster_settings
         means3D = check_tensor("means3D", means3D, (None, 3))
-        n = means3D.shape[0]
+        n, device = means3D.shape[0], means3D.device
         if dc is not None:
             if colors_precomp is not None:
                 raise ValueError("dc (SH degree 0) and colors_precomp exclude each other")
-            dc = check_tensor("dc", dc, (n, 1, 3) if getattr(dc, "ndim", 0) == 3 else (n, 3),
-                              means3D.device).reshape(n, 1, 3)
-            shs = dc if shs is None else torch.cat(
-                [dc, check_tensor("shs", shs, (n, None, 3), means3D.device)], dim=1)
+            dc = check_tensor("dc", dc, (n, 1, 3) if getattr(dc, "ndim", 0) == 3 else (n, 3), device).reshape(n, 1, 3)
+            shs = dc if shs is None else torch.cat([dc, check_tensor("shs", shs, (n, None, 3), device)], dim=1)
         if (shs is None) == (colors_precomp is None):
             raise ValueError("Please provide exactly one of either shs or colors_precomp")
         if cov3D_precomp is not None:
             raise NotImplementedError(
-                "arc_warp_torch.inria: cov3D_precomp is not supported; pass scales (linear, "
-                "[N, 3]) and rotations (wxyz quaternions, [N, 4]) instead (in the 3DGS code: "
-                "pipe.compute_cov3D_python = False)")
+                "arc_warp_torch.inria: cov3D_precomp is not supported; pass scales (linear, [N, 3]) and rotations "
+                "(wxyz quaternions, [N, 4]) instead (in the 3DGS code: pipe.compute_cov3D_python = False)")
         if scales is None or rotations is None:
             raise ValueError("Please provide both scales and rotations (cov3D_precomp is not supported)")
-        device = means3D.device
         w2c = _w2c(s, device)
         if isinstance(opacities, torch.Tensor) and opacities.shape == (n, 1):
             opacities = opacities.reshape(n)

@@ -94,15 +94,16 @@ def render_gaussians(
     input (or an all-zero quaternion) once the device has found it; the images are always
     complete. For renders that never wait, hold a :class:`GaussianRenderer` yourself.
 
-    Gradients: if any input has ``requires_grad`` and a ``wp.Tape`` is given (``tape=``)
-    or active (``with tape:``), the outputs get ``requires_grad`` and the backward is
-    recorded with ``tape.record_func``: ``tape.backward()`` adds into the inputs' ``.grad``
-    and continues into the kernels that made them (docs/warp.md has an example).
+    Gradients: if any input has ``requires_grad`` and a ``wp.Tape`` is given (``tape=``;
+    None: the tape of an enclosing ``with tape:`` block, if any), the outputs get
+    ``requires_grad`` and the backward is recorded with ``tape.record_func``:
+    ``tape.backward()`` adds into the inputs' ``.grad`` and continues into the kernels that
+    made them (docs/warp.md has an example).
 
     Args:
         camera: a :class:`Camera`, a list/tuple of cameras of one image size, or
             :class:`DeviceCameras` (matrices on the device, read there); a list or
-            DeviceCameras renders each camera and returns a list.
+            DeviceCameras renders each camera and returns a list of :class:`RenderOutput`.
         settings: :class:`RenderSettings`; ``None`` uses the defaults.
         workspace: a :class:`Workspace` whose renderer of this size is reused (its scratch
             and prepared launches); None makes a renderer for this call.
@@ -110,15 +111,10 @@ def render_gaussians(
             (wp.vec3), ``alpha``, ``depth``, ``expected_depth`` (float32), and (N,)
             ``means2d`` (wp.vec2) and ``radii`` (wp.vec2i); the render writes into them.
             For several cameras, a list of such dicts (or None), one per camera.
-        tape: the ``wp.Tape`` to record the backward on; ``None`` uses the tape of an
-            enclosing ``with tape:`` block, if any.
         surface_colors, surface_depths: an opaque surface behind the Gaussians, both or
             neither: per pixel a colour and a camera depth (+inf where there is none); see
             :class:`Surface` for how it composites. On the tape the colours' ``.grad`` gets
             their gradient (``grad_surface_colors`` of :func:`render_gaussians_backward`).
-
-    Returns:
-        :class:`RenderOutput` (or a list of them for several cameras).
     """
     if settings is None:
         settings = RenderSettings()
@@ -241,10 +237,8 @@ def render_gaussians_backward(
     else:  # shaped like the Gaussians
         for name, src in zip(("means", "quats", "scales", "opacities", "colors"), g.arrays):
             check_array(getattr(grads, name), f"grads.{name}", src.dtype, src.ndim, src.shape, src.device)
-    if means2d_grad is not None:
-        check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (g.count,), device)
-    else:
-        means2d_grad = out.means2d_grad
+    means2d_grad = (out.means2d_grad if means2d_grad is None else
+                    check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (g.count,), device))
     if grad_surface_colors is not None:
         if out._state.surfaces is None:
             raise ValueError("grad_surface_colors: the render had no surface (surface_colors / surface_depths)")

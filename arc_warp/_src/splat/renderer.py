@@ -134,17 +134,6 @@ class _CameraState:
         self.final_t, self.last_ids, self.absgrad, self.sort_ids = final_t, last_ids, absgrad, None
 
 
-def _camera_parts(renderer: GaussianRenderer, views: list, per_camera: int, absgrad: bool) -> tuple:
-    """Each camera's :class:`_CameraState` over a state's views, the (C,) CameraParams of
-    all cameras (evenly spaced) and on the CPU their numpy records (written in place)."""
-    cameras = [_CameraState(*views[i:i + per_camera - 1], views[i + per_camera - 1] if absgrad else None)
-               for i in range(0, len(views), per_camera)]
-    first, last, c = cameras[0].cam, cameras[-1].cam, len(cameras)
-    cams = first if c == 1 else wp.array(ptr=first.ptr, dtype=CameraParams, shape=(c,),
-                                         strides=((last.ptr - first.ptr) // (c - 1),), device=renderer.device)
-    return cameras, cams, cams.numpy() if renderer.device.is_cpu else None
-
-
 class RenderState:
     """What one :meth:`GaussianRenderer.forward` of C cameras leaves for its backward, made by
     :meth:`GaussianRenderer.new_state` from ``allocator`` (whose caller keeps ``owners`` alive
@@ -162,7 +151,16 @@ class RenderState:
                       ((n if absgrad else 0,), wp.vec2)]
         block = _Block(renderer, per_camera * c, allocator)
         self.owners = [block.owner]
-        parts = lambda: _camera_parts(renderer, block.views, len(per_camera), absgrad)  # noqa: E731
+
+        def parts():  # each camera's _CameraState, all cameras' (C,) CameraParams (evenly spaced), their CPU records
+            k, views = len(per_camera), block.views
+            cameras = [_CameraState(*views[i:i + k - 1], views[i + k - 1] if absgrad else None)
+                       for i in range(0, len(views), k)]
+            first, last = cameras[0].cam, cameras[-1].cam
+            cams = first if c == 1 else wp.array(ptr=first.ptr, dtype=CameraParams, shape=(c,),
+                                                 strides=((last.ptr - first.ptr) // (c - 1),), device=renderer.device)
+            return cameras, cams, cams.numpy() if renderer.device.is_cpu else None
+
         self.cameras, self.cams, self.cam_records = parts() if allocator is None else \
             renderer.bound(("camera parts", block.views[0].ptr, n, c, sh, absgrad), parts)
         self.capacity = 0
@@ -314,9 +312,7 @@ class GaussianRenderer:
         cameras_key = ((cameras.viewmats.ptr, cameras.intrinsics.ptr, ptr(cameras.distortion), cameras.model)
                        if device_cameras else None)
         key = ("forward", self.capacity, state.pinhole_only, cameras_key, *(a.ptr for a in gaussians.arrays),
-               *(a.ptr for a in (images.color, images.alpha, images.depth, images.expected_depth, images.means2d,
-                                 images.radii)),
-               state.cams.ptr, state.cameras[0].sort_ids.ptr, scratch.views[0].ptr,
+               *(a.ptr for a in images.planes[0]), state.cams.ptr, state.cameras[0].sort_ids.ptr, scratch.views[0].ptr,
                *(p for surface in surfaces or () for p in (surface.colors.ptr, surface.depths.ptr)))
         self._run(key, lambda: body(scratch.views))
         status = state.status = self._status()
@@ -491,12 +487,10 @@ class GaussianRenderer:
     def _run(self, key: tuple, body) -> None:
         """``body()`` through the bindings (:meth:`Bindings.run`: a plan from the second call on
         ``key``'s memory; on CUDA a graph, unless the caller's capture records this one)."""
-        if self.capturing or self.device.is_cpu:
-            self._bindings.run(key, body)
-            return
-        if self._capture is None:  # the stream plans are captured on (made on first use)
+        direct = self.capturing or self.device.is_cpu  # no graph of its own
+        if not direct and self._capture is None:  # the stream plans are captured on (made on first use)
             self._capture = wp.Stream(self.device)
-        self._bindings.run(key, body, self._capture)
+        self._bindings.run(key, body, None if direct else self._capture)
 
     def _settle(self, status: RenderStatus | None, state: RenderState | None = None) -> None:
         """Reads ``status`` (None: nothing to read) now: ValueError for bad inputs; cameras that
