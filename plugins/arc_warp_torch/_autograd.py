@@ -381,8 +381,7 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
     `torch.use_deterministic_algorithms(True)` the backward uses `reduce="deterministic"`."""
     if torch.are_deterministic_algorithms_enabled() and settings.reduce != "deterministic":
         settings = RenderSettings(**{**vars(settings), "reduce": "deterministic"})
-    if context is None:
-        context = default_context(means.device)
+    context = default_context(means.device) if context is None else context
     c, n = len(cameras), means.shape[0]
     sized = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
     h, w = sized.height, sized.width

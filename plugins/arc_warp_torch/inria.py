@@ -105,18 +105,13 @@ def inria_radii(means3D: torch.Tensor, scales: torch.Tensor, rotations: torch.Te
         2 * (x * zq - w * y), 2 * (y * zq + w * x), 1 - 2 * (x * x + y * y)], -1).reshape(-1, 3, 3)
     m = rot @ (r3 * scales.float()[:, None, :])
     cov2d = jac @ (m @ m.transpose(1, 2)) @ jac.transpose(1, 2)
-    a = cov2d[:, 0, 0] + INRIA_DILATION
-    b = cov2d[:, 0, 1]
-    c = cov2d[:, 1, 1] + INRIA_DILATION
-    det = a * c - b * b
-    mid = 0.5 * (a + c)
+    a, b, c = cov2d[:, 0, 0] + INRIA_DILATION, cov2d[:, 0, 1], cov2d[:, 1, 1] + INRIA_DILATION
+    det, mid = a * c - b * b, 0.5 * (a + c)
     spread = torch.sqrt(torch.clamp(mid * mid - det, min=INRIA_EIG_FLOOR))
     radius = torch.ceil(3.0 * torch.sqrt(torch.maximum(mid + spread, mid - spread)))
     # INRIA's ndc2Pix puts pixel centres at integers: half a pixel left of ours.
-    px = fx * t[:, 0] / safe_z + cx - 0.5
-    py = fy * t[:, 1] / safe_z + cy - 0.5
-    grid_x = (s.image_width + INRIA_BLOCK - 1) // INRIA_BLOCK
-    grid_y = (s.image_height + INRIA_BLOCK - 1) // INRIA_BLOCK
+    px, py = fx * t[:, 0] / safe_z + cx - 0.5, fy * t[:, 1] / safe_z + cy - 0.5
+    grid_x, grid_y = (s.image_width + INRIA_BLOCK - 1) // INRIA_BLOCK, (s.image_height + INRIA_BLOCK - 1) // INRIA_BLOCK
 
     def tiles(lo, hi, grid):  # getRect: C casts truncate toward zero, then clamp
         first = torch.clamp(torch.trunc(lo / INRIA_BLOCK), 0, grid)

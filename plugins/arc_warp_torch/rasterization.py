@@ -107,9 +107,8 @@ def rasterization(
     gsplat keywords not listed under Args are accepted with no effect (packed: meta is
     always dense, [C, N, ...], as gsplat's packed=False; channel_chunk; with_ut: distorted
     cameras project each Gaussian through the lens, its covariance with the camera's
-    Jacobian at its mean) or only at gsplat's default (radius_clip, tile_size, sparse_grad,
-    distributed, segmented, covars, with_eval3d, thin_prism_coeffs, ftheta_coeffs,
-    rolling_shutter: global shutter, viewmats_rs), else NotImplementedError.
+    Jacobian at its mean) or only at gsplat's default (``UNSUPPORTED``; rolling_shutter:
+    global shutter), else NotImplementedError.
 
     Args:
         means: [N, 3] Gaussian centres, world units.

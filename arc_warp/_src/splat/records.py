@@ -33,13 +33,12 @@ class RenderSettings:
             ``"warp"``, ``"serial"``, ``"arc"`` (adaptive, the default), ``"deterministic"``
             (the same bits on every run: per-entry partials summed in a fixed order) or
             ``"floor"`` (benchmarks only: NO rasteriser gradients).
-        threshold: ARC threshold (lanes on one address before a warp reduction);
-            ``None`` asks ``arc_warp`` for the calibrated value of the device.
+        threshold: ARC threshold (lanes on one address before a warp reduction); ``None``:
+            the device's calibrated value.
         eps2d: dilation added to the 2D covariance diagonal, pixels^2.
-        antialiased: the antialiased 2D filter (Mip-Splatting; gsplat's
-            ``rasterize_mode="antialiased"``, INRIA's ``antialiasing=True``): each opacity is
-            scaled by sqrt(det(cov2d) / det(cov2d + eps2d I)), so dilation keeps a small
-            Gaussian's integral instead of brightening it.
+        antialiased: the Mip-Splatting 2D filter (gsplat's ``rasterize_mode="antialiased"``,
+            INRIA's ``antialiasing=True``): opacities scaled by sqrt(det(cov2d) / det(cov2d +
+            eps2d I)), so dilation keeps a small Gaussian's integral instead of brightening it.
         absgrad: also accumulate ``|dL/dmean2d|`` per pixel and Gaussian (gsplat's absgrad
             densification) into ``RenderOutput.means2d_absgrad`` (two more accumulated values).
         scale_activation: ``"none"`` (``scales`` are linear std-devs) or ``"exp"``: raw

@@ -574,17 +574,15 @@ class GaussianRenderer:
         rastered = [cot is not None and ((n and (totals is None or totals[c] > 0)) or surfaces[c] is not None)
                     for c, cot in enumerate(cotangents)]
         key = ("backward", accumulate, tuple(rastered), tuple(totals) if det else None, state.cams.ptr,
-               state.cameras[0].sort_ids.ptr, scratch.views[0].ptr, *(a.ptr for a in g.arrays),
-               *(a.ptr for a in grads.arrays),
-               *(ptr(a) for cot in cotangents for a in ((cot.color, cot.alpha, cot.depth, cot.expected_depth)
-                                                         if cot is not None else (None,))),
+               state.cameras[0].sort_ids.ptr, scratch.views[0].ptr, *(a.ptr for a in (*g.arrays, *grads.arrays)),
+               *(ptr(a) for cot in cotangents for a in (vars(cot).values() if cot is not None else (None,))),
                *(ptr(a) for a in means2d_grads), *(ptr(a) for a in surface_grads),
                *(ptr(s.colors) for s in surfaces if s is not None))
         # the SH backward as a kernel of its own, its shares summed with the accumulator
         sh_apart = g.sh_coeffs > 0 and not det
 
         def body():
-            first = True
+            first = next((c for c, cot in enumerate(cotangents) if cot is not None), None)  # writes unless accumulate
             for c, cot in enumerate(cotangents):
                 if cot is None:
                     continue
@@ -608,7 +606,7 @@ class GaussianRenderer:
                     if isects > 0:
                         launches.call(ordered_scatter_add, raster_grads, cs.sort_ids[:isects], entry_grads[:isects],
                                       ordered)
-                add = accumulate or not first
+                add = accumulate or c != first
                 if add and not accumulate:  # this camera's own outputs are written, but the kernel adds
                     for own in (means2d_grads[c], cs.absgrad):
                         if own is not None:
@@ -634,6 +632,5 @@ class GaussianRenderer:
                     g.means, g.quats, g.scales, g.colors, g.opacities, cs.cam, s.eps2d, radii, cs.splats, rgb,
                     raster_grads, grads.means, grads.quats, grads.scales, grads.opacities, grads.colors,
                     means2d_grads[c], cs.absgrad, share if sh_apart else None], key=("project_bwd", c))
-                first = False
 
         self._run(key, body)

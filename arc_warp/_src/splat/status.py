@@ -32,11 +32,9 @@ class RenderStatus:
     """
 
     def __init__(self, flags: wp.array, host: np.ndarray, event, capacity: int):
-        self.flags = flags
-        self.capacity = capacity
-        self._host = host  # the renderer's host copy, valid until its next forward
-        self._event = event
-        self._values: np.ndarray | None = None
+        self.flags, self.capacity = flags, capacity
+        # the renderer's host copy (valid until its next forward), the event after it, the values read
+        self._host, self._event, self._values = host, event, None
 
     @property
     def is_read(self) -> bool:
