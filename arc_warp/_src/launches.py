@@ -1,9 +1,8 @@
 """Prepared device work: kernel launches recorded once and run again (:class:`Launches`;
 ``wp.launch`` checks and packs every argument each time, about 25 us of host time for a
 dozen arguments, a recorded ``wp.Launch`` runs again in a few), and whole calls kept as
-plans (:class:`Plan`) by the memory they run on (:class:`Bindings`), so that a call repeated on
-the same memory (a training loop's steady state) does not even run its Python.
-"""
+plans (:class:`Plan`) by the memory they run on (:class:`Bindings`), so that a call
+repeated on the same memory (a training loop's steady state) does not even run its Python."""
 
 from __future__ import annotations
 
@@ -15,8 +14,7 @@ import warp as wp
 
 _REPACK = object()  # the signature of an argument that is always repacked (structs, vectors)
 
-BINDINGS = 64
-"""Entries a :class:`Bindings` keeps: views and plans of a few training steps' memory."""
+BINDINGS = 64  # entries a Bindings keeps: views and plans of a few training steps' memory
 
 
 def ptr(a: wp.array | None) -> int:

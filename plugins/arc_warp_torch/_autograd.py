@@ -42,14 +42,12 @@ class RenderContext:
     """What the bridge keeps on one torch device: an :class:`arc_warp.Workspace` (the
     renderers by image size, camera count and settings, and the nvdiffrast drop-in's mesh op
     objects; its ARC threshold resolved here, never inside a training step) whose renderers
-    take their per-call scratch from torch's caching allocator.
-
-    ``check`` (``GaussianRenderer.forward``'s overflow rule): True reads every render's checks
-    before it returns (one wait per render on CUDA; a debugging aid), False never, None (the
-    default) where it costs no wait (the CPU); otherwise the next render of that size reads
-    them, and ``SparseGaussianAdam.step(skip=meta["status"])`` skips the update of a step whose
-    image lacked Gaussians. Not thread-safe: ``default_context`` gives each thread its own.
-    """
+    take their per-call scratch from torch's caching allocator. ``check``
+    (``GaussianRenderer.forward``'s overflow rule): True reads every render's checks before it
+    returns (one wait per render on CUDA; a debugging aid), False never, None (the default)
+    where it costs no wait (the CPU); otherwise the next render of that size reads them, and
+    ``SparseGaussianAdam.step(skip=meta["status"])`` skips the update of a step whose image
+    lacked Gaussians. Not thread-safe: ``default_context`` gives each thread its own."""
 
     def __init__(self, device, threshold: Optional[int] = None, check: Optional[bool] = None):
         wp.init()
@@ -234,8 +232,7 @@ class Means2dSink:
     `scale` per axis; columns past 2 get 0) in its .grad, and `absgrad_owner.absgrad` (made on
     first use) the per-Gaussian |dL/d(means2d)| summed over pixels. `tensor` is an input of the
     autograd node or, with ``attached=True`` (`rasterization`'s own leaf), held by weak
-    reference: the backward adds into its .grad while the caller holds it, else computes nothing.
-    """
+    reference: the backward adds into its .grad while the caller holds it, else computes nothing."""
 
     def __init__(self, tensor: torch.Tensor, scale: Tuple[float, float] = (1.0, 1.0),
                  absgrad_owner: Optional[torch.Tensor] = None, attached: bool = False):

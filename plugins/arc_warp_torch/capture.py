@@ -38,8 +38,7 @@ class CapturedStep:
         self.context = context
         self.renders: list = []  # (renderer, capacity) of each render in the graph
         self._mode = _CAPTURE_MODES[capture_error_mode]
-        self._stream = None
-        self._renderers = []
+        self._stream, self._renderers = None, []  # while entered: the capture's stream, the renderers marked
 
     def __enter__(self) -> CapturedStep:
         if not torch.cuda.is_current_stream_capturing():

@@ -1,10 +1,7 @@
-"""Drop-in for graphdeco-inria's `diff_gaussian_rasterization` (the 3DGS reference code).
-
-    from arc_warp_torch.inria import GaussianRasterizationSettings, GaussianRasterizer
-
-replaces `from diff_gaussian_rasterization import ...`; the rest of a 3DGS training script
-stays as it is. Differences from the CUDA original are listed on `GaussianRasterizer`.
-"""
+"""Drop-in for graphdeco-inria's `diff_gaussian_rasterization` (the 3DGS reference code):
+`from arc_warp_torch.inria import GaussianRasterizationSettings, GaussianRasterizer`
+replaces its import, and the rest of a 3DGS training script stays as it is. Differences
+from the CUDA original are listed on `GaussianRasterizer`."""
 
 from typing import NamedTuple, Optional
 
@@ -158,8 +155,7 @@ class GaussianRasterizer(nn.Module):
         int32 (inria_radii), invdepth [1, H, W]). dc with shs (as INRIA's current train.py
         passes features_dc and features_rest): the SH coefficients are dc then shs; dc
         alone is degree 0. In backward, means2D.grad[:, :2] receives dL/d(projected mean)
-        in INRIA's NDC-scaled units (pixel gradient times W/2, H/2; further columns get 0).
-        """
+        in INRIA's NDC-scaled units (pixel gradient times W/2, H/2; further columns get 0)."""
         s = self.raster_settings
         means3D = check_tensor("means3D", means3D, (None, 3))
         n, device = means3D.shape[0], means3D.device

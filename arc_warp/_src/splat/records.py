@@ -119,9 +119,7 @@ class Gaussians:
     def device(self):
         return self.means.device
 
-    @property
-    def arrays(self) -> tuple[wp.array, ...]:
-        return (self.means, self.quats, self.scales, self.opacities, self.colors)
+    arrays = GaussianGrads.arrays  # (means, quats, scales, opacities, colors)
 
 
 def check_gaussians(means, quats, scales, opacities, colors, sh_degree: int | None = None) -> Gaussians:

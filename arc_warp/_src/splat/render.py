@@ -17,10 +17,7 @@ from arc_warp._src.validate import check_array
 
 # Names and dtypes of the (H, W) images a caller may supply through ``outputs``.
 IMAGE_OUTPUTS = {"color": wp.vec3, "alpha": wp.float32, "depth": wp.float32, "expected_depth": wp.float32}
-
-
-WORKSPACE_OBJECTS = 32
-"""Objects a :class:`Workspace` keeps: a few image sizes' renderers and mesh op chains."""
+WORKSPACE_OBJECTS = 32  # objects a Workspace keeps: a few image sizes' renderers and mesh op chains
 
 
 class Workspace:

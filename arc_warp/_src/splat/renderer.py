@@ -98,10 +98,9 @@ def is_plain_pinhole(cameras) -> bool:
 
 class _Block:
     """Typed views of ``parts`` ((shape, dtype) each, ``ALIGN``-aligned) carved from one
-    allocation of ``allocator(nbytes) -> (pointer, owner)`` (None: a Warp array, which
-    each view keeps alive). With an allocator the caller keeps the ``owner`` alive (torch
-    frees a render's memory when its backward is done) and the views come from
-    ``renderer.bound``."""
+    allocation of ``allocator(nbytes) -> (pointer, owner)``, whose caller keeps ``owner``
+    alive (torch frees a render's memory once its backward is done; the views come from
+    ``renderer.bound``), or of a Warp array (None), which each view keeps alive."""
 
     def __init__(self, renderer: GaussianRenderer, parts: list[tuple], allocator=None):
         offsets, total = [], 0

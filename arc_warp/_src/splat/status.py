@@ -28,8 +28,7 @@ class RenderStatus:
     for that copy (immediate on the CPU) once. ``capacity``: the tile intersections per camera
     the render's sorts held. ``flags``: (C, FLAG_SLOTS) int32 on the device, the render's rows
     until the renderer's next forward rewrites them, which a fused optimizer step reads to
-    skip its update (``SparseGaussianAdam.step(skip=...)``).
-    """
+    skip its update (``SparseGaussianAdam.step(skip=...)``)."""
 
     def __init__(self, flags: wp.array, host: np.ndarray, event, capacity: int):
         self.flags, self.capacity = flags, capacity
