@@ -26,15 +26,13 @@ from arc_warp import (Camera, DeviceCameras, GaussianGrads, GaussianRenderer, Im
                       RenderSettings, RenderStatus, Workspace, check_gaussians)
 from arc_warp.splat import Surface
 
-# Warp element types of (means, quats, scales, opacities, colors), vectors on the last axis.
-INPUT_DTYPES = (wp.vec3, wp.vec4, wp.vec3, wp.float32, wp.vec3)
+INPUT_DTYPES = (wp.vec3, wp.vec4, wp.vec3, wp.float32, wp.vec3)  # of means, quats, scales, opacities, colors
 _NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8)}
 
 
 def view(t: torch.Tensor, dtype, shape: tuple, offset: int = 0) -> wp.array:
     """A Warp array of ``shape`` and ``dtype`` over a contiguous tensor's memory, ``offset``
-    bytes in. It does not keep ``t`` alive: the caller does, until the launches that read
-    it have run."""
+    bytes in; the caller keeps ``t`` alive until the launches that read it have run."""
     return wp.array(ptr=t.data_ptr() + offset, dtype=dtype, shape=shape, device=wp.device_from_torch(t.device))
 
 
@@ -155,9 +153,7 @@ def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = No
         raise ValueError(f"{name}: expected a cpu or cuda tensor, got device {t.device}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: expected device {device} (that of `means`), got {t.device}")
-    if t.dtype != torch.float32:
-        t = t.to(torch.float32)
-    return t.contiguous()
+    return (t if t.dtype == torch.float32 else t.to(torch.float32)).contiguous()
 
 
 def sh_colors(name: str, colors, n: int, sh_degree: Optional[int], device) -> tuple:
@@ -271,8 +267,7 @@ class _RenderGaussians(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *output_grads):
-        # torch runs a backward with grad mode on only under create_graph=True: the
-        # gradients handed back then raise, naming this renderer, if differentiated again
+        # grad mode is on only under create_graph=True: the gradients handed back then raise if differentiated
         guard = torch.is_grad_enabled() and any(g is not None and g.requires_grad for g in output_grads)
         needed = ctx.needs_input_grad
         with torch.no_grad():
@@ -315,9 +310,8 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
     target = None if sink is None else sink.tensor()
     grads = [context.empty(t.shape) for t in inputs]
     m2d = context.empty((c, n, 2)) if target is not None else None
-    # contiguous float32 cotangents (copies where torch handed others, as the expanded one
-    # of `.sum()`, or on the CPU, into the context's memory), held here until the launches
-    # that read them are queued
+    # contiguous float32 cotangents (copies into the context's memory on the CPU or where torch handed
+    # others, as the expanded one of `.sum()`), held here until the launches that read them are queued
     dense = [None if g is None else g if (g.is_cuda and g.dtype is torch.float32 and g.is_contiguous())
              else context.empty(g.shape).copy_(g) for g in output_grads]
 
@@ -415,8 +409,7 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
         sink = Means2dSink(means2d.requires_grad_(True), absgrad_owner=means2d if settings.absgrad else None,
                            attached=True)
     sink_tensor = None if sink is None or sink.attached else sink.tensor()
-    # saved by the node: the state's memory, the radii (in `projected`), the depth image
-    # the expected depth's backward reads
+    # saved by the node: the state's memory, the radii (in `projected`), the depths (the expected depth's backward)
     saved = (projected.detach(), *state.owners) + ((block.detach(),) if depths else ())
     if surfaces is not None:  # the backward reads both
         saved += tuple(t.detach() for t in surfaces)

@@ -13,13 +13,9 @@ from arc_warp import Camera, RenderSettings
 from ._autograd import Means2dSink, cameras_of, check_tensor, default_context, render_batch, sh_colors
 from .optim import SparseGaussianAdam  # noqa: F401  (INRIA's train.py imports it from here)
 
-# INRIA culls Gaussians whose view-space depth is <= 0.2 (in_frustum in its CUDA code).
-INRIA_NEAR = 0.2
-# INRIA's screen-space tiles (BLOCK_X, BLOCK_Y): a Gaussian whose 3-sigma square touches
-# no tile of the image gets radius 0.
-INRIA_BLOCK = 16
-# INRIA's 2D dilation (computeCov2D) and the eigenvalue floor of its radius computation.
-INRIA_DILATION, INRIA_EIG_FLOOR = 0.3, 0.1
+INRIA_NEAR = 0.2  # INRIA culls Gaussians whose view-space depth is <= 0.2 (in_frustum in its CUDA code)
+INRIA_BLOCK = 16  # INRIA's tiles (BLOCK_X, BLOCK_Y): a Gaussian whose 3-sigma square touches none gets radius 0
+INRIA_DILATION, INRIA_EIG_FLOOR = 0.3, 0.1  # INRIA's 2D dilation (computeCov2D), its radii's eigenvalue floor
 
 
 class GaussianRasterizationSettings(NamedTuple):

@@ -15,8 +15,7 @@ RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 # scales_activation / opacities_activation -> RenderSettings.scale_activation / opacity_activation
 SCALES_ACTIVATIONS = {None: "none", "exp": "exp"}
 OPACITIES_ACTIVATIONS = {None: "none", "sigmoid": "sigmoid"}
-# gsplat 1.5.3 keywords arc_warp accepts only at these values (the value is what gsplat's
-# feature needs; the message names the keyword and the value passed)
+# gsplat 1.5.3 keywords arc_warp accepts only at these values (gsplat's defaults: the feature off)
 UNSUPPORTED = {"radius_clip": 0.0, "tile_size": 16, "sparse_grad": False, "distributed": False, "segmented": False,
                "covars": None, "with_eval3d": False, "thin_prism_coeffs": None, "ftheta_coeffs": None,
                "viewmats_rs": None}

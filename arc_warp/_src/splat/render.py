@@ -222,7 +222,6 @@ def render_gaussians_backward(
         raise TypeError(f"out must be a RenderOutput returned by render_gaussians, got {type(out).__name__}")
     g = out._state.gaussians
     shape, device = out.alpha.shape, g.device
-
     cot = ImageGrads(*(None if value is None else check_array(value, f"grad_{name}", dtype, 2, shape, device)
                        for value, (name, dtype) in zip((grad_color, grad_alpha, grad_depth, grad_expected_depth),
                                                        IMAGE_OUTPUTS.items())))

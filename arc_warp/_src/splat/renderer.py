@@ -49,12 +49,9 @@ from arc_warp._src.validate import check_array
 SORT_SLACK = 4096  # entries added to every capacity (capacity_for), so small scenes rarely overflow
 ALIGN = 256  # byte alignment of each part carved from one allocation
 MAX_ISECTS = (2**31 - 1) // 2  # radix_sort_pairs needs keys of 2 x count entries; a Warp array holds < 2^31
-# the rasteriser runs one thread per pixel of the tile grid with int32 thread ids (which
-# also keeps the tile keys, filler tile n_tiles included, in int32)
-MAX_TILES = (2**31 - 1) // BLOCK_PIXELS
+MAX_TILES = (2**31 - 1) // BLOCK_PIXELS  # rasteriser thread ids (one per tile-grid pixel) and tile keys in int32
 WRITE_KEYS_BLOCK = 256  # write_keys_staged's block, whose threads stage their keys in shared memory together
-# the SH backward's block: whole warps reach the accumulator (wp.config.enable_cpu_blocks emulates them on the CPU)
-SH_BWD_BLOCK = 256
+SH_BWD_BLOCK = 256  # the SH backward's block: whole warps reach the accumulator (CPU: wp.config.enable_cpu_blocks)
 CAMERA_RECORD = CameraParams.numpy_dtype()  # numpy's layout of one CameraParams (made once: it parses)
 SLOT = {name: 1 + i for i, name in enumerate(BAD_SLOTS)}  # the flag slot of each input check
 
@@ -268,12 +265,11 @@ class GaussianRenderer:
 
     def forward(self, gaussians: Gaussians, cameras, state: RenderState, images: RenderImages,
                 check: bool | None = None, surfaces: list[Surface] | None = None) -> RenderStatus:
-        """Renders ``gaussians`` into each camera of ``cameras`` (a sequence of C
-        :class:`Camera`, or :class:`DeviceCameras` of C), writing ``images`` and ``state``;
-        ``surfaces``: None, or one :class:`Surface` per camera. ``check``: read the status
-        before returning (None: where it costs no wait, the CPU); the previous forward's,
-        if unread, is read first (the module notes: the overflow rule). Returns the
-        render's :class:`RenderStatus` (also ``state.status``)."""
+        """Renders ``gaussians`` into each camera of ``cameras`` (C :class:`Camera`, or
+        :class:`DeviceCameras` of C), writing ``images`` and ``state``; ``surfaces``: None or one
+        :class:`Surface` per camera. ``check``: read the status before returning (None: where it
+        costs no wait, the CPU), after the previous forward's, if unread (the module notes: the
+        overflow rule). Returns the render's :class:`RenderStatus` (also ``state.status``)."""
         self._check_call(gaussians, cameras, state, images, surfaces)
         pending, self._pending = self._pending, None
         self._settle(pending)
