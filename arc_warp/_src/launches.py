@@ -1,14 +1,12 @@
 """Prepared device work: kernel launches recorded once and run again (:class:`Launches`;
 ``wp.launch`` checks and packs every argument each time, about 25 us of host time for a
 dozen arguments, a recorded ``wp.Launch`` runs again in a few), and whole calls kept as
-plans (:class:`Plan`) by the memory they run on (:class:`Bindings`), so that a call repeated on
-the same memory (a training loop's steady state) does not even run its Python.
-"""
+plans (:class:`Plan`) by the memory they run on (:class:`Bindings`), so that a call
+repeated on the same memory (a training loop's steady state) does not even run its Python."""
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import functools
 from typing import NamedTuple
 
@@ -16,8 +14,7 @@ import warp as wp
 
 _REPACK = object()  # the signature of an argument that is always repacked (structs, vectors)
 
-BINDINGS = 64
-"""Entries a :class:`Bindings` keeps: views and plans of a few training steps' memory."""
+BINDINGS = 64  # entries a Bindings keeps: views and plans of a few training steps' memory
 
 
 def ptr(a: wp.array | None) -> int:
@@ -54,20 +51,16 @@ def signature(arg):
 
 
 class Launches:
-    """The prepared launches of one object, by launch site.
-
-    Args:
-        device: the Warp device every launch runs on (on its current stream).
-        record: False launches through ``wp.launch`` every time: an object used for one
-            call (a render without a workspace) would pay for recording and gain nothing.
-    """
+    """The prepared launches of one object on ``device`` (its current stream), by launch
+    site. ``record`` False launches through ``wp.launch`` every time: an object used for one
+    call (a render without a workspace) would pay for recording and gain nothing."""
 
     def __init__(self, device, record: bool = True):
         self.device = wp.get_device(device)
         self.record = record
         # (kernel, key) -> [wp.Launch, dim, argument signatures, previous (signature, ctype)s]
         self._sites: dict = {}
-        self._steps: list | None = None  # the steps of the plan being recorded
+        self._steps: list | None = None  # the steps of the plan being recorded (by Bindings.run)
 
     def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
         """``wp.launch(kernel, dim, inputs=args, block_dim=block_dim)`` on the device's
@@ -77,15 +70,13 @@ class Launches:
         launched at several places of a call (per camera, say)."""
         if dim == 0:
             return  # Warp records no command for an empty launch
-        if not self.record:
-            wp.launch(kernel, dim=dim, inputs=[made(a) for a in args], device=self.device, block_dim=block_dim,
-                      record_tape=False)
-            return
         key = (kernel, key)
-        site = None if self._steps is not None else self._sites.get(key)
+        site = self._sites.get(key) if self.record and self._steps is None else None
         if site is None:
             cmd = wp.launch(kernel, dim=dim, inputs=[made(a) for a in args], device=self.device, block_dim=block_dim,
-                            record_cmd=True, record_tape=False)
+                            record_cmd=self.record, record_tape=False)
+            if cmd is None:  # not recording: launched
+                return
             cmd.fwd_args = None  # kept by Warp only for APIC capture; it would pin the arrays
             if self._steps is not None:  # a plan's launch of its own: its arguments never change
                 self._steps.append(cmd.launch)
@@ -118,22 +109,12 @@ class Launches:
         if self._steps is not None:
             self._steps.append(functools.partial(fn, *args, **kwargs))
 
-    @contextlib.contextmanager
-    def recording(self):
-        """The device work queued through this object inside the block, also kept as the
-        steps of a plan: ``with launches.recording() as steps: ...``."""
-        self._steps = steps = []
-        try:
-            yield steps
-        finally:
-            self._steps = None
-
 
 class Plan:
-    """A call's device work kept to be run again on the same memory: its recorded steps, run
-    one by one on the CPU; on CUDA captured into a graph when it first repeats (on the
-    caller's capture stream: torch's legacy default stream cannot capture; relaxed, as a
-    garbage collection during the capture may free CUDA memory), then launched whole."""
+    """A call's recorded device work, run again on the same memory: step by step on the CPU;
+    on CUDA captured into a graph when it first repeats (on the caller's capture stream:
+    torch's legacy default stream cannot capture; relaxed, as a garbage collection during
+    the capture may free CUDA memory), then launched whole."""
 
     __slots__ = ("steps", "graph", "device")
 
@@ -184,13 +165,12 @@ class LRU:
 
 
 class Bindings(LRU):
-    """The one place where an object (a renderer, a mesh op) keeps its calls' pointers:
-    values made of their memory (:meth:`bound`: Warp views, say) and the plans of calls on
-    it (:meth:`run`), keyed by a tuple naming the memory (pointers, and the shapes and
-    values the value or plan depends on); a few training steps' worth (torch's caching
-    allocator hands the same memory back). The caller keeps the memory alive while it uses
-    what is bound to it. ``launches``: the owner's :class:`Launches`, which records plans.
-    """
+    """The one place where an object (a renderer, a mesh op) keeps its calls' pointers: values
+    made of their memory (:meth:`bound`: Warp views, say) and the plans of calls on it
+    (:meth:`run`), keyed by a tuple naming the memory (pointers, and the shapes and values the
+    value or plan depends on); a few training steps' worth (torch's caching allocator hands
+    the same memory back), kept alive by the caller while it uses them. ``launches``: the
+    owner's :class:`Launches`, which records plans."""
 
     def __init__(self, launches: Launches, limit: int = BINDINGS):
         super().__init__(limit)
@@ -212,9 +192,12 @@ class Bindings(LRU):
         if plan is None:  # seen once: remembered, not recorded (most keys of a one-off call never repeat)
             self.bound(key, lambda: False)
             body()
-        elif plan is False:
-            with self._launches.recording() as steps:
+        elif plan is False:  # the launches queued meanwhile also append their steps
+            self._launches._steps = steps = []
+            try:
                 body()
+            finally:
+                self._launches._steps = None
             self._entries[key] = Plan(steps, self._launches.device)
         else:
             self._entries.move_to_end(key)

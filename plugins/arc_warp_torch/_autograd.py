@@ -26,32 +26,26 @@ from arc_warp import (Camera, DeviceCameras, GaussianGrads, GaussianRenderer, Im
                       RenderSettings, RenderStatus, Workspace, check_gaussians)
 from arc_warp.splat import Surface
 
-# Warp element types of (means, quats, scales, opacities, colors), vectors on the last axis.
-INPUT_DTYPES = (wp.vec3, wp.vec4, wp.vec3, wp.float32, wp.vec3)
+INPUT_DTYPES = (wp.vec3, wp.vec4, wp.vec3, wp.float32, wp.vec3)  # of means, quats, scales, opacities, colors
 _NUMPY_DTYPES = {torch.float32: np.dtype(np.float32), torch.int32: np.dtype(np.int32), torch.uint8: np.dtype(np.uint8)}
 
 
 def view(t: torch.Tensor, dtype, shape: tuple, offset: int = 0) -> wp.array:
     """A Warp array of ``shape`` and ``dtype`` over a contiguous tensor's memory, ``offset``
-    bytes in. It does not keep ``t`` alive: the caller does, until the launches that read
-    it have run."""
+    bytes in; the caller keeps ``t`` alive until the launches that read it have run."""
     return wp.array(ptr=t.data_ptr() + offset, dtype=dtype, shape=shape, device=wp.device_from_torch(t.device))
 
 
 class RenderContext:
     """What the bridge keeps on one torch device: an :class:`arc_warp.Workspace` (the
-    renderers by image size, camera count and settings, and the nvdiffrast drop-in's mesh
-    op objects; its ARC threshold resolved here, never inside a training step) whose
-    renderers take their per-call scratch from torch's caching allocator.
-
-    ``check`` (``GaussianRenderer.forward``'s, after its overflow rule): True reads every
-    render's checks before it returns (one wait per render on CUDA; a debugging aid), False
-    never does, None (default) where it costs no wait (the CPU); otherwise the next render
-    of that size reads them, and ``SparseGaussianAdam.step(skip=meta["status"])`` skips
-    the update of a step whose image lacked Gaussians. Not thread-safe:
-    ``default_context`` gives each thread its own; pass one as ``context=`` to share
-    renderers between calls made in one thread.
-    """
+    renderers by image size, camera count and settings, and the nvdiffrast drop-in's mesh op
+    objects; its ARC threshold resolved here, never inside a training step) whose renderers
+    take their per-call scratch from torch's caching allocator. ``check``
+    (``GaussianRenderer.forward``'s overflow rule): True reads every render's checks before it
+    returns (one wait per render on CUDA; a debugging aid), False never, None (the default)
+    where it costs no wait (the CPU); otherwise the next render of that size reads them, and
+    ``SparseGaussianAdam.step(skip=meta["status"])`` skips the update of a step whose image
+    lacked Gaussians. Not thread-safe: ``default_context`` gives each thread its own."""
 
     def __init__(self, device, threshold: Optional[int] = None, check: Optional[bool] = None):
         wp.init()
@@ -138,12 +132,10 @@ def default_context(device: torch.device) -> RenderContext:
     device = torch.device(device)
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
-    if not hasattr(_contexts, "by_device"):
-        _contexts.by_device = {}
-    context = _contexts.by_device.get(device)
-    if context is None:
-        context = _contexts.by_device[device] = RenderContext(device)
-    return context
+    by_device = _contexts.__dict__.setdefault("by_device", {})
+    if device not in by_device:
+        by_device[device] = RenderContext(device)
+    return by_device[device]
 
 
 def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = None) -> torch.Tensor:
@@ -161,23 +153,19 @@ def check_tensor(name: str, t, shape: tuple, device: Optional[torch.device] = No
         raise ValueError(f"{name}: expected a cpu or cuda tensor, got device {t.device}")
     if device is not None and t.device != device:
         raise ValueError(f"{name}: expected device {device} (that of `means`), got {t.device}")
-    if t.dtype != torch.float32:
-        t = t.to(torch.float32)
-    return t.contiguous()
+    return (t if t.dtype == torch.float32 else t.to(torch.float32)).contiguous()
 
 
 def sh_colors(name: str, colors, n: int, sh_degree: Optional[int], device) -> tuple:
     """(sh_degree or None, float32 colours with exactly the SH coefficients it needs) of
     [N, 3] RGB (``sh_degree`` None) or [N, K, 3] SH ``colors`` (``sh_degree`` None: K =
     (d + 1)^2 gives it), or TypeError/ValueError naming ``name``."""
-    if not isinstance(colors, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(colors).__name__}")
-    if colors.dim() == 2:
+    if isinstance(colors, torch.Tensor) and colors.dim() == 2:
         if sh_degree is not None:
             raise ValueError(f"{name}: sh_degree={sh_degree} needs SH coefficients [N, K, 3], "
                              f"got RGB shape {list(colors.shape)}")
         return None, check_tensor(name, colors, (n, 3), device)
-    colors = check_tensor(name, colors, (n, None, 3), device)
+    colors = check_tensor(name, colors, (n, None, 3), device)  # or TypeError for a non-tensor
     k = colors.shape[1]
     if sh_degree is None:
         sh_degree = math.isqrt(k) - 1
@@ -193,11 +181,10 @@ def sh_colors(name: str, colors, n: int, sh_degree: Optional[int], device) -> tu
 
 def cameras_of(viewmats, Ks, width: int, height: int, near: float, far: float, device: torch.device,
                model: str = "pinhole", distortion: Optional[torch.Tensor] = None):
-    """The cameras to render of [C, 4, 4] world-to-camera `viewmats` and [C, 3, 3] `Ks`
-    (of ``model``, with [C, K] ``distortion`` coefficients or None), and the tensors their
-    views read (for the caller to hold until the render is queued): CUDA tensors on the
-    Gaussians' `device` as `arc_warp.DeviceCameras` views (no host copy, no sync; checked
-    on the device), others as C `Camera`s (checked here; one copy to the host)."""
+    """The cameras of [C, 4, 4] world-to-camera `viewmats` and [C, 3, 3] `Ks` (of ``model``, with
+    [C, K] ``distortion`` coefficients or None), and the tensors their views read (held by the
+    caller until the render is queued): CUDA tensors on `device` as `arc_warp.DeviceCameras`
+    views (no host copy, checked on the device), others as C `Camera`s (checked here)."""
     for name, t, shape in (("viewmats", viewmats, "[C, 4, 4]"), ("Ks", Ks, "[C, 3, 3]")):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name}: expected a torch.Tensor {shape}, got {type(t).__name__}")
@@ -238,12 +225,10 @@ def cameras_of(viewmats, Ks, width: int, height: int, near: float, far: float, d
 class Means2dSink:
     """Where the screen-space gradient of the projected means goes in backward: `tensor`
     ([C, N, D] or, for one camera, [N, D]; D >= 2) receives dL/d(means2d) (pixels, times
-    `scale` per axis; columns past 2 get 0) in its .grad, and `absgrad_owner.absgrad`
-    (made on first use) the per-Gaussian |dL/d(means2d)| summed over pixels. `tensor` is
-    an input of the autograd node, or with ``attached=True`` (`rasterization`'s own leaf)
-    held by weak reference: the backward adds into its .grad itself while the caller holds
-    it and computes nothing once it is dropped (neither is held through the optimizer step).
-    """
+    `scale` per axis; columns past 2 get 0) in its .grad, and `absgrad_owner.absgrad` (made on
+    first use) the per-Gaussian |dL/d(means2d)| summed over pixels. `tensor` is an input of the
+    autograd node or, with ``attached=True`` (`rasterization`'s own leaf), held by weak
+    reference: the backward adds into its .grad while the caller holds it, else computes nothing."""
 
     def __init__(self, tensor: torch.Tensor, scale: Tuple[float, float] = (1.0, 1.0),
                  absgrad_owner: Optional[torch.Tensor] = None, attached: bool = False):
@@ -282,25 +267,23 @@ class _RenderGaussians(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *output_grads):
-        # torch runs a backward with grad mode on only under create_graph=True: the
-        # gradients handed back then raise, naming this renderer, if differentiated again
+        # grad mode is on only under create_graph=True: the gradients handed back then raise if differentiated
         guard = torch.is_grad_enabled() and any(g is not None and g.requires_grad for g in output_grads)
         needed = ctx.needs_input_grad
         with torch.no_grad():
             grads, means2d_grad = _backward(ctx.context, ctx.renderer, ctx.state, ctx.saved_tensors[:5], ctx.sink,
                                             (*output_grads, None, None)[:4], len(needed) > 8 and needed[8])
-        result = [None, None, None]  # queued, sink, sink_tensor
         if means2d_grad is not None and ctx.sink.attached:
-            target = ctx.sink.tensor()
-            if target.grad is None:  # what torch's AccumulateGrad does for a leaf
+            target = ctx.sink.tensor()  # not an input (needed[2] is False): its .grad as AccumulateGrad does
+            if target.grad is None:
                 target.grad = means2d_grad
             else:
                 target.grad += means2d_grad
-        elif means2d_grad is not None and needed[2]:
-            result[2] = means2d_grad
         if guard:
             grads = [_RaiseOnDoubleBackward.apply(g.detach().requires_grad_(True)) for g in grads]
-        return (*result, *(g if needed[3 + i] else None for i, g in enumerate(grads)))
+        # queued, sink, sink_tensor, the inputs
+        return (None, None, means2d_grad if needed[2] else None,
+                *(g if needed[3 + i] else None for i, g in enumerate(grads)))
 
 
 class _RaiseOnDoubleBackward(torch.autograd.Function):
@@ -323,22 +306,19 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
     """The renderer's backward from torch cotangents ([C, ...]): gradients shaped like
     ``inputs`` (with ``surface`` then the surface colours' [C, H, W, 3]), and the sink's
     means2d gradient (None without a sink or once an attached sink's tensor died)."""
-    c, n = renderer.num_cameras, inputs[0].shape[0]
-    h, w = renderer.height, renderer.width
+    c, n, h, w = renderer.num_cameras, inputs[0].shape[0], renderer.height, renderer.width
     target = None if sink is None else sink.tensor()
     grads = [context.empty(t.shape) for t in inputs]
     m2d = context.empty((c, n, 2)) if target is not None else None
-    # contiguous float32 cotangents (copies where torch handed others, as the expanded one
-    # of `.sum()`, or on the CPU, into the context's memory), held here until the launches
-    # that read them are queued
+    # contiguous float32 cotangents (copies into the context's memory on the CPU or where torch handed
+    # others, as the expanded one of `.sum()`), held here until the launches that read them are queued
     dense = [None if g is None else g if (g.is_cuda and g.dtype is torch.float32 and g.is_contiguous())
              else context.empty(g.shape).copy_(g) for g in output_grads]
 
     def views():
         cotangents = [ImageGrads(*(None if g is None else view(g, dt, (h, w), i * h * w * k * 4)
                                    for g, dt, k in zip(dense, (wp.vec3, wp.float32, wp.float32, wp.float32),
-                                                       (3, 1, 1, 1))))
-                      for i in range(c)]
+                                                       (3, 1, 1, 1)))) for i in range(c)]
         return (cotangents, GaussianGrads(*(view(g, dt, (n,) if g.dim() < 3 else (n, g.shape[1]))
                                             for g, dt in zip(grads, INPUT_DTYPES))),
                 None if m2d is None else [view(m2d, wp.vec2, (n,), i * n * 8) for i in range(c)])
@@ -350,8 +330,7 @@ def _backward(context: RenderContext, renderer: GaussianRenderer, state, inputs,
     surface_grad = torch.zeros((c, h, w, 3), dtype=torch.float32, device=inputs[0].device) if surface else None
     with context.stream():
         renderer.backward(state, cotangents, wgrads, False, wm2d,
-                          None if surface_grad is None else
-                          [view(surface_grad, wp.vec3, (h, w), i * h * w * 12) for i in range(c)])
+                          [view(surface_grad, wp.vec3, (h, w), i * h * w * 12) for i in range(c)] if surface else None)
     if surface:
         grads.append(surface_grad)
     if target is None:
@@ -387,15 +366,13 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
                  surfaces: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> BatchRender:
     """Differentiable render of C cameras of one image size in one autograd node. `depths`
     False leaves the depth images out (None). `surfaces`: None, or (colours [C, H, W, 3],
-    camera depths [C, H, W]) (`arc_warp.Surface`; the colours are an input of the node).
-    The gradient of the projected means goes to `sink`, or with `means2d_grad` to the
-    returned means2d itself, an attached sink's leaf (`rasterization`'s meta["means2d"]).
-    `context` None: `default_context(means.device)`. Under
+    camera depths [C, H, W]) (`arc_warp.Surface`; the colours are an input of the node). The
+    projected means' gradient goes to `sink`, or with `means2d_grad` to the returned means2d,
+    an attached sink's leaf. `context` None: `default_context(means.device)`. Under
     `torch.use_deterministic_algorithms(True)` the backward uses `reduce="deterministic"`."""
     if torch.are_deterministic_algorithms_enabled() and settings.reduce != "deterministic":
         settings = RenderSettings(**{**vars(settings), "reduce": "deterministic"})
-    if context is None:
-        context = default_context(means.device)
+    context = default_context(means.device) if context is None else context
     c, n = len(cameras), means.shape[0]
     sized = cameras if isinstance(cameras, DeviceCameras) else cameras[0]
     h, w = sized.height, sized.width
@@ -416,10 +393,9 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
         expected_depth=view(block, wp.float32, (c, h, w) if depths else (c, 0, 0), 4 * plane),
         means2d=view(projected, wp.vec2, (c, n)), radii=view(projected, wp.vec2i, (c, n), 8 * c * n)))
     state = renderer.new_state(context.allocate)
-    planes = None
-    if surfaces is not None:
-        planes = [Surface(view(surfaces[0], wp.vec3, (h, w), i * h * w * 12),
-                          view(surfaces[1], wp.float32, (h, w), i * h * w * 4)) for i in range(c)]
+    planes = None if surfaces is None else [Surface(view(surfaces[0], wp.vec3, (h, w), i * h * w * 12),
+                                                    view(surfaces[1], wp.float32, (h, w), i * h * w * 4))
+                                            for i in range(c)]
     with context.stream():
         status = renderer.forward(g, cameras, state, images, context.check, planes)
     means2d = projected.as_strided((c, n, 2), (2 * n, 2, 1))
@@ -433,8 +409,7 @@ def render_batch(means: torch.Tensor,  # [N, 3] float32
         sink = Means2dSink(means2d.requires_grad_(True), absgrad_owner=means2d if settings.absgrad else None,
                            attached=True)
     sink_tensor = None if sink is None or sink.attached else sink.tensor()
-    # saved by the node: the state's memory, the radii (in `projected`), the depth image
-    # the expected depth's backward reads
+    # saved by the node: the state's memory, the radii (in `projected`), the depths (the expected depth's backward)
     saved = (projected.detach(), *state.owners) + ((block.detach(),) if depths else ())
     if surfaces is not None:  # the backward reads both
         saved += tuple(t.detach() for t in surfaces)

@@ -1,18 +1,11 @@
-"""A training step with arc_warp renders captured whole in ``torch.cuda.graph``.
+"""A training step with arc_warp renders captured whole in ``torch.cuda.graph``
+(``with torch.cuda.graph(graph), capture_step(context) as captured: step()``).
 
 Through the torch API each render and backward costs a few hundred microseconds of
 Python; a step replayed from a CUDA graph costs one graph launch. The renders of a
 captured step cannot wait for the device, so their checks run after replays, when asked
 (:meth:`CapturedStep.check`). docs/torch.md has the whole example (a warm-up on a side
-stream first, as torch advises); its core::
-
-    with torch.cuda.graph(graph), capture_step(context) as captured:
-        step()   # rasterization(..., context=context), backward, optimizer.step(skip=meta["status"])
-    for i in range(iterations):
-        target.copy_(next_image())  # inputs change in place; the graph reads the same memory
-        graph.replay()
-        if i % 100 == 0:
-            captured.check()
+stream first, as torch advises; inputs changed in place between replays).
 """
 
 from __future__ import annotations
@@ -28,12 +21,11 @@ _CAPTURE_MODES = {"global": wp.CaptureMode.GLOBAL, "thread_local": wp.CaptureMod
 
 
 class CapturedStep:
-    """The arc_warp renders of one ``torch.cuda.graph`` capture (:func:`capture_step`).
-
-    While it is entered, the context's renderers never wait for the device (a renderer
-    whose capacity is unknown raises RuntimeError), and Warp is told of torch's capture
-    (its sorts' memory becomes allocation nodes of the graph). The graph replays with the
-    capture's capacities; a replay that outgrows them sets the overflow flag, which
+    """The arc_warp renders of one ``torch.cuda.graph`` capture (:func:`capture_step`). While
+    it is entered, the context's renderers never wait for the device (a renderer whose
+    capacity is unknown raises RuntimeError), and Warp is told of torch's capture (its sorts'
+    memory becomes allocation nodes of the graph). The graph replays with the capture's
+    capacities; a replay that outgrows them sets the overflow flag, which
     ``SparseGaussianAdam.step(skip=meta["status"])`` reads in the graph and :meth:`check`
     reports."""
 
@@ -46,8 +38,7 @@ class CapturedStep:
         self.context = context
         self.renders: list = []  # (renderer, capacity) of each render in the graph
         self._mode = _CAPTURE_MODES[capture_error_mode]
-        self._stream = None
-        self._renderers = []
+        self._stream, self._renderers = None, []  # while entered: the capture's stream, the renderers marked
 
     def __enter__(self) -> CapturedStep:
         if not torch.cuda.is_current_stream_capturing():

@@ -1,10 +1,7 @@
-"""Drop-in for graphdeco-inria's `diff_gaussian_rasterization` (the 3DGS reference code).
-
-    from arc_warp_torch.inria import GaussianRasterizationSettings, GaussianRasterizer
-
-replaces `from diff_gaussian_rasterization import ...`; the rest of a 3DGS training script
-stays as it is. Differences from the CUDA original are listed on `GaussianRasterizer`.
-"""
+"""Drop-in for graphdeco-inria's `diff_gaussian_rasterization` (the 3DGS reference code):
+`from arc_warp_torch.inria import GaussianRasterizationSettings, GaussianRasterizer`
+replaces its import, and the rest of a 3DGS training script stays as it is. Differences
+from the CUDA original are listed on `GaussianRasterizer`."""
 
 from typing import NamedTuple, Optional
 
@@ -16,13 +13,9 @@ from arc_warp import Camera, RenderSettings
 from ._autograd import Means2dSink, cameras_of, check_tensor, default_context, render_batch, sh_colors
 from .optim import SparseGaussianAdam  # noqa: F401  (INRIA's train.py imports it from here)
 
-# INRIA culls Gaussians whose view-space depth is <= 0.2 (in_frustum in its CUDA code).
-INRIA_NEAR = 0.2
-# INRIA's screen-space tiles (BLOCK_X, BLOCK_Y): a Gaussian whose 3-sigma square touches
-# no tile of the image gets radius 0.
-INRIA_BLOCK = 16
-# INRIA's 2D dilation (computeCov2D) and the eigenvalue floor of its radius computation.
-INRIA_DILATION, INRIA_EIG_FLOOR = 0.3, 0.1
+INRIA_NEAR = 0.2  # INRIA culls Gaussians whose view-space depth is <= 0.2 (in_frustum in its CUDA code)
+INRIA_BLOCK = 16  # INRIA's tiles (BLOCK_X, BLOCK_Y): a Gaussian whose 3-sigma square touches none gets radius 0
+INRIA_DILATION, INRIA_EIG_FLOOR = 0.3, 0.1  # INRIA's 2D dilation (computeCov2D), its radii's eigenvalue floor
 
 
 class GaussianRasterizationSettings(NamedTuple):
@@ -105,18 +98,13 @@ def inria_radii(means3D: torch.Tensor, scales: torch.Tensor, rotations: torch.Te
         2 * (x * zq - w * y), 2 * (y * zq + w * x), 1 - 2 * (x * x + y * y)], -1).reshape(-1, 3, 3)
     m = rot @ (r3 * scales.float()[:, None, :])
     cov2d = jac @ (m @ m.transpose(1, 2)) @ jac.transpose(1, 2)
-    a = cov2d[:, 0, 0] + INRIA_DILATION
-    b = cov2d[:, 0, 1]
-    c = cov2d[:, 1, 1] + INRIA_DILATION
-    det = a * c - b * b
-    mid = 0.5 * (a + c)
+    a, b, c = cov2d[:, 0, 0] + INRIA_DILATION, cov2d[:, 0, 1], cov2d[:, 1, 1] + INRIA_DILATION
+    det, mid = a * c - b * b, 0.5 * (a + c)
     spread = torch.sqrt(torch.clamp(mid * mid - det, min=INRIA_EIG_FLOOR))
     radius = torch.ceil(3.0 * torch.sqrt(torch.maximum(mid + spread, mid - spread)))
     # INRIA's ndc2Pix puts pixel centres at integers: half a pixel left of ours.
-    px = fx * t[:, 0] / safe_z + cx - 0.5
-    py = fy * t[:, 1] / safe_z + cy - 0.5
-    grid_x = (s.image_width + INRIA_BLOCK - 1) // INRIA_BLOCK
-    grid_y = (s.image_height + INRIA_BLOCK - 1) // INRIA_BLOCK
+    px, py = fx * t[:, 0] / safe_z + cx - 0.5, fy * t[:, 1] / safe_z + cy - 0.5
+    grid_x, grid_y = (s.image_width + INRIA_BLOCK - 1) // INRIA_BLOCK, (s.image_height + INRIA_BLOCK - 1) // INRIA_BLOCK
 
     def tiles(lo, hi, grid):  # getRect: C casts truncate toward zero, then clamp
         first = torch.clamp(torch.trunc(lo / INRIA_BLOCK), 0, grid)
@@ -129,14 +117,13 @@ def inria_radii(means3D: torch.Tensor, scales: torch.Tensor, rotations: torch.Te
 
 
 class GaussianRasterizer(nn.Module):
-    """INRIA-compatible rasterizer module on arc_warp (CPU or CUDA tensors). Differences
-    from diff_gaussian_rasterization: no cov3D_precomp (NotImplementedError); culling by
-    arc_warp's opacity-aware extent, though the radii returned (and their visibility,
-    radii > 0) are INRIA's (inria_radii), so its densification behaves as with INRIA's;
-    the inverse depth is alpha / expected_depth (= alpha^2 / sum_i w_i z_i), INRIA's
-    sum_i w_i / z_i wherever one depth dominates a pixel (harmonic vs arithmetic mean
-    across overlapping layers); no gradients to viewmatrix/projmatrix/campos.
-    """
+    """INRIA-compatible rasterizer module on arc_warp (CPU or CUDA tensors). Differences from
+    diff_gaussian_rasterization: no cov3D_precomp (NotImplementedError); culling by arc_warp's
+    opacity-aware extent, though the radii returned (and their visibility, radii > 0) are
+    INRIA's (inria_radii), so its densification behaves as with INRIA's; the inverse depth is
+    alpha / expected_depth (= alpha^2 / sum_i w_i z_i), INRIA's sum_i w_i / z_i wherever one
+    depth dominates a pixel (harmonic vs arithmetic mean across overlapping layers); no
+    gradients to viewmatrix/projmatrix/campos."""
 
     def __init__(self, raster_settings: GaussianRasterizationSettings):
         super().__init__()
@@ -164,28 +151,23 @@ class GaussianRasterizer(nn.Module):
         int32 (inria_radii), invdepth [1, H, W]). dc with shs (as INRIA's current train.py
         passes features_dc and features_rest): the SH coefficients are dc then shs; dc
         alone is degree 0. In backward, means2D.grad[:, :2] receives dL/d(projected mean)
-        in INRIA's NDC-scaled units (pixel gradient times W/2, H/2; further columns get 0).
-        """
+        in INRIA's NDC-scaled units (pixel gradient times W/2, H/2; further columns get 0)."""
         s = self.raster_settings
         means3D = check_tensor("means3D", means3D, (None, 3))
-        n = means3D.shape[0]
+        n, device = means3D.shape[0], means3D.device
         if dc is not None:
             if colors_precomp is not None:
                 raise ValueError("dc (SH degree 0) and colors_precomp exclude each other")
-            dc = check_tensor("dc", dc, (n, 1, 3) if getattr(dc, "ndim", 0) == 3 else (n, 3),
-                              means3D.device).reshape(n, 1, 3)
-            shs = dc if shs is None else torch.cat(
-                [dc, check_tensor("shs", shs, (n, None, 3), means3D.device)], dim=1)
+            dc = check_tensor("dc", dc, (n, 1, 3) if getattr(dc, "ndim", 0) == 3 else (n, 3), device).reshape(n, 1, 3)
+            shs = dc if shs is None else torch.cat([dc, check_tensor("shs", shs, (n, None, 3), device)], dim=1)
         if (shs is None) == (colors_precomp is None):
             raise ValueError("Please provide exactly one of either shs or colors_precomp")
         if cov3D_precomp is not None:
             raise NotImplementedError(
-                "arc_warp_torch.inria: cov3D_precomp is not supported; pass scales (linear, "
-                "[N, 3]) and rotations (wxyz quaternions, [N, 4]) instead (in the 3DGS code: "
-                "pipe.compute_cov3D_python = False)")
+                "arc_warp_torch.inria: cov3D_precomp is not supported; pass scales (linear, [N, 3]) and rotations "
+                "(wxyz quaternions, [N, 4]) instead (in the 3DGS code: pipe.compute_cov3D_python = False)")
         if scales is None or rotations is None:
             raise ValueError("Please provide both scales and rotations (cov3D_precomp is not supported)")
-        device = means3D.device
         w2c = _w2c(s, device)
         if isinstance(opacities, torch.Tensor) and opacities.shape == (n, 1):
             opacities = opacities.reshape(n)

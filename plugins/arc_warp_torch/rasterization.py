@@ -15,8 +15,7 @@ RENDER_MODES = ("RGB", "D", "ED", "RGB+D", "RGB+ED")
 # scales_activation / opacities_activation -> RenderSettings.scale_activation / opacity_activation
 SCALES_ACTIVATIONS = {None: "none", "exp": "exp"}
 OPACITIES_ACTIVATIONS = {None: "none", "sigmoid": "sigmoid"}
-# gsplat 1.5.3 keywords arc_warp accepts only at these values (the value is what gsplat's
-# feature needs; the message names the keyword and the value passed)
+# gsplat 1.5.3 keywords arc_warp accepts only at these values (gsplat's defaults: the feature off)
 UNSUPPORTED = {"radius_clip": 0.0, "tile_size": 16, "sparse_grad": False, "distributed": False, "segmented": False,
                "covars": None, "with_eval3d": False, "thin_prism_coeffs": None, "ftheta_coeffs": None,
                "viewmats_rs": None}
@@ -107,9 +106,8 @@ def rasterization(
     gsplat keywords not listed under Args are accepted with no effect (packed: meta is
     always dense, [C, N, ...], as gsplat's packed=False; channel_chunk; with_ut: distorted
     cameras project each Gaussian through the lens, its covariance with the camera's
-    Jacobian at its mean) or only at gsplat's default (radius_clip, tile_size, sparse_grad,
-    distributed, segmented, covars, with_eval3d, thin_prism_coeffs, ftheta_coeffs,
-    rolling_shutter: global shutter, viewmats_rs), else NotImplementedError.
+    Jacobian at its mean) or only at gsplat's default (``UNSUPPORTED``; rolling_shutter:
+    global shutter), else NotImplementedError.
 
     Args:
         means: [N, 3] Gaussian centres, world units.

@@ -26,21 +26,19 @@ class RenderSettings:
     """Options of :func:`render_gaussians`.
 
     Args:
-        sh_degree: SH degree 0..3 to evaluate when ``colors`` holds SH coefficients;
-            ``None`` uses the full degree the coefficient count implies. Ignored for
-            plain RGB colours.
+        sh_degree: SH degree 0..3 evaluated of SH ``colors`` (``None``: the full degree of
+            the coefficients given); ignored for plain RGB colours.
         background: RGB added as ``T_final * background`` to the colour image.
         reduce: the rasteriser backward's reduction of per-Gaussian gradients: ``"atomic"``,
             ``"warp"``, ``"serial"``, ``"arc"`` (adaptive, the default), ``"deterministic"``
             (the same bits on every run: per-entry partials summed in a fixed order) or
             ``"floor"`` (benchmarks only: NO rasteriser gradients).
-        threshold: ARC threshold (lanes on one address before a warp reduction);
-            ``None`` asks ``arc_warp`` for the calibrated value of the device.
+        threshold: ARC threshold (lanes on one address before a warp reduction); ``None``:
+            the device's calibrated value.
         eps2d: dilation added to the 2D covariance diagonal, pixels^2.
-        antialiased: the antialiased 2D filter (Mip-Splatting; gsplat's
-            ``rasterize_mode="antialiased"``, INRIA's ``antialiasing=True``): each opacity is
-            scaled by sqrt(det(cov2d) / det(cov2d + eps2d I)), so dilation keeps a small
-            Gaussian's integral instead of brightening it.
+        antialiased: the Mip-Splatting 2D filter (gsplat's ``rasterize_mode="antialiased"``,
+            INRIA's ``antialiasing=True``): opacities scaled by sqrt(det(cov2d) / det(cov2d +
+            eps2d I)), so dilation keeps a small Gaussian's integral instead of brightening it.
         absgrad: also accumulate ``|dL/dmean2d|`` per pixel and Gaussian (gsplat's absgrad
             densification) into ``RenderOutput.means2d_absgrad`` (two more accumulated values).
         scale_activation: ``"none"`` (``scales`` are linear std-devs) or ``"exp"``: raw
@@ -121,9 +119,7 @@ class Gaussians:
     def device(self):
         return self.means.device
 
-    @property
-    def arrays(self) -> tuple[wp.array, ...]:
-        return (self.means, self.quats, self.scales, self.opacities, self.colors)
+    arrays = GaussianGrads.arrays  # (means, quats, scales, opacities, colors)
 
 
 def check_gaussians(means, quats, scales, opacities, colors, sh_degree: int | None = None) -> Gaussians:
@@ -239,7 +235,6 @@ class RenderOutput:
 
     @property
     def means2d_grad(self) -> wp.array:
-        # made on first read: a backward given its own buffer never reads it
         if self._means2d_grad is None:
             self._means2d_grad = wp.zeros(self.means2d.shape[0], dtype=wp.vec2, device=self.means2d.device)
         return self._means2d_grad

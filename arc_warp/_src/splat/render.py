@@ -17,23 +17,18 @@ from arc_warp._src.validate import check_array
 
 # Names and dtypes of the (H, W) images a caller may supply through ``outputs``.
 IMAGE_OUTPUTS = {"color": wp.vec3, "alpha": wp.float32, "depth": wp.float32, "expected_depth": wp.float32}
-
-
-WORKSPACE_OBJECTS = 32
-"""Objects a :class:`Workspace` keeps: a few image sizes' renderers and mesh op chains."""
+WORKSPACE_OBJECTS = 32  # objects a Workspace keeps: a few image sizes' renderers and mesh op chains
 
 
 class Workspace:
     """The objects that repeated functional calls reuse on one device (explicit state, no
-    globals): pass it as ``workspace=`` to :func:`render_gaussians` and to the mesh ops.
-
-    It holds one object per kind and size, keyed by what sizes it: ``(GaussianRenderer,
-    width, height, cameras, sh_coeffs, settings)`` (:meth:`renderer`; a new Gaussian count
-    resizes it) or ``(op class, sizes..., options...)`` (mesh ops' ``of``; :meth:`get`),
-    the least recently used dropped past ``limit``. Its ARC thresholds are resolved here
-    (``threshold`` None: the device's calibrated values), never inside a step. Use it
-    from one thread (and stream) at a time. ``allocator``: the renderers' (None: their own).
-    """
+    globals): pass it as ``workspace=`` to :func:`render_gaussians` and to the mesh ops. It
+    holds one object per kind and size: ``(GaussianRenderer, width, height, cameras,
+    sh_coeffs, settings)`` (:meth:`renderer`; a new Gaussian count resizes it) or ``(op class,
+    sizes..., options...)`` (mesh ops' ``of``; :meth:`get`), the least recently used dropped
+    past ``limit``. ARC thresholds are resolved here (``threshold`` None: the device's
+    calibrated values), never inside a step. One thread (and stream) at a time.
+    ``allocator``: the renderers' (None: their own)."""
 
     def __init__(self, device=None, threshold: int | None = None, allocator=None, limit: int = WORKSPACE_OBJECTS):
         self.device = wp.get_device(device)
@@ -96,15 +91,16 @@ def render_gaussians(
     input (or an all-zero quaternion) once the device has found it; the images are always
     complete. For renders that never wait, hold a :class:`GaussianRenderer` yourself.
 
-    Gradients: if any input has ``requires_grad`` and a ``wp.Tape`` is given (``tape=``)
-    or active (``with tape:``), the outputs get ``requires_grad`` and the backward is
-    recorded with ``tape.record_func``: ``tape.backward()`` adds into the inputs' ``.grad``
-    and continues into the kernels that made them (docs/warp.md has an example).
+    Gradients: if any input has ``requires_grad`` and a ``wp.Tape`` is given (``tape=``;
+    None: the tape of an enclosing ``with tape:`` block, if any), the outputs get
+    ``requires_grad`` and the backward is recorded with ``tape.record_func``:
+    ``tape.backward()`` adds into the inputs' ``.grad`` and continues into the kernels that
+    made them (docs/warp.md has an example).
 
     Args:
         camera: a :class:`Camera`, a list/tuple of cameras of one image size, or
             :class:`DeviceCameras` (matrices on the device, read there); a list or
-            DeviceCameras renders each camera and returns a list.
+            DeviceCameras renders each camera and returns a list of :class:`RenderOutput`.
         settings: :class:`RenderSettings`; ``None`` uses the defaults.
         workspace: a :class:`Workspace` whose renderer of this size is reused (its scratch
             and prepared launches); None makes a renderer for this call.
@@ -112,15 +108,10 @@ def render_gaussians(
             (wp.vec3), ``alpha``, ``depth``, ``expected_depth`` (float32), and (N,)
             ``means2d`` (wp.vec2) and ``radii`` (wp.vec2i); the render writes into them.
             For several cameras, a list of such dicts (or None), one per camera.
-        tape: the ``wp.Tape`` to record the backward on; ``None`` uses the tape of an
-            enclosing ``with tape:`` block, if any.
         surface_colors, surface_depths: an opaque surface behind the Gaussians, both or
             neither: per pixel a colour and a camera depth (+inf where there is none); see
             :class:`Surface` for how it composites. On the tape the colours' ``.grad`` gets
             their gradient (``grad_surface_colors`` of :func:`render_gaussians_backward`).
-
-    Returns:
-        :class:`RenderOutput` (or a list of them for several cameras).
     """
     if settings is None:
         settings = RenderSettings()
@@ -131,17 +122,15 @@ def render_gaussians(
     if tape is not None and not isinstance(tape, wp.Tape):
         raise TypeError(f"tape must be a wp.Tape or None, got {type(tape).__name__}")
     batch = isinstance(camera, (list, tuple, DeviceCameras))
-    if isinstance(camera, DeviceCameras):
-        cameras, sized = camera, camera
-    elif batch:
+    if isinstance(camera, (list, tuple)):
         cameras = Camera.batch(camera)
         if not cameras:
             raise ValueError("camera: an empty list of cameras; pass at least one")
-        sized = cameras[0]
-    elif isinstance(camera, Camera):
-        cameras, sized = (camera,), camera
+    elif isinstance(camera, (Camera, DeviceCameras)):
+        cameras = camera if batch else (camera,)
     else:
         raise TypeError(f"camera must be a Camera, a list of cameras or DeviceCameras, got {type(camera).__name__}")
+    sized = camera if isinstance(camera, DeviceCameras) else cameras[0]
     g = check_gaussians(means, quats, scales, opacities, colors, settings.sh_degree)
     c, n, shape = len(cameras), g.count, (sized.height, sized.width)
     if workspace is not None and workspace.device != g.device:
@@ -151,10 +140,8 @@ def render_gaussians(
     per_camera = outputs if batch and outputs is not None else [outputs] * c
     given = [_check_outputs(o, n, shape, g.device) for o in per_camera]
     surfaces = check_surfaces(surface_colors, surface_depths, [shape] * c, batch, g.device)
-    if workspace is None:
-        renderer = GaussianRenderer(sized.width, sized.height, n, c, g.sh_coeffs, settings, g.device, record=False)
-    else:
-        renderer = workspace.renderer(sized.width, sized.height, n, c, g.sh_coeffs, settings)
+    renderer = (GaussianRenderer(sized.width, sized.height, n, c, g.sh_coeffs, settings, g.device, record=False)
+                if workspace is None else workspace.renderer(sized.width, sized.height, n, c, g.sh_coeffs, settings))
     images = RenderImages(*(wp.empty((c, *shape), dtype=dtype, device=g.device) for dtype in IMAGE_OUTPUTS.values()),
                           *(wp.empty((c, n), dtype=dtype, device=g.device) for dtype in (wp.vec2, wp.vec2i)))
     state = renderer.new_state()
@@ -165,10 +152,9 @@ def render_gaussians(
         for name, array in mine.items():  # the caller's arrays get the camera's results
             wp.copy(array, views[name])
             views[name] = array
-        outs.append(RenderOutput(**views, camera=camera if isinstance(camera, DeviceCameras) else cameras[i],
-                                 settings=settings, status=status,
-                                 means2d_absgrad=state.cameras[i].absgrad,
-                                 camera_index=i if isinstance(camera, DeviceCameras) else None,
+        on_device = isinstance(camera, DeviceCameras)
+        outs.append(RenderOutput(**views, camera=camera if on_device else cameras[i], settings=settings, status=status,
+                                 means2d_absgrad=state.cameras[i].absgrad, camera_index=i if on_device else None,
                                  _renderer=renderer, _state=state, _index=i))
     tape = active_tape() if tape is None else tape
     surface_inputs = tuple(surface.colors for surface in surfaces or ())
@@ -222,22 +208,20 @@ def render_gaussians_backward(
 ) -> GaussianGrads:
     """Gradients of a scalar loss w.r.t. the inputs of the render that made ``out``.
 
-    ``grad_*`` are cotangents shaped like the outputs, on their device (None: zero). This
-    is :meth:`GaussianRenderer.backward`. The 2D mean gradients are added into
-    ``means2d_grad`` (default ``out.means2d_grad``) and, with ``settings.absgrad``, their
-    per-pixel absolute sums into ``out.means2d_absgrad``. ``accumulate`` False writes all
-    of them and ``grads`` (every entry: culled Gaussians and SH coefficients past
-    ``settings.sh_degree`` get 0) instead of adding, so nothing need be zeroed first.
+    ``grad_*``: cotangents shaped like the outputs, on their device (None: zero). This is
+    :meth:`GaussianRenderer.backward`: the 2D mean gradients go into ``means2d_grad`` (default
+    ``out.means2d_grad``) and, with ``settings.absgrad``, their per-pixel absolute sums into
+    ``out.means2d_absgrad``. ``accumulate`` False writes them and ``grads`` (every entry:
+    culled Gaussians and SH coefficients past ``settings.sh_degree`` get 0) instead of adding.
 
     Returns:
-        :class:`GaussianGrads` shaped like the inputs: ``grads`` with the gradients added
-        in (or written), or new arrays without ``grads``.
+        :class:`GaussianGrads` shaped like the inputs: ``grads`` with the gradients added in
+        (or written), or new arrays without ``grads``.
     """
     if not isinstance(out, RenderOutput) or out._state is None:
         raise TypeError(f"out must be a RenderOutput returned by render_gaussians, got {type(out).__name__}")
     g = out._state.gaussians
     shape, device = out.alpha.shape, g.device
-
     cot = ImageGrads(*(None if value is None else check_array(value, f"grad_{name}", dtype, 2, shape, device)
                        for value, (name, dtype) in zip((grad_color, grad_alpha, grad_depth, grad_expected_depth),
                                                        IMAGE_OUTPUTS.items())))
@@ -249,19 +233,16 @@ def render_gaussians_backward(
     else:  # shaped like the Gaussians
         for name, src in zip(("means", "quats", "scales", "opacities", "colors"), g.arrays):
             check_array(getattr(grads, name), f"grads.{name}", src.dtype, src.ndim, src.shape, src.device)
-    if means2d_grad is not None:
-        check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (g.count,), device)
-    else:
-        means2d_grad = out.means2d_grad
-    c = out._renderer.num_cameras
-    surfaces = None
+    means2d_grad = (out.means2d_grad if means2d_grad is None else
+                    check_array(means2d_grad, "means2d_grad", wp.vec2, 1, (g.count,), device))
     if grad_surface_colors is not None:
         if out._state.surfaces is None:
             raise ValueError("grad_surface_colors: the render had no surface (surface_colors / surface_depths)")
         check_array(grad_surface_colors, "grad_surface_colors", wp.vec3, 2, shape, device)
-        surfaces = [None] * c
-        surfaces[out._index] = grad_surface_colors
-    cotangents, m2d = [None] * c, [None] * c
-    cotangents[out._index], m2d[out._index] = cot, means2d_grad
-    out._renderer.backward(out._state, cotangents, grads, accumulate, m2d, surfaces)
+
+    def this_camera(value) -> list:  # the renderer's per-camera lists: None for the state's other cameras
+        return [value if c == out._index else None for c in range(out._renderer.num_cameras)]
+
+    out._renderer.backward(out._state, this_camera(cot), grads, accumulate, this_camera(means2d_grad),
+                           this_camera(grad_surface_colors))
     return grads

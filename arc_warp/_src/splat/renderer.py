@@ -1,32 +1,24 @@
 """GaussianRenderer: N Gaussians into C cameras of one image size, with buffers and prepared
 launches made once, and RenderState, what one forward leaves for its backward.
 
-A camera's stages (ARCHITECTURE.md lists the kernels): projection, SH colours, a depth
-sort and a scan of the tile counts in that order (the total goes to the camera's flags),
-then the tile keys written front to back into a sort of ``capacity`` entries sorted
-stably by tile alone (each tile's range in depth order, equal depths in Gaussian order,
-as one sort of ``tile << 32 | depth`` keys would give, in ~log2(tiles) radix bits, not
-32 more), and the rasteriser per 16x16 tile. CPU launches of kernels with block storage
-hold ``cpu_launch_guard`` (their CPU block storage is C static).
+Per camera (ARCHITECTURE.md: A splat render): projection, SH colours, a depth sort and a
+scan of the tile counts, then the tile keys written front to back into a sort of
+``capacity`` entries sorted stably by tile alone (each tile's range in depth order, ties in
+Gaussian order, as a sort of ``tile << 32 | depth`` keys would give, in ~log2(tiles) radix
+bits), and the rasteriser per 16x16 tile. CPU launches of kernels with block storage hold
+``cpu_launch_guard`` (their CPU block storage is C static).
 
-The overflow rule. The tile sort needs the number of Gaussian-tile intersections, which
-only the device knows once the Gaussians are projected. The renderer sorts ``capacity``
-entries per camera, set by its first forward (which reads the totals back, one wait) to
-:meth:`GaussianRenderer.capacity_for` the largest total. Every forward writes each
-camera's total, its input checks and an overflow flag (total > capacity) to the device
-(``RenderStatus.flags``) and copies them to the host. The host reads them
-
-- in the forward itself when ``check`` is on (the default on the CPU, where nothing waits):
-  bad inputs raise ValueError, and a camera that overflowed is rendered again with a
-  grown capacity (nvdiffrast's synchronous retry);
-- otherwise (the default on CUDA, always inside a CUDA graph capture) at the start of the
-  renderer's next forward: bad inputs raise there, and an overflow grows the capacity
-  with a RuntimeWarning. Until then the overflow is a device flag, which a fused
-  optimizer step reads to skip its update (``SparseGaussianAdam.step(skip=status)``, as
-  torch's GradScaler does) and ``RenderStatus.check()`` raises for on request.
-
-So no loss computed on an image that lacks Gaussians is used without the caller being
-able to know it first.
+The overflow rule. The sort holds ``capacity`` entries per camera, set by the first forward
+(one wait for the totals) to :meth:`GaussianRenderer.capacity_for` the largest total. Every
+forward writes each camera's total, input checks and overflow flag (total > capacity) to
+``RenderStatus.flags`` and copies them to the host, which reads them in the forward itself
+with ``check`` (the default on the CPU, where nothing waits: bad inputs raise ValueError, an
+overflowed camera is rendered again, grown), else (CUDA; always in a graph capture) at the
+start of the next forward: bad inputs raise there, an overflow grows the capacity with a
+RuntimeWarning. Until then the overflow is a device flag, which
+``SparseGaussianAdam.step(skip=status)`` reads to skip its update (as torch's GradScaler
+does) and ``RenderStatus.check()`` raises for on request: no loss on an image that lacks
+Gaussians is used without the caller being able to know it first.
 """
 
 from __future__ import annotations
@@ -57,12 +49,9 @@ from arc_warp._src.validate import check_array
 SORT_SLACK = 4096  # entries added to every capacity (capacity_for), so small scenes rarely overflow
 ALIGN = 256  # byte alignment of each part carved from one allocation
 MAX_ISECTS = (2**31 - 1) // 2  # radix_sort_pairs needs keys of 2 x count entries; a Warp array holds < 2^31
-# the rasteriser runs one thread per pixel of the tile grid with int32 thread ids (which
-# also keeps the tile keys, filler tile n_tiles included, in int32)
-MAX_TILES = (2**31 - 1) // BLOCK_PIXELS
+MAX_TILES = (2**31 - 1) // BLOCK_PIXELS  # rasteriser thread ids (one per tile-grid pixel) and tile keys in int32
 WRITE_KEYS_BLOCK = 256  # write_keys_staged's block, whose threads stage their keys in shared memory together
-# the SH backward's block: whole warps reach the accumulator (wp.config.enable_cpu_blocks emulates them on the CPU)
-SH_BWD_BLOCK = 256
+SH_BWD_BLOCK = 256  # the SH backward's block: whole warps reach the accumulator (CPU: wp.config.enable_cpu_blocks)
 CAMERA_RECORD = CameraParams.numpy_dtype()  # numpy's layout of one CameraParams (made once: it parses)
 SLOT = {name: 1 + i for i, name in enumerate(BAD_SLOTS)}  # the flag slot of each input check
 
@@ -106,31 +95,28 @@ def is_plain_pinhole(cameras) -> bool:
 
 class _Block:
     """Typed views of ``parts`` ((shape, dtype) each, ``ALIGN``-aligned) carved from one
-    allocation of ``allocator(nbytes) -> (pointer, owner)`` (None: a Warp array, which
-    each view keeps alive). With an allocator the caller keeps the ``owner`` alive (torch
-    frees a render's memory when its backward is done) and the views come from
-    ``renderer.bound``."""
+    allocation of ``allocator(nbytes) -> (pointer, owner)``, whose caller keeps ``owner``
+    alive (torch frees a render's memory once its backward is done; the views come from
+    ``renderer.bound``), or of a Warp array (None), which each view keeps alive."""
 
     def __init__(self, renderer: GaussianRenderer, parts: list[tuple], allocator=None):
         offsets, total = [], 0
         for shape, dtype in parts:
             offsets.append(total)
             total += -(-wp.types.type_size_in_bytes(dtype) * math.prod(shape) // ALIGN) * ALIGN
-        if allocator is None:  # 16-byte elements: a byte array stops at 2 GiB (Warp's int32 shapes)
-            self.owner = wp.empty(max(-(-total // 16), 1), dtype=wp.vec4i, device=renderer.device)
-            base = self.owner.ptr
-        else:
-            base, self.owner = allocator(max(total, 1))
 
-        def views():
+        def views():  # base: set below
             return [wp.array(ptr=base + offset, dtype=dtype, shape=shape, device=renderer.device)
                     for offset, (shape, dtype) in zip(offsets, parts)]
 
-        if allocator is None:
+        if allocator is None:  # 16-byte elements: a byte array stops at 2 GiB (Warp's int32 shapes)
+            self.owner = wp.empty(max(-(-total // 16), 1), dtype=wp.vec4i, device=renderer.device)
+            base = self.owner.ptr
             self.views = views()
             for view in self.views:
                 view._ref = self.owner
         else:
+            base, self.owner = allocator(max(total, 1))
             self.views = renderer.bound(("block", base, tuple(parts)), views)
 
 
@@ -144,27 +130,13 @@ class _CameraState:
         self.final_t, self.last_ids, self.absgrad, self.sort_ids = final_t, last_ids, absgrad, None
 
 
-def _camera_parts(renderer: GaussianRenderer, views: list, per_camera: int, absgrad: bool) -> tuple:
-    """Each camera's :class:`_CameraState` over a state's views, the (C,) CameraParams of
-    all cameras (evenly spaced) and on the CPU their numpy records (written in place)."""
-    cameras = [_CameraState(*views[i:i + per_camera - 1], views[i + per_camera - 1] if absgrad else None)
-               for i in range(0, len(views), per_camera)]
-    first, last, c = cameras[0].cam, cameras[-1].cam, len(cameras)
-    cams = first if c == 1 else wp.array(ptr=first.ptr, dtype=CameraParams, shape=(c,),
-                                         strides=((last.ptr - first.ptr) // (c - 1),), device=renderer.device)
-    return cameras, cams, cams.numpy() if renderer.device.is_cpu else None
-
-
 class RenderState:
-    """What one :meth:`GaussianRenderer.forward` of C cameras leaves for its backward.
-
-    Per camera: its ``CameraParams``, the projected splats, the SH colours, the sorted
-    Gaussian ids and tile ranges, the final transmittance and last contributor per pixel,
-    and with ``settings.absgrad`` the (N,) vec2 absolute 2D mean gradients the backward
-    adds; made by :meth:`GaussianRenderer.new_state` from ``allocator``, whose caller keeps
-    ``owners`` alive while the backward may run. ``gaussians``, ``images``, ``status``:
-    the forward's.
-    """
+    """What one :meth:`GaussianRenderer.forward` of C cameras leaves for its backward, made by
+    :meth:`GaussianRenderer.new_state` from ``allocator`` (whose caller keeps ``owners`` alive
+    while the backward may run). Per camera: its ``CameraParams``, the projected splats, the
+    SH colours, the sorted Gaussian ids and tile ranges, the final transmittance and last
+    contributor per pixel, and with ``settings.absgrad`` the (N,) vec2 absolute 2D mean
+    gradients the backward adds. ``gaussians``, ``images``, ``status``: the forward's."""
 
     def __init__(self, renderer: GaussianRenderer, allocator=None):
         n, c, shape = renderer.num_gaussians, renderer.num_cameras, (renderer.height, renderer.width)
@@ -175,15 +147,21 @@ class RenderState:
                       ((n if absgrad else 0,), wp.vec2)]
         block = _Block(renderer, per_camera * c, allocator)
         self.owners = [block.owner]
-        parts = lambda: _camera_parts(renderer, block.views, len(per_camera), absgrad)  # noqa: E731
+
+        def parts():  # each camera's _CameraState, all cameras' (C,) CameraParams (evenly spaced), their CPU records
+            k, views = len(per_camera), block.views
+            cameras = [_CameraState(*views[i:i + k - 1], views[i + k - 1] if absgrad else None)
+                       for i in range(0, len(views), k)]
+            first, last = cameras[0].cam, cameras[-1].cam
+            cams = first if c == 1 else wp.array(ptr=first.ptr, dtype=CameraParams, shape=(c,),
+                                                 strides=((last.ptr - first.ptr) // (c - 1),), device=renderer.device)
+            return cameras, cams, cams.numpy() if renderer.device.is_cpu else None
+
         self.cameras, self.cams, self.cam_records = parts() if allocator is None else \
             renderer.bound(("camera parts", block.views[0].ptr, n, c, sh, absgrad), parts)
         self.capacity = 0
         self.pinhole_only = False  # the forward's cameras were all plain pinholes (its kernel variant)
-        self.surfaces: list[Surface] | None = None
-        self.gaussians: Gaussians | None = None
-        self.images: RenderImages | None = None
-        self.status: RenderStatus | None = None
+        self.gaussians = self.images = self.status = self.surfaces = None  # the forward's
 
     def sort_room(self, capacity: int) -> None:
         """Each camera's sorted ids made to hold a sort of ``capacity`` (2 x capacity int32)."""
@@ -209,18 +187,15 @@ class GaussianRenderer:
 
     Args:
         width, height: image size in pixels.
-        gaussians: N (change it with :meth:`resize`).
-        cameras: C, the cameras of one forward.
+        gaussians: N (change it with :meth:`resize`); cameras: C, the cameras of one forward.
         sh_coeffs: coefficients evaluated per Gaussian, (degree + 1)^2, or 0 for RGB.
-        settings: :class:`RenderSettings` (None: the defaults).
-        device: Warp device (None: the current one).
+        settings, device: a :class:`RenderSettings` and a Warp device (None: the defaults).
         threshold: the ARC threshold when ``settings.threshold`` is None (None: the device's
             calibrated one, resolved here, never inside a step).
-        capacity: tile intersections per camera the sort holds; None: measured by the first
-            forward (the module notes: the overflow rule).
-        allocator: None (the calls' scratch, sort keys, scans and packed gradients, is the
-            renderer's) or ``nbytes -> (pointer, owner)``, stream-ordered on the stream the
-            work runs on, which each call's scratch comes from (torch's caching allocator).
+        capacity: tile intersections per camera the sort holds (None: measured by the first
+            forward; the module notes: the overflow rule).
+        allocator: ``nbytes -> (pointer, owner)``, stream-ordered on the stream the work runs
+            on, for each call's scratch (torch's caching allocator); None: the renderer's own.
         record: prepare launches for reuse (False for a renderer used once).
     """
 
@@ -288,18 +263,16 @@ class GaussianRenderer:
         memory (:meth:`Bindings.bound`). The caller keeps the memory alive while it uses them."""
         return self._bindings.bound(key, make)
 
-    # ---------------------------------------------------------------- forward
-
     def forward(self, gaussians: Gaussians, cameras, state: RenderState, images: RenderImages,
                 check: bool | None = None, surfaces: list[Surface] | None = None) -> RenderStatus:
-        """Renders ``gaussians`` into each camera of ``cameras`` (a sequence of C
-        :class:`Camera`, or :class:`DeviceCameras` of C), writing ``images`` and ``state``;
-        ``surfaces``: None, or one :class:`Surface` per camera. ``check``: read the status
-        before returning (None: where it costs no wait, the CPU); the previous forward's,
-        if unread, is read first (the module notes: the overflow rule). Returns the
-        render's :class:`RenderStatus` (also ``state.status``)."""
+        """Renders ``gaussians`` into each camera of ``cameras`` (C :class:`Camera`, or
+        :class:`DeviceCameras` of C), writing ``images`` and ``state``; ``surfaces``: None or one
+        :class:`Surface` per camera. ``check``: read the status before returning (None: where it
+        costs no wait, the CPU), after the previous forward's, if unread (the module notes: the
+        overflow rule). Returns the render's :class:`RenderStatus` (also ``state.status``)."""
         self._check_call(gaussians, cameras, state, images, surfaces)
-        self._read_pending()
+        pending, self._pending = self._pending, None
+        self._settle(pending)
         check = self.device.is_cpu if check is None else check
         if self.capturing:
             check = False
@@ -315,31 +288,28 @@ class GaussianRenderer:
         state.pinhole_only = is_plain_pinhole(cameras)
         device_cameras = isinstance(cameras, DeviceCameras)
         if not device_cameras:  # host values, new each call: written outside any plan
-            if self._staged is not None:  # the previous copy has read the staging records (a step ago)
-                wp.synchronize_event(self._staged)
             self._write_cameras(cameras, state)
-            if self._staged is not None:
-                self.device.stream.record_event(self._staged)
-        if self.capacity is None:
+
+        def body(views, measure: bool = False):
+            self._launches.call(self._flags.zero_)
+            if device_cameras:
+                self._write_cameras(cameras, state)
+            self._render(state, views, range(self.num_cameras), measure)
+
+        if self.capacity is None:  # measured: the totals read back (a first forward's one wait)
             measuring = self._scratch(False)  # held until the work is queued
-            self._measure(cameras, state, measuring.views)
+            body(measuring.views, measure=True)
+            measured = self._status()
+            measured.check_inputs()
+            self._grow(max(measured.totals), lambda: int(measuring.views[2][-1:].numpy()[0]))
         scratch = self._scratch(False)  # held until the work is queued (an allocator's memory)
         state.sort_room(self.capacity)
         cameras_key = ((cameras.viewmats.ptr, cameras.intrinsics.ptr, ptr(cameras.distortion), cameras.model)
                        if device_cameras else None)
         key = ("forward", self.capacity, state.pinhole_only, cameras_key, *(a.ptr for a in gaussians.arrays),
-               *(a.ptr for a in (images.color, images.alpha, images.depth, images.expected_depth, images.means2d,
-                                 images.radii)),
-               state.cams.ptr, state.cameras[0].sort_ids.ptr, scratch.views[0].ptr,
+               *(a.ptr for a in images.planes[0]), state.cams.ptr, state.cameras[0].sort_ids.ptr, scratch.views[0].ptr,
                *(p for surface in surfaces or () for p in (surface.colors.ptr, surface.depths.ptr)))
-
-        def body():
-            self._launches.call(self._flags.zero_)
-            if device_cameras:
-                self._write_cameras(cameras, state)
-            self._render(state, scratch.views, range(self.num_cameras))
-
-        self._run(key, body)
+        self._run(key, lambda: body(scratch.views))
         status = state.status = self._status()
         if check:
             self._settle(status, state)
@@ -419,7 +389,7 @@ class GaussianRenderer:
 
     def _write_cameras(self, cameras, state: RenderState) -> None:
         """``state.cams`` from ``cameras``: device cameras by a kernel (an invalid one sets
-        its flags), host values through the pinned staging records (on the CPU in place)."""
+        its flags), host values in place on the CPU, through the pinned staging records on CUDA."""
         if isinstance(cameras, DeviceCameras):
             for c in range(len(cameras)):
                 self._launches.launch(camera_from_matrices, 1, [
@@ -428,68 +398,52 @@ class GaussianRenderer:
                     self._flags[c], SLOT["cameras"], SLOT["camera distortion"]], key=("camera", c))
         elif state.cam_records is not None:
             camera_params(cameras, state.cam_records)
-        else:
+        else:  # once the previous copy has read the staging records (a step ago)
+            wp.synchronize_event(self._staged)
             camera_params(cameras, self._staged_records)
             wp.copy(state.cams, self._staging)
+            self.device.stream.record_event(self._staged)
 
-    def _count(self, c: int, state: RenderState, scratch, capacity: int) -> None:
-        """Camera ``c``'s projection, colours, depth sort and tile-count scan; its flags get
-        the total (saturated at 2^31 - 1) and whether it passed ``capacity``."""
+    def _render(self, state: RenderState, scratch, cameras, measure: bool = False) -> None:
+        """Queues the renders of ``cameras`` (indices) through the shared scratch. Per camera:
+        projection, colours, depth sort and tile-count scan (its flags get the total, saturated
+        at 2^31 - 1, and whether it passed the capacity), the tile sort, a copy of its flags to
+        the host (the event follows the last copy) and the rasteriser; ``measure``: only up to
+        the total (counted without a capacity) and that copy."""
         tiles_per_gauss, order, cum_tiles, keys = scratch
-        g, s, cs, flags, launches = state.gaussians, self.settings, state.cameras[c], self._flags[c], self._launches
-        *_, means2d, radii = state.images.planes[c]
-        launches.launch(make_project_fwd(s.antialiased, s.scale_activation, s.opacity_activation, state.pinhole_only),
-                        g.count, [g.means, g.quats, g.scales, g.opacities, cs.cam, s.eps2d, self.tiles_x, self.tiles_y,
-                                  means2d, cs.splats, radii, tiles_per_gauss, keys, order, flags], key=("project", c))
-        if not g.count:
-            return
-        if g.sh_coeffs:
-            launches.launch(make_sh_fwd(g.sh_coeffs, g.colors.shape[1]), g.count,
-                            [g.means, g.coeff_rows, radii, cs.cam, SLOT["colors"], cs.rgb, flags], key=("sh_fwd", c))
-        else:  # plain RGB is used as-is: one flat check pass
-            launches.launch(flag_nonfinite, 3 * g.count, [View(g.colors, wp.float32, (3 * g.count,)), flags,
-                                                          SLOT["colors"]], key=("flag_colors", c))
-        # stable: equal depths keep index order; the positive keys need 31 bits
-        launches.call(wp.utils.radix_sort_pairs, keys, order, g.count, 0, 31)
-        launches.launch(gather_counts, g.count, [order, tiles_per_gauss, cum_tiles], key=("gather_counts", c))
-        launches.call(wp.utils.array_scan, cum_tiles, cum_tiles, inclusive=True)  # in place (cub and the CPU allow it)
-        launches.launch(store_total, 1, [cum_tiles, capacity, flags, OVERFLOW_SLOT], key=("store_total", c))
-
-    def _measure(self, cameras, state: RenderState, scratch) -> None:
-        """The capacity from the cameras' totals, read back (a first forward's one wait)."""
-        self._flags.zero_()
-        if isinstance(cameras, DeviceCameras):
-            self._write_cameras(cameras, state)
-        for c in range(self.num_cameras):
-            self._count(c, state, scratch, 2**31 - 1)
-        if self._host_flags is not self._flags:
-            wp.copy(self._host_flags, self._flags)
-        self._record_event()
-        status = self._status()
-        status.check_inputs()
-        self._grow(max(status.totals), lambda: int(scratch[2][-1:].numpy()[0]))
-
-    def _render(self, state: RenderState, scratch, cameras) -> None:
-        """Queues the renders of ``cameras`` (indices) through the shared scratch, each copying
-        its flags to the host after its sort (the event follows the last copy)."""
-        tiles_per_gauss, order, cum_tiles, keys = scratch
-        g, cap, launches = state.gaussians, self.capacity, self._launches
+        g, s, cap, launches = state.gaussians, self.settings, self.capacity, self._launches
         n = g.count
         tx, ty, n_tiles = self.tiles_x, self.tiles_y, self.tiles_x * self.tiles_y
         for c in cameras:
             cs, flags = state.cameras[c], self._flags[c]
-            color, alpha, depth, expected_depth, _, radii = state.images.planes[c]
+            color, alpha, depth, expected_depth, means2d, radii = state.images.planes[c]
             surface = None if state.surfaces is None else state.surfaces[c]
             if cs.absgrad is not None:
                 launches.call(cs.absgrad.zero_)  # backwards add into it
-            if surface is not None:
+            if surface is not None and not measure:
                 pixels = self.height * self.width
                 launches.launch(flag_nonfinite, 3 * pixels, [View(surface.colors, wp.float32, (3 * pixels,)), flags,
                                                              SLOT["surface_colors"]], key=("surface_colors", c))
                 launches.launch(flag_nan, pixels, [View(surface.depths, wp.float32, (pixels,)), flags,
                                                    SLOT["surface_depths (NaN)"]], key=("surface_depths", c))
-            self._count(c, state, scratch, cap)
+            launches.launch(make_project_fwd(s.antialiased, s.scale_activation, s.opacity_activation,
+                                             state.pinhole_only), n, [
+                g.means, g.quats, g.scales, g.opacities, cs.cam, s.eps2d, tx, ty, means2d, cs.splats, radii,
+                tiles_per_gauss, keys, order, flags], key=("project", c))
             if n:
+                if g.sh_coeffs:
+                    launches.launch(make_sh_fwd(g.sh_coeffs, g.colors.shape[1]), n, [
+                        g.means, g.coeff_rows, radii, cs.cam, SLOT["colors"], cs.rgb, flags], key=("sh_fwd", c))
+                else:  # plain RGB is used as-is: one flat check pass
+                    launches.launch(flag_nonfinite, 3 * n, [View(g.colors, wp.float32, (3 * n,)), flags,
+                                                            SLOT["colors"]], key=("flag_colors", c))
+                # stable: equal depths keep index order; the positive keys need 31 bits
+                launches.call(wp.utils.radix_sort_pairs, keys, order, n, 0, 31)
+                launches.launch(gather_counts, n, [order, tiles_per_gauss, cum_tiles], key=("gather_counts", c))
+                launches.call(wp.utils.array_scan, cum_tiles, cum_tiles, inclusive=True)  # in place (cub, CPU allow it)
+                launches.launch(store_total, 1, [cum_tiles, 2**31 - 1 if measure else cap, flags, OVERFLOW_SLOT],
+                                key=("store_total", c))
+            if n and not measure:
                 # past the total: the filler tile n_tiles; past the capacity: dropped (flagged)
                 args = [order, cs.splats, radii, tiles_per_gauss, cum_tiles, tx, ty, cap, keys, cs.sort_ids]
                 if cap > STAGED_KEYS_PER_GAUSSIAN * n:  # large splats: through shared memory
@@ -500,17 +454,19 @@ class GaussianRenderer:
                     launches.launch(write_keys, n, args, key=("write_keys", c))
                 launches.call(wp.utils.radix_sort_pairs, keys, cs.sort_ids, cap, 0, n_tiles.bit_length())
                 launches.launch(tile_ranges, n_tiles + 1, [keys, cap, cs.ranges], key=("tile_ranges", c))
-            else:
+            elif not measure:
                 launches.call(cs.ranges.zero_)
             if self._host_flags is not self._flags:
                 launches.call(wp.copy, self._host_flags, self._flags, dest_offset=c * FLAG_SLOTS,
                               src_offset=c * FLAG_SLOTS, count=FLAG_SLOTS)
             if c == cameras[-1]:
                 launches.call(self._record_event)
+            if measure:
+                continue
             with cpu_launch_guard(self.device):
                 launches.launch(make_raster_fwd(surface is not None), n_tiles * BLOCK_PIXELS, [
                     cs.sort_ids, cs.ranges, cs.splats, cs.rgb if g.sh_coeffs else g.colors, self.width, self.height,
-                    tx, wp.vec3(*self.settings.background), None if surface is None else surface.colors,
+                    tx, wp.vec3(*s.background), None if surface is None else surface.colors,
                     None if surface is None else surface.depths, color, alpha, depth, expected_depth, cs.final_t,
                     cs.last_ids], block_dim=BLOCK_PIXELS, key=("raster_fwd", c))
 
@@ -526,30 +482,43 @@ class GaussianRenderer:
     def _run(self, key: tuple, body) -> None:
         """``body()`` through the bindings (:meth:`Bindings.run`: a plan from the second call on
         ``key``'s memory; on CUDA a graph, unless the caller's capture records this one)."""
-        if self.capturing or self.device.is_cpu:
-            self._bindings.run(key, body)
-            return
-        if self._capture is None:  # the stream plans are captured on (made on first use)
+        direct = self.capturing or self.device.is_cpu  # no graph of its own
+        if not direct and self._capture is None:  # the stream plans are captured on (made on first use)
             self._capture = wp.Stream(self.device)
-        self._bindings.run(key, body, self._capture)
+        self._bindings.run(key, body, None if direct else self._capture)
 
-    def _settle(self, status: RenderStatus, state: RenderState) -> None:
-        """Reads ``status`` now: ValueError for bad inputs; cameras that overflowed (rare: 25%
-        headroom) are rendered again with a grown capacity."""
-        status.check_inputs()
+    def _settle(self, status: RenderStatus | None, state: RenderState | None = None) -> None:
+        """Reads ``status`` (None: nothing to read) now: ValueError for bad inputs; cameras that
+        overflowed (rare: 25% headroom) grow the capacity and are rendered again into ``state``.
+        Without a state, ``status`` is the previous forward's (read without a wait inside a
+        capture, which began synchronised) and an overflow is reported with a RuntimeWarning."""
+        if status is None:
+            return
+        if state is None and self.capturing:
+            status._event = None
+        status.check_inputs(note=" (found in the previous render on this renderer, whose checks ran now)"
+                            if state is None else "")
         over = status.overflowed
-        if over:
-            self._grow(max(status.totals))
-            state.sort_room(self.capacity)
-            scratch = self._scratch(False)
-            for c in over:
-                self._flags[c].zero_()
-            self._render(state, scratch.views, over)
-            redone = self._status()
-            redone.check_inputs()
-            merged = status.read().copy()
-            merged[over] = redone.read()[over]
-            status._values, status.capacity = merged, self.capacity
+        if not over:
+            return
+        self._grow(max(status.totals))
+        if state is None:
+            warnings.warn(
+                f"arc_warp: the previous render's camera(s) {over} had more tile intersections than the "
+                f"{status.capacity} its sort held, so their images left out the farthest Gaussians of some tiles "
+                f"(status.overflowed; SparseGaussianAdam.step(skip=status) skips such a step); renders sort "
+                f"{self.capacity} from now on", RuntimeWarning, stacklevel=3)
+            return
+        state.sort_room(self.capacity)
+        scratch = self._scratch(False)
+        for c in over:
+            self._flags[c].zero_()
+        self._render(state, scratch.views, over)
+        redone = self._status()
+        redone.check_inputs()
+        merged = status.read().copy()
+        merged[over] = redone.read()[over]
+        status._values, status.capacity = merged, self.capacity
 
     def _grow(self, total: int, exact_total=None) -> None:
         """A capacity that holds ``total`` intersections with the usual headroom; ValueError
@@ -570,40 +539,16 @@ class GaussianRenderer:
         status.read()
         return status
 
-    def _read_pending(self) -> None:
-        """Reads the previous forward's status, if unread (without a wait inside a capture,
-        which began synchronised): bad inputs raise, an overflow grows the capacity."""
-        status, self._pending = self._pending, None
-        if status is None:
-            return
-        if self.capturing:
-            status._event = None
-        try:
-            status.check_inputs()
-        except ValueError as e:
-            raise ValueError(f"{e} (found in the previous render on this renderer, whose checks ran now)") from None
-        over = status.overflowed
-        if over:
-            self._grow(max(status.totals))
-            warnings.warn(
-                f"arc_warp: the previous render's camera(s) {over} had more tile intersections than the "
-                f"{status.capacity} its sort held, so their images left out the farthest Gaussians of some tiles "
-                f"(status.overflowed; SparseGaussianAdam.step(skip=status) skips such a step); renders sort "
-                f"{self.capacity} from now on", RuntimeWarning, stacklevel=3)
-
-    # ---------------------------------------------------------------- backward
-
     def backward(self, state: RenderState, cotangents: list[ImageGrads | None], grads: GaussianGrads,
                  accumulate: bool = False, means2d_grads: list[wp.array | None] | None = None,
                  grad_surface_colors: list[wp.array | None] | None = None) -> None:
         """Gradients of a scalar loss w.r.t. the inputs of the forward that filled ``state``.
 
-        ``cotangents`` holds one :class:`ImageGrads` per camera (None: the camera is not
-        differentiated). The first camera differentiated writes ``grads`` (every entry) or,
-        with ``accumulate``, adds into them; the others add. ``means2d_grads``: per camera
-        an (N,) vec2 that receives dL/dmeans2d in pixels (written) or None (not computed).
-        With ``settings.absgrad`` each camera's ``state.cameras[c].absgrad`` receives the
-        per-pixel absolute sums (written). ``grad_surface_colors``: per camera with a
+        ``cotangents``: one :class:`ImageGrads` per camera (None: not differentiated). The first
+        camera differentiated writes ``grads`` (every entry) or, with ``accumulate``, adds into
+        them; the others add. ``means2d_grads``: per camera an (N,) vec2 that receives dL/dmeans2d
+        in pixels (written), or None. With ``settings.absgrad`` each ``state.cameras[c].absgrad``
+        receives the per-pixel absolute sums (written). ``grad_surface_colors``: per camera with a
         surface, an (H, W) wp.vec3 that ``T_final * dL/dcolor`` is added into, or None.
         ``deterministic`` waits for the forward's totals (ARCHITECTURE.md: Determinism)."""
         g = state.gaussians
@@ -611,8 +556,7 @@ class GaussianRenderer:
             raise ValueError("GaussianRenderer.backward: the state holds no forward (run forward first)")
         if len(cotangents) != self.num_cameras:
             raise ValueError(f"cotangents: expected {self.num_cameras} entries (one per camera), got {len(cotangents)}")
-        if means2d_grads is None:
-            means2d_grads = [None] * self.num_cameras
+        means2d_grads = means2d_grads or [None] * self.num_cameras
         s, launches, n = self.settings, self._launches, g.count
         det = s.reduce == "deterministic"
         totals = state.status.totals if (det or state.status.is_read) else None
@@ -625,17 +569,15 @@ class GaussianRenderer:
         rastered = [cot is not None and ((n and (totals is None or totals[c] > 0)) or surfaces[c] is not None)
                     for c, cot in enumerate(cotangents)]
         key = ("backward", accumulate, tuple(rastered), tuple(totals) if det else None, state.cams.ptr,
-               state.cameras[0].sort_ids.ptr, scratch.views[0].ptr, *(a.ptr for a in g.arrays),
-               *(a.ptr for a in grads.arrays),
-               *(ptr(a) for cot in cotangents for a in ((cot.color, cot.alpha, cot.depth, cot.expected_depth)
-                                                         if cot is not None else (None,))),
+               state.cameras[0].sort_ids.ptr, scratch.views[0].ptr, *(a.ptr for a in (*g.arrays, *grads.arrays)),
+               *(ptr(a) for cot in cotangents for a in (vars(cot).values() if cot is not None else (None,))),
                *(ptr(a) for a in means2d_grads), *(ptr(a) for a in surface_grads),
                *(ptr(s.colors) for s in surfaces if s is not None))
         # the SH backward as a kernel of its own, its shares summed with the accumulator
         sh_apart = g.sh_coeffs > 0 and not det
 
         def body():
-            first = True
+            first = next((c for c, cot in enumerate(cotangents) if cot is not None), None)  # writes unless accumulate
             for c, cot in enumerate(cotangents):
                 if cot is None:
                     continue
@@ -659,7 +601,7 @@ class GaussianRenderer:
                     if isects > 0:
                         launches.call(ordered_scatter_add, raster_grads, cs.sort_ids[:isects], entry_grads[:isects],
                                       ordered)
-                add = accumulate or not first
+                add = accumulate or c != first
                 if add and not accumulate:  # this camera's own outputs are written, but the kernel adds
                     for own in (means2d_grads[c], cs.absgrad):
                         if own is not None:
@@ -685,6 +627,5 @@ class GaussianRenderer:
                     g.means, g.quats, g.scales, g.colors, g.opacities, cs.cam, s.eps2d, radii, cs.splats, rgb,
                     raster_grads, grads.means, grads.quats, grads.scales, grads.opacities, grads.colors,
                     means2d_grads[c], cs.absgrad, share if sh_apart else None], key=("project_bwd", c))
-                first = False
 
         self._run(key, body)

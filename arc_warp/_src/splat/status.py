@@ -22,24 +22,18 @@ _PROBLEMS = {
 
 
 class RenderStatus:
-    """The checks of one forward of C cameras: per camera a row of flags
-    (``validate_kernels``): the tile-intersection total, the input checks and whether the
-    total overflowed the sort's ``capacity``, copied to a host buffer of the renderer in
-    stream order; :meth:`read` waits for that copy (immediate on the CPU) once.
-
-    Attributes:
-        capacity: the tile intersections per camera the render's sorts held.
-        flags: (C, FLAG_SLOTS) int32 on the device, the render's rows until the renderer's
-            next forward rewrites them: what a fused optimizer step reads to skip its
-            update (``SparseGaussianAdam.step(skip=...)``).
-    """
+    """The checks of one forward of C cameras: per camera a row of flags (``validate_kernels``):
+    the tile-intersection total, the input checks and whether the total overflowed the sort's
+    ``capacity``, copied to a host buffer of the renderer in stream order; :meth:`read` waits
+    for that copy (immediate on the CPU) once. ``capacity``: the tile intersections per camera
+    the render's sorts held. ``flags``: (C, FLAG_SLOTS) int32 on the device, the render's rows
+    until the renderer's next forward rewrites them, which a fused optimizer step reads to
+    skip its update (``SparseGaussianAdam.step(skip=...)``)."""
 
     def __init__(self, flags: wp.array, host: np.ndarray, event, capacity: int):
-        self.flags = flags
-        self.capacity = capacity
-        self._host = host  # the renderer's host copy, valid until its next forward
-        self._event = event
-        self._values: np.ndarray | None = None
+        self.flags, self.capacity = flags, capacity
+        # the renderer's host copy (valid until its next forward), the event after it, the values read
+        self._host, self._event, self._values = host, event, None
 
     @property
     def is_read(self) -> bool:
@@ -66,16 +60,16 @@ class RenderStatus:
         the farthest Gaussians of some tiles."""
         return [c for c, flag in enumerate(self.read()[:, OVERFLOW_SLOT].tolist()) if flag]
 
-    def check_inputs(self, context: str = "render_gaussians") -> None:
+    def check_inputs(self, context: str = "render_gaussians", note: str = "") -> None:
         """ValueError naming each input check that one or more cameras set (the slots
-        between the total and the overflow flag)."""
+        between the total and the overflow flag), ``note`` appended."""
         bad = self.read()[:, 1:OVERFLOW_SLOT].any(axis=0)
         if not bad.any():
             return
         seen = [name for name, flag in zip(BAD_SLOTS, bad) if flag]
         plain = [name for name in seen if name not in _PROBLEMS]
         problems = [f"non-finite (NaN/Inf) values in {', '.join(plain)}"] if plain else []
-        raise ValueError(f"{context}: " + "; ".join(problems + [_PROBLEMS[n] for n in seen if n in _PROBLEMS]))
+        raise ValueError(f"{context}: " + "; ".join(problems + [_PROBLEMS[n] for n in seen if n in _PROBLEMS]) + note)
 
     def check(self, context: str = "render_gaussians") -> None:
         """:meth:`check_inputs`, and RuntimeError if a camera overflowed the sort."""
