@@ -78,13 +78,13 @@ def _apart(a, b) -> float:
     return float((np.abs(a - b) / np.abs(b)).max())
 
 
-def _float32_spread(dataset, cfg, out, eager) -> float:
+def _float32_spread(dataset, cfg, out, eager) -> tuple[float, list]:
     """How far the eager loop's own losses move when one learning rate changes by one
     float32 ulp (relative 2^-23): the float32 tolerance of a run, since rounding
     differences grow through the optimisation (measured here over 200 steps: 1.8e-5 for
-    "adam", 9e-4 for "sparse_adam")."""
-    _, nudged, _ = _run(dataset, dataclasses.replace(cfg, lr_means=cfg.lr_means * (1 + 2**-23)), out)
-    return _apart(nudged, eager)
+    "adam", 9e-4 for "sparse_adam"); and that nudged run's Gaussian counts."""
+    _, nudged, counts = _run(dataset, dataclasses.replace(cfg, lr_means=cfg.lr_means * (1 + 2**-23)), out)
+    return _apart(nudged, eager), counts
 
 
 @pytest.mark.parametrize("optimizer", ["adam", "sparse_adam"])
@@ -99,7 +99,7 @@ def test_captured_steps_train_as_the_eager_loop(scene, tmp_path, optimizer):
     assert counts == eager_counts
     # The fused kernel's float32 rounding (its bias corrections on the device, for "adam"
     # its update against torch's) is that of a one-ulp nudge: measured 1.0-1.3x its spread
-    spread = _float32_spread(scene, cfg, tmp_path / "nudged", eager)
+    spread, _ = _float32_spread(scene, cfg, tmp_path / "nudged", eager)
     assert 0 < _apart(captured, eager) <= 4 * spread, (_apart(captured, eager), spread)
     assert trainer.captured.events == CAPTURES
     (key,) = trainer.captured.graphs  # those of the earlier SH degree and statistics phase are gone
@@ -307,12 +307,14 @@ def test_cuda_graph_steps_train_as_the_eager_loop(scene, tmp_path, optimizer, ca
     cfg = _cfg("cuda", optimizer=optimizer, capture=False)
     _, eager, eager_counts = _run(scene, cfg, tmp_path / "eager")
     trainer, captured, counts = _run(scene, dataclasses.replace(cfg, capture=True), tmp_path / "captured")
-    # on the GPU a float32 rounding apart (capturable Adam's device learning rate, atomics'
-    # order) tips a few Gaussians across a densification threshold: counts agree to 2%
-    assert all(abs(c - e) <= 0.02 * e for c, e in zip(counts, eager_counts, strict=True)), (counts, eager_counts)
     # as on the CPU; the eager loop's own spread also holds its atomics' run-to-run order
-    spread = _float32_spread(scene, cfg, tmp_path / "nudged", eager)
+    spread, nudged_counts = _float32_spread(scene, cfg, tmp_path / "nudged", eager)
     assert _apart(captured, eager) <= 4 * spread, (_apart(captured, eager), spread)
+    # on the GPU a float32 rounding apart (capturable Adam's device learning rate, atomics'
+    # order) tips a few Gaussians across a densification threshold, and the difference is
+    # carried to later densifications: counts agree to 2%, or to twice the nudged run's
+    assert all(abs(c - e) <= max(0.02 * e, 2 * abs(n - e))
+               for c, e, n in zip(counts, eager_counts, nudged_counts, strict=True)), (counts, eager_counts)
     assert trainer.captured.events == CAPTURES
     assert trainer.training_summary()["skipped_steps"] == 0
     runs = {}
@@ -337,6 +339,6 @@ def test_cuda_graph_steps_render_lenses_from_device_coefficients(scene, tmp_path
     cfg = _cfg("cuda", capture=False, steps=30)
     _, eager, _ = _run(dataset, cfg, tmp_path / "eager")
     trainer, captured, _ = _run(dataset, dataclasses.replace(cfg, capture=True), tmp_path / "captured")
-    spread = _float32_spread(dataset, cfg, tmp_path / "nudged", eager)  # as above
+    spread, _ = _float32_spread(dataset, cfg, tmp_path / "nudged", eager)  # as above
     assert _apart(captured, eager) <= 4 * max(spread, 1e-6), (_apart(captured, eager), spread)
     assert next(iter(trainer.captured.graphs)).lens == len(lens.coefficients(model))
