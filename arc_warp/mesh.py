@@ -51,7 +51,7 @@ workspace) from one stream at a time.
 Triangle indices. A vertex index outside [0, V) (V: the vertices of ``pos``, or of
 ``attr`` for interpolate) raises ValueError naming the op and the first such triangle.
 The forwards of rasterize, interpolate and antialias find it on the device (the
-kernels leave such triangles out, as if absent) and copy a flag to the host, read:
+kernels leave such triangles out, as if absent) and write a flag into host memory, read:
 
 - by the functions before they return (on the CPU it costs nothing; on CUDA the call
   waits for its kernels once);
