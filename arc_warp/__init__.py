@@ -1,6 +1,6 @@
 """arc_warp: differentiable rasterization in NVIDIA Warp with ARC adaptive atomic reduction."""
 
-__version__ = "0.12.0"
+__version__ = "0.13.0"
 
 from .ply import GaussianPly, PlyFormatError, read_ply, write_ply
 from .arc import (MODES, Calibration, accumulator, calibrate, keyed_plan, planned_accumulator, resolve_threshold,
