@@ -60,7 +60,7 @@ class Launches:
         self.record = record
         # (kernel, key) -> [wp.Launch, dim, argument signatures, previous (signature, ctype)s]
         self._sites: dict = {}
-        self._steps: list | None = None  # the steps of the plan being recorded (by Bindings.run)
+        self._steps: list | None = None  # the steps of the plan being recorded (recorded)
 
     def launch(self, kernel, dim, args: list, block_dim: int | None = None, key=None) -> None:
         """``wp.launch(kernel, dim, inputs=args, block_dim=block_dim)`` on the device's
@@ -108,6 +108,15 @@ class Launches:
         fn(*args, **kwargs)
         if self._steps is not None:
             self._steps.append(functools.partial(fn, *args, **kwargs))
+
+    def recorded(self, body) -> list:
+        """``body()``, its device work queued as usual and also kept as the steps of a plan."""
+        self._steps = steps = []
+        try:
+            body()
+        finally:
+            self._steps = None
+        return steps
 
 
 class Plan:
@@ -193,12 +202,7 @@ class Bindings(LRU):
             self.bound(key, lambda: False)
             body()
         elif plan is False:  # the launches queued meanwhile also append their steps
-            self._launches._steps = steps = []
-            try:
-                body()
-            finally:
-                self._launches._steps = None
-            self._entries[key] = Plan(steps, self._launches.device)
+            self._entries[key] = Plan(self._launches.recorded(body), self._launches.device)
         else:
             self._entries.move_to_end(key)
             plan.run(capture_stream)

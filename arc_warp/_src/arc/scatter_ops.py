@@ -115,12 +115,16 @@ def _segment_sum_kernel(dtype):
     return wp.kernel(segment_sum, enable_backward=False, module="unique")
 
 
+def ordered_scatter_parts(count: int, size: int) -> list[tuple]:
+    """(shape, dtype) of each array of :func:`ordered_scatter_add`'s scratch for up to ``count``
+    entries into ``size`` targets: sort keys and entry ids ((2 * count,) int32 each:
+    ``radix_sort_pairs`` needs twice the entries) and each target's [start, end) run ((size, 2))."""
+    return [((2 * count,), wp.int32), ((2 * count,), wp.int32), ((size, 2), wp.int32)]
+
+
 def ordered_scatter_scratch(count: int, size: int, device) -> tuple[wp.array, wp.array, wp.array]:
-    """The scratch of :func:`ordered_scatter_add` for up to ``count`` entries into ``size``
-    targets: sort keys and entry ids ((2 * count,) int32 each: ``radix_sort_pairs`` needs
-    twice the entries) and each target's [start, end) run ((size, 2) int32)."""
-    return (wp.empty(2 * count, dtype=wp.int32, device=device), wp.empty(2 * count, dtype=wp.int32, device=device),
-            wp.empty((size, 2), dtype=wp.int32, device=device))
+    """New arrays of :func:`ordered_scatter_parts`."""
+    return tuple(wp.empty(shape, dtype=dtype, device=device) for shape, dtype in ordered_scatter_parts(count, size))
 
 
 def ordered_scatter_add(dest: wp.array, indices: wp.array, values: wp.array, scratch: tuple | None = None):

@@ -32,7 +32,7 @@ import warp.utils
 
 from arc_warp._src.arc.calibrate import FALLBACK_THRESHOLD, resolve_threshold
 from arc_warp._src.arc.intrinsics import cpu_launch_guard
-from arc_warp._src.arc.scatter_ops import ordered_scatter_add
+from arc_warp._src.arc.scatter_ops import ordered_scatter_add, ordered_scatter_parts
 from arc_warp._src.camera import CAMERA_MODELS, Camera, DeviceCameras
 from arc_warp._src.launches import Bindings, Launches, View, ptr
 from arc_warp._src.splat.bin_kernels import (STAGED_KEYS_PER_GAUSSIAN, gather_counts, store_total, tile_ranges,
@@ -367,15 +367,14 @@ class GaussianRenderer:
         (tile counts, depth order, int64 scan, then keys the depth sort and the tile sort
         use in turn) or the backward's (packed rasteriser gradients, the SH share of
         dL/dmeans, and for ``deterministic`` ``capacity`` per-entry partials and the scratch
-        of their ordered sum, ``ordered_scatter_scratch``'s)."""
+        of their ordered sum, ``ordered_scatter_parts``)."""
         n = self.num_gaussians if n is None else n
         cap = (self.capacity or 0) if capacity is None else capacity
         if backward:
             grad_t = grad_vector(self.settings.absgrad)
             det = self.settings.reduce == "deterministic"
             cap = cap if det else 0
-            parts = [((n,), grad_t), ((n,), wp.vec3), ((cap,), grad_t), ((2 * cap,), wp.int32),
-                     ((2 * cap,), wp.int32), ((n if det else 0, 2), wp.int32)]
+            parts = [((n,), grad_t), ((n,), wp.vec3), ((cap,), grad_t), *ordered_scatter_parts(cap, n if det else 0)]
         else:
             parts = [((n,), wp.int32), ((2 * n,), wp.int32), ((n,), wp.int64), ((2 * max(n, cap),), wp.int32)]
         if self.allocator is not None:  # the caller holds the block until its work is queued
